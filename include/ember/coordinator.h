@@ -1,0 +1,220 @@
+// Ember's coordinator: the rendezvous every node of a job meets at.
+//
+// The driver starts one CoordinatorServer per job.  Each node's launcher (the
+// Spark task that owns the node process) connects a CoordinatorClient,
+// registers, and receives the cluster spec once every expected node is in.
+// The server then serves barriers and a small key/value store, collects
+// logs, progress reports and exit reports, watches heartbeats, and on any
+// node failure broadcasts an abort so every node stops within seconds.
+//
+// Every connection starts with the authenticated handshake of net/handshake.h
+// (HMAC-SHA256 challenge-response over the per-job secret).  A peer that
+// fails it is logged and dropped before any payload is parsed.
+//
+// Messages and their encodings are documented in docs/wire.md.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ember/result.h"
+#include "ember/status.h"
+
+namespace ember {
+
+using Duration = std::chrono::milliseconds;
+
+// The shape of a job, as TFoS spells it.  Roles are assigned from the
+// executor id (0..num_nodes-1), never from arrival order:
+//   [0, num_ps)                 -> "ps"
+//   next one if master_node set -> master_node ("chief" or "master")
+//   next one if eval_node       -> "evaluator"
+//   the rest                    -> "worker"
+// task_index counts from 0 within each role.
+struct ClusterLayout {
+  int num_nodes = 1;
+  int num_ps = 0;
+  std::string master_node;  // "" (none), "chief" or "master"
+  bool eval_node = false;
+};
+
+struct RoleAssignment {
+  std::string job_name;
+  int task_index = 0;
+};
+
+// Validates `layout` (num_nodes >= 1, enough nodes for the roles asked for,
+// master_node one of "", "chief", "master") and returns the role of
+// `executor_id`.  InvalidArgument names the offending field.
+Result<RoleAssignment> AssignRole(const ClusterLayout& layout, int executor_id);
+
+// What a node tells the coordinator about itself when it registers.
+struct NodeAddress {
+  int executor_id = 0;
+  std::string host;  // address other nodes use to reach this node
+  int port = 0;      // port reserved for the framework's server (TF gRPC)
+  int64_t pid = 0;   // the launcher's pid, for error messages
+};
+
+// A registered node as the server sees it.
+struct NodeInfo {
+  NodeAddress address;
+  RoleAssignment role;
+  enum class State { kRegistered, kRunning, kDone, kFailed, kLost } state =
+      State::kRegistered;
+  std::string error;  // for kFailed/kLost: what happened, with traceback
+};
+
+// What Register() returns once every expected node is in.
+struct Registration {
+  RoleAssignment role;
+  // TF-style cluster spec: {"ps": ["h:p", ...], "chief": [...], "worker": [...],
+  // "evaluator": [...]}; each list ordered by task_index.  JSON text.
+  std::string cluster_spec_json;
+  int num_nodes = 0;
+  std::vector<NodeInfo> nodes;  // every node, ordered by executor_id
+};
+
+// Something the driver should know about; drained with PollEvents().
+struct Event {
+  enum class Kind {
+    kLog,         // text = one line of the node's stdout/stderr; stream = "stdout"/"stderr"
+    kProgress,    // metrics = what the node reported (step, loss, samples, ...)
+    kRegistered,  // a node registered
+    kNodeDone,    // node exited cleanly
+    kNodeFailed,  // node reported a failure or was lost; text = error
+    kAbort,       // the server broadcast an abort; text = reason
+  } kind = Kind::kLog;
+  int executor_id = -1;
+  std::string job_name;
+  int task_index = -1;
+  std::string stream;
+  std::string text;
+  std::map<std::string, double> metrics;
+};
+
+struct CoordinatorOptions {
+  std::string bind_host = "0.0.0.0";
+  int port = 0;        // 0 = any free port
+  std::string secret;  // per-job secret, at least 16 bytes; required
+  ClusterLayout layout;
+  Duration handshake_timeout{5000};     // a peer must finish the handshake within this
+  Duration heartbeat_timeout{30000};    // a registered node silent this long is lost
+  size_t max_message_bytes = 16 << 20;  // larger frames are rejected
+};
+
+// Thread-safe: every method may be called from any thread.
+class CoordinatorServer {
+ public:
+  // Binds, listens and starts serving on background threads.
+  // Fails with InvalidArgument for a bad layout or a short secret, IOError if
+  // the address cannot be bound.
+  static Result<std::unique_ptr<CoordinatorServer>> Start(const CoordinatorOptions& options);
+
+  // Stops serving, closes every connection, joins every thread.  Idempotent.
+  ~CoordinatorServer();
+  void Close();
+
+  int port() const;
+
+  // Blocks until all layout.num_nodes nodes have registered.  On timeout
+  // returns DeadlineExceeded naming each missing executor id and its expected
+  // role, and the nodes that did register (role, host).  Returns the abort
+  // reason (Aborted) if the job was aborted while waiting.
+  Status WaitForRegistration(Duration timeout);
+
+  // Snapshot of every node that registered, ordered by executor_id.
+  std::vector<NodeInfo> Nodes() const;
+
+  // Cluster spec JSON (see Registration); empty until everyone registered.
+  std::string ClusterSpecJson() const;
+
+  // Returns queued events, waiting up to `timeout` for the first one.
+  // Returns an empty vector on timeout or after Close().
+  std::vector<Event> PollEvents(Duration timeout);
+
+  // Blocks until every node whose role is in `job_names` (all nodes if empty)
+  // is kDone.  Returns the first failure (Aborted, naming node, host and
+  // error) as soon as any node fails, or DeadlineExceeded naming the nodes
+  // still running.
+  Status WaitForNodes(const std::vector<std::string>& job_names, Duration timeout);
+
+  // Broadcasts Stop to nodes whose role is in `job_names` (all if empty):
+  // their launchers end the node process and report kDone.
+  void StopNodes(const std::vector<std::string>& job_names);
+
+  // Marks the job aborted and broadcasts Abort(reason) to every node.
+  void Abort(const std::string& reason);
+
+ private:
+  CoordinatorServer();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+struct ClientOptions {
+  Duration connect_timeout{10000};      // connect + handshake
+  Duration heartbeat_interval{2000};    // sent by a background thread once registered
+  size_t max_message_bytes = 16 << 20;
+};
+
+// A connection to the coordinator.  Thread-safe: requests may be issued from
+// several threads; each waits for its own reply.  Pushed messages (Abort,
+// Stop) are queued and read with NextPush().
+class CoordinatorClient {
+ public:
+  // Connects and authenticates.  Unavailable (naming host:port and what to
+  // check) if nothing listens or the deadline passes; Unauthenticated if the
+  // server does not prove the secret.
+  static Result<std::unique_ptr<CoordinatorClient>> Connect(const std::string& host, int port,
+                                                            const std::string& secret,
+                                                            const ClientOptions& options = {});
+  ~CoordinatorClient();
+  void Close();  // idempotent
+
+  // Registers this node and waits (up to `timeout`) for every other node.
+  // After success this connection is the node's lifeline: heartbeats start,
+  // and losing it without Done()/Fail() counts as the node being lost.
+  // DeadlineExceeded names the nodes still missing; InvalidArgument if the
+  // executor id is out of range or already taken; Aborted if the job aborted.
+  Result<Registration> Register(const NodeAddress& self, Duration timeout);
+
+  // Secondary connection from the node's own process: identifies the
+  // connection as belonging to `executor_id` without changing its state.
+  Status Attach(int executor_id);
+
+  // Waits until all num_nodes nodes have entered barrier `name`.
+  Status Barrier(const std::string& name, Duration timeout);
+
+  Status KvSet(const std::string& key, const std::string& value);
+  // Waits until `key` is set; DeadlineExceeded names the key.
+  Result<std::string> KvGet(const std::string& key, Duration timeout);
+
+  Status Log(const std::string& stream, const std::string& line);
+  Status Report(const std::map<std::string, double>& metrics);
+
+  // Final reports; the server then expects the connection to close.
+  Status Done();
+  Status Fail(const std::string& error);
+
+  struct Push {
+    enum class Kind { kAbort, kStop } kind;
+    std::string reason;
+  };
+  // Waits up to `timeout` for a pushed message.  Returns nullopt on timeout.
+  // If the connection to the server is lost, returns kAbort with a reason
+  // naming the coordinator's address.
+  std::optional<Push> NextPush(Duration timeout);
+
+ private:
+  CoordinatorClient();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ember

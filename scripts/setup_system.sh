@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Ember's build, tests and example need.
+# Idempotent: installs only what is missing.  Needs root (CI and dev machines are).
+set -euo pipefail
+pkgs=(
+  cmake ninja-build g++ make          # build
+  libssl-dev                          # HMAC-SHA256 + CSPRNG for the authenticated handshake
+  libgtest-dev                        # C++ unit tests
+  dataset-fashion-mnist               # the main job's data (IDX gzip files)
+)
+command -v java >/dev/null 2>&1 || pkgs+=(openjdk-17-jre-headless)   # Spark 4 needs Java 17
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
