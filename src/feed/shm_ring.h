@@ -1,0 +1,91 @@
+// ShmRing: a bounded multi-producer / single-consumer queue of messages in
+// POSIX shared memory.  It carries the data feed between the Spark tasks that
+// feed a node and the node itself when both run on the same host.
+//
+// The node (consumer) Create()s the ring and owns the name; feeding tasks
+// (producers) Open() it.  Each message is one (kind, payload) pair written
+// whole under a process-shared robust mutex, so a producer that dies
+// mid-write leaves the ring consistent (its message is never published).
+// A full ring blocks producers (backpressure); an empty ring blocks the
+// consumer.  Every wait takes a Deadline and also notices when the process
+// on the other side has died, so nothing waits forever.
+//
+// Thread-safe: any number of producer threads/processes; one consumer.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/deadline.h"
+#include "ember/result.h"
+
+namespace ember::feed {
+
+struct ShmRingHeader;
+
+class ShmRing {
+ public:
+  // Largest payload a ring of `capacity` bytes accepts in one message.
+  static size_t MaxPayload(size_t capacity);
+
+  // Creates segment `name` ("/ember-..." style, see shm_open(3)), mode 0600,
+  // failing with AlreadyExists if it exists.  The calling process becomes
+  // the consumer; the name is unlinked by Close() or the destructor.
+  // capacity is rounded up to a multiple of 8 and must be >= 4 KiB.
+  static Result<std::unique_ptr<ShmRing>> Create(const std::string& name, size_t capacity);
+
+  // Opens an existing segment as a producer.  NotFound if no such ring;
+  // Corruption if the segment is not an Ember ring of this version.
+  static Result<std::unique_ptr<ShmRing>> Open(const std::string& name);
+
+  ~ShmRing();
+  ShmRing(const ShmRing&) = delete;
+  ShmRing& operator=(const ShmRing&) = delete;
+
+  const std::string& name() const { return name_; }
+  size_t capacity() const;
+
+  // Producer: takes the ring's session lock, which keeps a producer's
+  // messages contiguous (inference: one partition at a time per node, so its
+  // results go back to the right task).  Waits while another producer holds
+  // it, as long as the consumer keeps reading: DeadlineExceeded only after
+  // `idle_timeout` passes with no message consumed.  If the holder died, the
+  // lock passes on.  Aborted as for Write().
+  Status LockSession(Duration idle_timeout);
+  // Releases the session lock taken by LockSession().
+  void UnlockSession();
+
+  // Producer: appends one message, blocking while the ring is full.
+  // InvalidArgument if payload exceeds MaxPayload(capacity());
+  // DeadlineExceeded if no room appeared before `deadline` (the consumer is
+  // not reading); Aborted if the consumer closed the ring or its process
+  // died (message says which).
+  Status Write(uint32_t kind, std::span<const uint8_t> payload, Deadline deadline);
+
+  // Consumer: takes the next message, blocking while the ring is empty.
+  // `payload` is resized and overwritten.  DeadlineExceeded if nothing
+  // arrived before `deadline`; Aborted after Abort().  Where a stream of
+  // messages ends is said by message kinds (the feed protocol), not here.
+  Status Read(uint32_t* kind, std::vector<uint8_t>* payload, Deadline deadline);
+
+  // Consumer: stop accepting messages; blocked and future Write()s return
+  // Aborted with `reason`.  Idempotent.
+  void Abort(const std::string& reason);
+
+  // Releases the mapping (and, for the consumer, unlinks the name).
+  // Idempotent.
+  void Close();
+
+ private:
+  ShmRing(std::string name, bool owner, ShmRingHeader* header, size_t mapped_bytes);
+
+  std::string name_;
+  bool owner_;
+  ShmRingHeader* header_;
+  size_t mapped_bytes_;
+};
+
+}  // namespace ember::feed

@@ -1,0 +1,317 @@
+#include "feed/shm_ring.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace ember::feed {
+namespace {
+
+std::string UniqueName() {
+  static std::atomic<int> counter{0};
+  return "/ember-test-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
+}
+
+std::vector<uint8_t> Bytes(uint32_t seq, size_t n) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(seq * 31 + i);
+  return v;
+}
+
+Deadline Soon() { return Deadline::After(Duration(5000)); }
+
+TEST(ShmRing, RoundTripKeepsKindsPayloadsAndOrder) {
+  auto ring = ShmRing::Create(UniqueName(), 1 << 16);
+  ASSERT_TRUE(ring.ok()) << ring.status().ToString();
+  auto producer = ShmRing::Open((*ring)->name());
+  ASSERT_TRUE(producer.ok()) << producer.status().ToString();
+
+  ASSERT_TRUE((*producer)->Write(7, Bytes(1, 100), Soon()).ok());
+  ASSERT_TRUE((*producer)->Write(8, {}, Soon()).ok());
+  ASSERT_TRUE((*producer)->Write(9, Bytes(3, 5), Soon()).ok());
+
+  uint32_t kind;
+  std::vector<uint8_t> payload;
+  ASSERT_TRUE((*ring)->Read(&kind, &payload, Soon()).ok());
+  EXPECT_EQ(kind, 7u);
+  EXPECT_EQ(payload, Bytes(1, 100));
+  ASSERT_TRUE((*ring)->Read(&kind, &payload, Soon()).ok());
+  EXPECT_EQ(kind, 8u);
+  EXPECT_TRUE(payload.empty());
+  ASSERT_TRUE((*ring)->Read(&kind, &payload, Soon()).ok());
+  EXPECT_EQ(kind, 9u);
+  EXPECT_EQ(payload, Bytes(3, 5));
+}
+
+TEST(ShmRing, EmptyRingReadTimesOut) {
+  auto ring = ShmRing::Create(UniqueName(), 4096);
+  ASSERT_TRUE(ring.ok());
+  uint32_t kind;
+  std::vector<uint8_t> payload;
+  Status st = (*ring)->Read(&kind, &payload, Deadline::After(Duration(50)));
+  EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.ToString();
+}
+
+TEST(ShmRing, FullRingGivesBackpressureThenDeadline) {
+  auto ring = ShmRing::Create(UniqueName(), 4096);
+  ASSERT_TRUE(ring.ok());
+  auto producer = ShmRing::Open((*ring)->name());
+  ASSERT_TRUE(producer.ok());
+  const size_t n = 1000;
+  int written = 0;
+  Status st;
+  while ((st = (*producer)->Write(1, Bytes(written, n), Deadline::After(Duration(50)))).ok()) ++written;
+  EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.ToString();
+  EXPECT_NE(st.message().find("not consuming"), std::string::npos) << st.ToString();
+  EXPECT_GE(written, 3);
+  // Reading one message frees room for exactly the next write.
+  uint32_t kind;
+  std::vector<uint8_t> payload;
+  ASSERT_TRUE((*ring)->Read(&kind, &payload, Soon()).ok());
+  EXPECT_EQ(payload, Bytes(0, n));
+  EXPECT_TRUE((*producer)->Write(1, Bytes(written, n), Soon()).ok());
+}
+
+TEST(ShmRing, RejectsOversizedMessage) {
+  auto ring = ShmRing::Create(UniqueName(), 4096);
+  ASSERT_TRUE(ring.ok());
+  std::vector<uint8_t> big(ShmRing::MaxPayload(4096) + 1);
+  Status st = (*ring)->Write(1, big, Soon());
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  std::vector<uint8_t> max(ShmRing::MaxPayload(4096));
+  EXPECT_TRUE((*ring)->Write(1, max, Soon()).ok());
+}
+
+TEST(ShmRing, WrapsAroundWithVaryingSizes) {
+  auto ring = ShmRing::Create(UniqueName(), 4096);
+  ASSERT_TRUE(ring.ok());
+  const int kMessages = 3000;
+  std::thread producer([&] {
+    auto p = ShmRing::Open((*ring)->name());
+    ASSERT_TRUE(p.ok());
+    for (int i = 0; i < kMessages; ++i) {
+      ASSERT_TRUE((*p)->Write(i, Bytes(i, (i * 37) % 1500), Soon()).ok());
+    }
+  });
+  uint32_t kind;
+  std::vector<uint8_t> payload;
+  for (int i = 0; i < kMessages; ++i) {
+    ASSERT_TRUE((*ring)->Read(&kind, &payload, Soon()).ok()) << i;
+    ASSERT_EQ(kind, static_cast<uint32_t>(i));
+    ASSERT_EQ(payload, Bytes(i, (i * 37) % 1500)) << i;
+  }
+  producer.join();
+}
+
+TEST(ShmRing, ManyProducersEachKeepTheirOrder) {
+  auto ring = ShmRing::Create(UniqueName(), 8192);
+  ASSERT_TRUE(ring.ok());
+  const int kProducers = 4, kEach = 500;
+  std::vector<std::thread> producers;
+  for (int p = 0; p < kProducers; ++p) {
+    producers.emplace_back([&, p] {
+      auto w = ShmRing::Open((*ring)->name());
+      ASSERT_TRUE(w.ok());
+      for (int i = 0; i < kEach; ++i) {
+        uint32_t seq = static_cast<uint32_t>(i);
+        std::vector<uint8_t> body(sizeof(seq) + 64);
+        std::memcpy(body.data(), &seq, sizeof(seq));
+        ASSERT_TRUE((*w)->Write(p, body, Soon()).ok());
+      }
+    });
+  }
+  std::vector<uint32_t> next(kProducers, 0);
+  uint32_t kind;
+  std::vector<uint8_t> payload;
+  for (int i = 0; i < kProducers * kEach; ++i) {
+    ASSERT_TRUE((*ring)->Read(&kind, &payload, Soon()).ok());
+    ASSERT_LT(kind, static_cast<uint32_t>(kProducers));
+    uint32_t seq;
+    std::memcpy(&seq, payload.data(), sizeof(seq));
+    ASSERT_EQ(seq, next[kind]) << "producer " << kind;
+    ++next[kind];
+  }
+  for (auto& t : producers) t.join();
+}
+
+TEST(ShmRing, AbortWakesBlockedProducerWithReason) {
+  auto ring = ShmRing::Create(UniqueName(), 4096);
+  ASSERT_TRUE(ring.ok());
+  auto producer = ShmRing::Open((*ring)->name());
+  ASSERT_TRUE(producer.ok());
+  while ((*producer)->Write(1, Bytes(0, 1000), Deadline::After(Duration(10))).ok()) {
+  }
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    (*ring)->Abort("node worker:1 failed");
+  });
+  Status st = (*producer)->Write(1, Bytes(0, 1000), Soon());
+  aborter.join();
+  EXPECT_EQ(st.code(), StatusCode::kAborted) << st.ToString();
+  EXPECT_NE(st.message().find("node worker:1 failed"), std::string::npos) << st.ToString();
+}
+
+TEST(ShmRing, CreateOpenErrorsNameTheRing) {
+  const std::string name = UniqueName();
+  auto missing = ShmRing::Open(name);
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find(name), std::string::npos);
+
+  auto ring = ShmRing::Create(name, 4096);
+  ASSERT_TRUE(ring.ok());
+  EXPECT_EQ(ShmRing::Create(name, 4096).status().code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(ShmRing::Create(UniqueName(), 100).status().code(), StatusCode::kInvalidArgument);
+
+  // A segment that is not a ring is refused, not trusted.
+  const std::string bogus = UniqueName();
+  int fd = shm_open(bogus.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 1 << 16), 0);
+  close(fd);
+  EXPECT_EQ(ShmRing::Open(bogus).status().code(), StatusCode::kCorruption);
+  shm_unlink(bogus.c_str());
+}
+
+TEST(ShmRing, CloseUnlinksTheName) {
+  const std::string name = UniqueName();
+  {
+    auto ring = ShmRing::Create(name, 4096);
+    ASSERT_TRUE(ring.ok());
+  }
+  EXPECT_EQ(ShmRing::Open(name).status().code(), StatusCode::kNotFound);
+}
+
+TEST(ShmRing, ProducerInAnotherProcess) {
+  auto ring = ShmRing::Create(UniqueName(), 4096);
+  ASSERT_TRUE(ring.ok());
+  const int kMessages = 500;
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto p = ShmRing::Open((*ring)->name());
+    if (!p.ok()) _exit(2);
+    for (int i = 0; i < kMessages; ++i) {
+      if (!(*p)->Write(i, Bytes(i, 300), Soon()).ok()) _exit(3);
+    }
+    _exit(0);
+  }
+  uint32_t kind;
+  std::vector<uint8_t> payload;
+  for (int i = 0; i < kMessages; ++i) {
+    ASSERT_TRUE((*ring)->Read(&kind, &payload, Soon()).ok()) << i;
+    ASSERT_EQ(payload, Bytes(i, 300));
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+TEST(ShmRing, ProducerSeesConsumerProcessDeath) {
+  const std::string name = UniqueName();
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // The consumer creates the ring, then dies without closing it.
+    auto r = ShmRing::Create(name, 4096);
+    char c = r.ok() ? 1 : 0;
+    if (write(ready[1], &c, 1) != 1) _exit(1);
+    pause();
+    _exit(0);
+  }
+  char c = 0;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  ASSERT_EQ(c, 1);
+  close(ready[0]);
+  close(ready[1]);
+  auto producer = ShmRing::Open(name);
+  ASSERT_TRUE(producer.ok());
+  while ((*producer)->Write(1, Bytes(0, 1000), Deadline::After(Duration(10))).ok()) {
+  }
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  const auto start = std::chrono::steady_clock::now();
+  Status st = (*producer)->Write(1, Bytes(0, 1000), Deadline::After(Duration(10000)));
+  EXPECT_EQ(st.code(), StatusCode::kAborted) << st.ToString();
+  EXPECT_NE(st.message().find("has exited"), std::string::npos) << st.ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  shm_unlink(name.c_str());
+}
+
+TEST(ShmRing, SessionKeepsOneProducersMessagesContiguous) {
+  auto ring = ShmRing::Create(UniqueName(), 8192);
+  ASSERT_TRUE(ring.ok());
+  const int kProducers = 3, kSessions = 20, kPerSession = 5;
+  std::vector<std::thread> producers;
+  for (int p = 0; p < kProducers; ++p) {
+    producers.emplace_back([&, p] {
+      auto w = ShmRing::Open((*ring)->name());
+      ASSERT_TRUE(w.ok());
+      for (int s = 0; s < kSessions; ++s) {
+        ASSERT_TRUE((*w)->LockSession(Duration(5000)).ok());
+        for (int i = 0; i < kPerSession; ++i) ASSERT_TRUE((*w)->Write(p, Bytes(i, 200), Soon()).ok());
+        (*w)->UnlockSession();
+      }
+    });
+  }
+  uint32_t kind;
+  std::vector<uint8_t> payload;
+  for (int n = 0; n < kProducers * kSessions; ++n) {
+    ASSERT_TRUE((*ring)->Read(&kind, &payload, Soon()).ok());
+    const uint32_t owner = kind;
+    for (int i = 1; i < kPerSession; ++i) {
+      ASSERT_TRUE((*ring)->Read(&kind, &payload, Soon()).ok());
+      ASSERT_EQ(kind, owner) << "session of producer " << owner << " was interleaved";
+    }
+  }
+  for (auto& t : producers) t.join();
+}
+
+TEST(ShmRing, SessionPassesOnWhenHolderDies) {
+  auto ring = ShmRing::Create(UniqueName(), 4096);
+  ASSERT_TRUE(ring.ok());
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto w = ShmRing::Open((*ring)->name());
+    if (!w.ok() || !(*w)->LockSession(Duration(1000)).ok()) _exit(2);
+    _exit(0);  // dies holding the session
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  auto w = ShmRing::Open((*ring)->name());
+  ASSERT_TRUE(w.ok());
+  Status st = (*w)->LockSession(Duration(1000));
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  (*w)->UnlockSession();
+}
+
+TEST(ShmRing, SessionWaitTimesOutOnlyWhenNodeIsIdle) {
+  auto ring = ShmRing::Create(UniqueName(), 4096);
+  ASSERT_TRUE(ring.ok());
+  auto holder = ShmRing::Open((*ring)->name());
+  ASSERT_TRUE(holder.ok());
+  ASSERT_TRUE((*holder)->LockSession(Duration(1000)).ok());
+  std::thread waiter([&] {
+    auto w = ShmRing::Open((*ring)->name());
+    ASSERT_TRUE(w.ok());
+    Status st = (*w)->LockSession(Duration(200));
+    EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.ToString();
+    EXPECT_NE(st.message().find("consumed nothing"), std::string::npos) << st.ToString();
+  });
+  waiter.join();
+  (*holder)->UnlockSession();
+}
+
+}  // namespace
+}  // namespace ember::feed
