@@ -45,6 +45,7 @@ struct ShmRingHeader {
   uint64_t tail;              // next byte the consumer reads  (guarded by mu)
   int64_t consumer_pid;
   uint32_t aborted;           // guarded by mu
+  uint32_t terminated;        // guarded by mu
   char abort_reason[kReasonBytes];
   alignas(64) uint8_t data[];
 };
@@ -131,6 +132,7 @@ Result<std::unique_ptr<ShmRing>> ShmRing::Create(const std::string& name, size_t
   h->head = h->tail = 0;
   h->consumer_pid = getpid();
   h->aborted = 0;
+  h->terminated = 0;
   h->abort_reason[0] = '\0';
 
   pthread_mutexattr_t ma;
@@ -190,6 +192,7 @@ Status ShmRing::Write(uint32_t kind, std::span<const uint8_t> payload, Deadline 
   RobustLock lock(&h->mu);
   for (;;) {
     if (h->aborted) return Status::Aborted("feed ring " + name_ + ": " + h->abort_reason);
+    if (h->terminated) return Status::Cancelled("feed ring " + name_ + ": the node terminated its feed");
     const uint64_t pos = h->head % cap;
     const uint64_t to_end = cap - pos;
     // A record never straddles the end: if it does not fit, a wrap marker
@@ -223,6 +226,18 @@ Status ShmRing::Write(uint32_t kind, std::span<const uint8_t> payload, Deadline 
   }
 }
 
+Status ShmRing::Health() const {
+  if (header_ == nullptr) return Status::Aborted("feed ring " + name_ + " is closed");
+  ShmRingHeader* h = header_;
+  RobustLock lock(&h->mu);
+  if (h->aborted) return Status::Aborted("feed ring " + name_ + ": " + h->abort_reason);
+  if (!ProcessAlive(h->consumer_pid)) {
+    return Status::Aborted("feed ring " + name_ + ": the node process (pid " + std::to_string(h->consumer_pid) +
+                           ") that reads it has exited");
+  }
+  return Status::OK();
+}
+
 Status ShmRing::LockSession(Duration idle_timeout) {
   if (header_ == nullptr) return Status::Aborted("feed ring " + name_ + " is closed");
   ShmRingHeader* h = header_;
@@ -231,16 +246,24 @@ Status ShmRing::LockSession(Duration idle_timeout) {
     RobustLock lock(&h->mu);
     last_tail = h->tail;
   }
+  if (session_held_) return Status::Internal("feed ring " + name_ + ": LockSession() called twice");
   Deadline deadline = Deadline::After(idle_timeout);
   for (;;) {
+    {
+      RobustLock lock(&h->mu);
+      if (h->aborted) return Status::Aborted("feed ring " + name_ + ": " + h->abort_reason);
+      if (h->terminated) return Status::Cancelled("feed ring " + name_ + ": the node terminated its feed");
+    }
     int rc = pthread_mutex_trylock(&h->session_mu);
-    if (rc == 0) return Status::OK();
     if (rc == EOWNERDEAD) {  // the previous holder died mid-session
       pthread_mutex_consistent(&h->session_mu);
+      rc = 0;
+    }
+    if (rc == 0) {
+      session_held_ = true;
       return Status::OK();
     }
     RobustLock lock(&h->mu);
-    if (h->aborted) return Status::Aborted("feed ring " + name_ + ": " + h->abort_reason);
     if (h->tail != last_tail) {  // the node is consuming: keep waiting
       last_tail = h->tail;
       deadline = Deadline::After(idle_timeout);
@@ -260,7 +283,8 @@ Status ShmRing::LockSession(Duration idle_timeout) {
 }
 
 void ShmRing::UnlockSession() {
-  if (header_ == nullptr) return;
+  if (header_ == nullptr || !session_held_) return;
+  session_held_ = false;
   pthread_mutex_unlock(&header_->session_mu);
   RobustLock lock(&header_->mu);
   pthread_cond_broadcast(&header_->not_full);
@@ -312,8 +336,19 @@ void ShmRing::Abort(const std::string& reason) {
   pthread_cond_broadcast(&header_->not_empty);
 }
 
+void ShmRing::Terminate() {
+  if (header_ == nullptr) return;
+  RobustLock lock(&header_->mu);
+  header_->terminated = 1;
+  header_->tail = header_->head;  // drop what is queued
+  pthread_cond_broadcast(&header_->not_full);
+}
+
 void ShmRing::Close() {
   if (header_ == nullptr) return;
+  // A locked robust mutex must not outlive its mapping: glibc's robust list
+  // would write to unmapped memory.
+  UnlockSession();
   if (owner_) {
     Abort("the node closed its feed");
     shm_unlink(name_.c_str());

@@ -55,7 +55,8 @@ class ShmRing {
   // `idle_timeout` passes with no message consumed.  If the holder died, the
   // lock passes on.  Aborted as for Write().
   Status LockSession(Duration idle_timeout);
-  // Releases the session lock taken by LockSession().
+  // Releases the session lock taken by LockSession(); no-op if not held.
+  // The same thread that locked must unlock (robust mutex semantics).
   void UnlockSession();
 
   // Producer: appends one message, blocking while the ring is full.
@@ -71,12 +72,25 @@ class ShmRing {
   // messages ends is said by message kinds (the feed protocol), not here.
   Status Read(uint32_t* kind, std::vector<uint8_t>* payload, Deadline deadline);
 
+  // Either side: OK while the ring accepts messages; otherwise the Aborted
+  // status a Write() would return now (the consumer aborted or closed the
+  // ring, or its process has exited).  Never blocks beyond the ring's mutex.
+  // Lets a relay (the TCP feed server) notice a failed node while it has
+  // nothing to write.
+  Status Health() const;
+
   // Consumer: stop accepting messages; blocked and future Write()s return
   // Aborted with `reason`.  Idempotent.
   void Abort(const std::string& reason);
 
-  // Releases the mapping (and, for the consumer, unlinks the name).
+  // Consumer: the node wants no more data (TFoS DataFeed.terminate()): the
+  // ring is emptied, and blocked and future Write()s and LockSession()s
+  // return Cancelled, which feeding tasks treat as "stop quietly".
   // Idempotent.
+  void Terminate();
+
+  // Releases the session lock if held and the mapping (and, for the
+  // consumer, unlinks the name).  Idempotent.
   void Close();
 
  private:
@@ -84,6 +98,7 @@ class ShmRing {
 
   std::string name_;
   bool owner_;
+  bool session_held_ = false;  // by this object; see LockSession()
   ShmRingHeader* header_;
   size_t mapped_bytes_;
 };

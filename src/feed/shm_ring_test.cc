@@ -159,6 +159,26 @@ TEST(ShmRing, AbortWakesBlockedProducerWithReason) {
   EXPECT_NE(st.message().find("node worker:1 failed"), std::string::npos) << st.ToString();
 }
 
+TEST(ShmRing, TerminateCancelsProducersQuietly) {
+  auto ring = ShmRing::Create(UniqueName(), 4096);
+  ASSERT_TRUE(ring.ok());
+  auto producer = ShmRing::Open((*ring)->name());
+  ASSERT_TRUE(producer.ok());
+  while ((*producer)->Write(1, Bytes(0, 1000), Deadline::After(Duration(10))).ok()) {
+  }
+  std::thread terminator([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    (*ring)->Terminate();
+  });
+  Status st = (*producer)->Write(1, Bytes(0, 1000), Soon());
+  terminator.join();
+  EXPECT_EQ(st.code(), StatusCode::kCancelled) << st.ToString();
+  EXPECT_EQ((*producer)->LockSession(Duration(100)).code(), StatusCode::kCancelled);
+  uint32_t kind;
+  std::vector<uint8_t> payload;
+  EXPECT_EQ((*ring)->Read(&kind, &payload, Deadline::After(Duration(20))).code(), StatusCode::kDeadlineExceeded);
+}
+
 TEST(ShmRing, CreateOpenErrorsNameTheRing) {
   const std::string name = UniqueName();
   auto missing = ShmRing::Open(name);

@@ -1,0 +1,124 @@
+"""Encoding of the data feed's messages (see src/feed/messages.h and docs/wire.md).
+
+Every message is a (kind, payload) pair that travels through a node's shared
+memory ring or over an authenticated TCP feed connection.  Record batches are
+Arrow IPC streams; nothing here pickles or evaluates bytes.
+"""
+from __future__ import annotations
+
+import struct
+from typing import Tuple
+
+import numpy as np
+import pyarrow as pa
+
+BATCH = 1
+END_PARTITION = 2
+END_FEED = 3
+BEGIN_PARTITION = 4
+RESULTS = 5
+END_RESULTS = 6
+ERROR = 7
+
+KIND_NAMES = {BATCH: "BATCH", END_PARTITION: "END_PARTITION", END_FEED: "END_FEED",
+              BEGIN_PARTITION: "BEGIN_PARTITION", RESULTS: "RESULTS", END_RESULTS: "END_RESULTS",
+              ERROR: "ERROR"}
+
+BEGIN_WANTS_RESULTS = 1
+
+_BATCH_HEAD = struct.Struct("<II")          # partition, epoch
+_END_PARTITION = struct.Struct("<IIqIq")    # partition, epoch, rows, partitions in epoch, node's epoch rows
+_BEGIN_HEAD = struct.Struct("<IIII")        # partition, epoch, flags, name length
+_END_RESULTS = struct.Struct("<q")          # rows answered
+
+
+class FeedProtocolError(ValueError):
+    """A feed message does not have the layout its kind requires."""
+
+
+def _ipc_bytes(batch: pa.RecordBatch, head: bytes = b"") -> pa.Buffer:
+    sink = pa.BufferOutputStream()
+    if head:
+        sink.write(head)
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue()
+
+
+def _read_ipc(buf: pa.Buffer, what: str) -> pa.RecordBatch:
+    try:
+        return pa.ipc.open_stream(buf).read_next_batch()
+    except (pa.ArrowInvalid, StopIteration, OSError) as e:
+        raise FeedProtocolError(f"{what}: malformed Arrow IPC stream of {buf.size} bytes: {e}") from e
+
+
+def as_buffer(payload) -> pa.Buffer:
+    """Wraps a received payload (numpy uint8 array, bytes) as an Arrow buffer without copying."""
+    if isinstance(payload, pa.Buffer):
+        return payload
+    return pa.py_buffer(payload)
+
+
+def encode_batch(partition: int, epoch: int, batch: pa.RecordBatch) -> pa.Buffer:
+    return _ipc_bytes(batch, _BATCH_HEAD.pack(partition, epoch))
+
+
+def decode_batch(payload) -> Tuple[int, int, pa.RecordBatch]:
+    buf = as_buffer(payload)
+    if buf.size < _BATCH_HEAD.size:
+        raise FeedProtocolError(f"BATCH message of {buf.size} bytes is shorter than its header")
+    partition, epoch = _BATCH_HEAD.unpack(buf[:_BATCH_HEAD.size].to_pybytes())
+    return partition, epoch, _read_ipc(buf.slice(_BATCH_HEAD.size), f"BATCH of partition {partition}")
+
+
+def encode_end_partition(partition: int, epoch: int, rows: int, num_partitions: int,
+                         node_epoch_rows: int) -> bytes:
+    return _END_PARTITION.pack(partition, epoch, rows, num_partitions, node_epoch_rows)
+
+
+def decode_end_partition(payload) -> Tuple[int, int, int, int, int]:
+    data = bytes(payload)
+    if len(data) != _END_PARTITION.size:
+        raise FeedProtocolError(f"END_PARTITION message has {len(data)} bytes, expected {_END_PARTITION.size}")
+    return _END_PARTITION.unpack(data)
+
+
+def encode_begin_partition(partition: int, epoch: int, wants_results: bool, result_ring: str) -> bytes:
+    name = result_ring.encode()
+    flags = BEGIN_WANTS_RESULTS if wants_results else 0
+    return _BEGIN_HEAD.pack(partition, epoch, flags, len(name)) + name
+
+
+def decode_begin_partition(payload) -> Tuple[int, int, bool, str]:
+    data = bytes(payload)
+    if len(data) < _BEGIN_HEAD.size:
+        raise FeedProtocolError(f"BEGIN_PARTITION message of {len(data)} bytes is shorter than its header")
+    partition, epoch, flags, n = _BEGIN_HEAD.unpack(data[:_BEGIN_HEAD.size])
+    if len(data) != _BEGIN_HEAD.size + n:
+        raise FeedProtocolError(f"BEGIN_PARTITION of partition {partition} names a {n}-byte ring "
+                                f"but carries {len(data) - _BEGIN_HEAD.size} bytes")
+    return partition, epoch, bool(flags & BEGIN_WANTS_RESULTS), data[_BEGIN_HEAD.size:].decode()
+
+
+def encode_results(batch: pa.RecordBatch) -> pa.Buffer:
+    return _ipc_bytes(batch)
+
+
+def decode_results(payload) -> pa.RecordBatch:
+    return _read_ipc(as_buffer(payload), "RESULTS")
+
+
+def encode_end_results(rows: int) -> bytes:
+    return _END_RESULTS.pack(rows)
+
+
+def decode_end_results(payload) -> int:
+    data = bytes(payload)
+    if len(data) != _END_RESULTS.size:
+        raise FeedProtocolError(f"END_RESULTS message has {len(data)} bytes, expected {_END_RESULTS.size}")
+    return _END_RESULTS.unpack(data)[0]
+
+
+def as_uint8(buf) -> np.ndarray:
+    """A bytes-like object as a uint8 numpy view (what the ring's write() takes), no copy."""
+    return np.frombuffer(buf, dtype=np.uint8)

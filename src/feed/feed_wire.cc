@@ -1,0 +1,104 @@
+#include "feed/feed_wire.h"
+
+#include <cstring>
+
+#include "net/codec.h"
+#include "net/frame.h"
+#include "net/socket.h"
+
+namespace ember::feed {
+namespace {
+
+// Below this a frame goes out in one send (header and payload copied
+// together); above it the payload is sent from the caller's buffer.
+constexpr size_t kCoalesceBytes = 64 * 1024;
+
+std::string_view AsChars(std::span<const uint8_t> bytes) {
+  return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
+}
+
+void PutU32(std::vector<uint8_t>* out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out->push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+
+}  // namespace
+
+Status SendFeedFrame(int fd, FeedKind kind, std::span<const uint8_t> payload, Deadline deadline,
+                     const std::string& peer) {
+  if (payload.size() > UINT32_MAX) {
+    return Status::InvalidArgument("feed message of " + std::to_string(payload.size()) + " bytes for " +
+                                   peer + " exceeds the u32 frame length");
+  }
+  if (static_cast<uint32_t>(kind) > UINT16_MAX) {
+    return Status::InvalidArgument("feed message kind " + std::to_string(static_cast<uint32_t>(kind)) +
+                                   " does not fit the u16 frame type");
+  }
+  const std::string what = "write feed frame to " + peer;
+  if (payload.size() <= kCoalesceBytes) {
+    const std::string bytes = net::EncodeFrame(static_cast<uint16_t>(kind), AsChars(payload));
+    return net::WriteAll(fd, bytes.data(), bytes.size(), deadline, what);
+  }
+  net::Writer header;  // the layout of net::EncodeFrame, without the payload copy
+  header.PutU32(static_cast<uint32_t>(payload.size()));
+  header.PutU16(static_cast<uint16_t>(kind));
+  header.PutU16(net::kProtocolVersion);
+  EMBER_RETURN_NOT_OK(net::WriteAll(fd, header.data().data(), header.data().size(), deadline, what));
+  return net::WriteAll(fd, payload.data(), payload.size(), deadline, what);
+}
+
+Status RecvFeedFrame(int fd, size_t max_payload_bytes, Deadline deadline, const std::string& peer,
+                     uint32_t* kind, std::vector<uint8_t>* payload) {
+  char header[net::kFrameHeaderBytes];
+  EMBER_RETURN_NOT_OK(net::ReadExactly(fd, header, sizeof(header), deadline, "read feed frame from " + peer));
+  net::Reader r(std::string_view(header, sizeof(header)));
+  uint32_t length = 0;
+  uint16_t type = 0;
+  uint16_t version = 0;
+  EMBER_RETURN_NOT_OK(r.GetU32(&length));
+  EMBER_RETURN_NOT_OK(r.GetU16(&type));
+  EMBER_RETURN_NOT_OK(r.GetU16(&version));
+  if (version != net::kProtocolVersion) {
+    return Status::Corruption("feed frame from " + peer + " has protocol version " + std::to_string(version) +
+                              "; this build speaks version " + std::to_string(net::kProtocolVersion));
+  }
+  if (length > max_payload_bytes) {
+    return Status::Corruption("feed frame of " + std::to_string(length) + " bytes from " + peer +
+                              " exceeds max_message_bytes (" + std::to_string(max_payload_bytes) + ")");
+  }
+  *kind = type;
+  payload->resize(length);
+  if (length == 0) return Status::OK();
+  return net::ReadExactly(fd, payload->data(), length, deadline, "read feed frame payload from " + peer);
+}
+
+Result<BeginPartition> ParseBeginPartition(std::span<const uint8_t> payload) {
+  net::Reader r(AsChars(payload));
+  BeginPartition b;
+  Status st = r.GetU32(&b.partition);
+  if (st.ok()) st = r.GetU32(&b.epoch);
+  if (st.ok()) st = r.GetU32(&b.flags);
+  if (st.ok()) st = r.GetString(&b.result_ring);
+  if (st.ok()) st = r.ExpectEnd();
+  if (!st.ok()) return st.WithContext("malformed kBeginPartition");
+  return b;
+}
+
+std::vector<uint8_t> EncodeBeginPartition(const BeginPartition& begin) {
+  std::vector<uint8_t> out;
+  out.reserve(16 + begin.result_ring.size());
+  PutU32(&out, begin.partition);
+  PutU32(&out, begin.epoch);
+  PutU32(&out, begin.flags);
+  PutU32(&out, static_cast<uint32_t>(begin.result_ring.size()));
+  out.insert(out.end(), begin.result_ring.begin(), begin.result_ring.end());
+  return out;
+}
+
+Status ParsePartitionPrefix(std::span<const uint8_t> payload, uint32_t* partition, uint32_t* epoch) {
+  net::Reader r(AsChars(payload));
+  Status st = r.GetU32(partition);
+  if (st.ok()) st = r.GetU32(epoch);
+  return st;
+}
+
+}  // namespace ember::feed
