@@ -140,8 +140,8 @@ class CoordinatorServer {
 
   // Blocks until every node whose role is in `job_names` (all nodes if empty)
   // is kDone.  Returns the first failure (Aborted, naming node, host and
-  // error) as soon as any node fails, or DeadlineExceeded naming the nodes
-  // still running.
+  // error) as soon as any node fails (or the abort reason after Abort()),
+  // or DeadlineExceeded naming the nodes still running.
   Status WaitForNodes(const std::vector<std::string>& job_names, Duration timeout);
 
   // Broadcasts Stop to nodes whose role is in `job_names` (all if empty):
@@ -188,13 +188,17 @@ class CoordinatorClient {
   // connection as belonging to `executor_id` without changing its state.
   Status Attach(int executor_id);
 
-  // Waits until all num_nodes nodes have entered barrier `name`.
+  // Waits until all num_nodes nodes have entered barrier `name`.  Needs a
+  // registered or attached connection.  Each name completes once; entering a
+  // completed barrier returns at once.
   Status Barrier(const std::string& name, Duration timeout);
 
   Status KvSet(const std::string& key, const std::string& value);
   // Waits until `key` is set; DeadlineExceeded names the key.
   Result<std::string> KvGet(const std::string& key, Duration timeout);
 
+  // One-way: OK means the message was written to the socket, not that the
+  // server processed it.
   Status Log(const std::string& stream, const std::string& line);
   Status Report(const std::map<std::string, double>& metrics);
 

@@ -26,7 +26,7 @@ KIND_NAMES = {BATCH: "BATCH", END_PARTITION: "END_PARTITION", END_FEED: "END_FEE
 
 BEGIN_WANTS_RESULTS = 1
 
-_BATCH_HEAD = struct.Struct("<II")          # partition, epoch
+_BATCH_HEAD = struct.Struct("<IIq")         # partition, epoch, node's epoch rows
 _END_PARTITION = struct.Struct("<IIqIq")    # partition, epoch, rows, partitions in epoch, node's epoch rows
 _BEGIN_HEAD = struct.Struct("<IIII")        # partition, epoch, flags, name length
 _END_RESULTS = struct.Struct("<q")          # rows answered
@@ -59,16 +59,17 @@ def as_buffer(payload) -> pa.Buffer:
     return pa.py_buffer(payload)
 
 
-def encode_batch(partition: int, epoch: int, batch: pa.RecordBatch) -> pa.Buffer:
-    return _ipc_bytes(batch, _BATCH_HEAD.pack(partition, epoch))
+def encode_batch(partition: int, epoch: int, node_epoch_rows: int, batch: pa.RecordBatch) -> pa.Buffer:
+    return _ipc_bytes(batch, _BATCH_HEAD.pack(partition, epoch, node_epoch_rows))
 
 
-def decode_batch(payload) -> Tuple[int, int, pa.RecordBatch]:
+def decode_batch(payload) -> Tuple[int, int, int, pa.RecordBatch]:
+    """Returns (partition, epoch, node's epoch rows, record batch)."""
     buf = as_buffer(payload)
     if buf.size < _BATCH_HEAD.size:
         raise FeedProtocolError(f"BATCH message of {buf.size} bytes is shorter than its header")
-    partition, epoch = _BATCH_HEAD.unpack(buf[:_BATCH_HEAD.size].to_pybytes())
-    return partition, epoch, _read_ipc(buf.slice(_BATCH_HEAD.size), f"BATCH of partition {partition}")
+    partition, epoch, node_rows = _BATCH_HEAD.unpack(buf.slice(0, _BATCH_HEAD.size).to_pybytes())
+    return partition, epoch, node_rows, _read_ipc(buf.slice(_BATCH_HEAD.size), f"BATCH of partition {partition}")
 
 
 def encode_end_partition(partition: int, epoch: int, rows: int, num_partitions: int,

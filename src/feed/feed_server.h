@@ -17,9 +17,14 @@
 //   anything else    a protocol error.
 // A failure (the node aborted its ring or died, a ring write or session wait
 // made no progress for idle_timeout, a malformed frame) goes back to the
-// producer as one kError frame carrying the message text; then the
-// connection is closed.  A node failure is noticed within ~100 ms even while
-// the producer sends nothing.
+// producer as one kError frame carrying "<status code name>: <message>";
+// then the connection is closed.  "Cancelled: ..." means the node
+// terminated its feed (ShmRing::Terminate), which producers treat as "stop
+// quietly".  A node failure or terminate is noticed within ~100 ms even
+// while the producer sends nothing.
+//
+// Each connection opens the node's ring itself, so the session lock is held
+// by that connection's thread, as ShmRing requires.
 #pragma once
 
 #include <cstddef>
@@ -74,8 +79,9 @@ class FeedServer {
 
   // Stops accepting, drops every connection (releasing their session locks
   // and result rings) and joins all threads.  A connection blocked on a full
-  // ring or a session wait notices within ~100 ms.  Idempotent and
-  // thread-safe.
+  // ring notices within ~100 ms; one waiting for the session lock within
+  // ~100 ms of the node last consuming (ShmRing::LockSession keeps waiting
+  // while the holder makes progress).  Idempotent and thread-safe.
   void Close();
 
   struct Impl;

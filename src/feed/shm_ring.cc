@@ -226,18 +226,6 @@ Status ShmRing::Write(uint32_t kind, std::span<const uint8_t> payload, Deadline 
   }
 }
 
-Status ShmRing::Health() const {
-  if (header_ == nullptr) return Status::Aborted("feed ring " + name_ + " is closed");
-  ShmRingHeader* h = header_;
-  RobustLock lock(&h->mu);
-  if (h->aborted) return Status::Aborted("feed ring " + name_ + ": " + h->abort_reason);
-  if (!ProcessAlive(h->consumer_pid)) {
-    return Status::Aborted("feed ring " + name_ + ": the node process (pid " + std::to_string(h->consumer_pid) +
-                           ") that reads it has exited");
-  }
-  return Status::OK();
-}
-
 Status ShmRing::LockSession(Duration idle_timeout) {
   if (header_ == nullptr) return Status::Aborted("feed ring " + name_ + " is closed");
   ShmRingHeader* h = header_;
@@ -334,6 +322,19 @@ void ShmRing::Abort(const std::string& reason) {
   }
   pthread_cond_broadcast(&header_->not_full);
   pthread_cond_broadcast(&header_->not_empty);
+}
+
+Status ShmRing::Health() {
+  if (header_ == nullptr) return Status::Aborted("feed ring " + name_ + " is closed");
+  ShmRingHeader* h = header_;
+  RobustLock lock(&h->mu);
+  if (h->aborted) return Status::Aborted("feed ring " + name_ + ": " + h->abort_reason);
+  if (h->terminated) return Status::Cancelled("feed ring " + name_ + ": the node terminated its feed");
+  if (!ProcessAlive(h->consumer_pid)) {
+    return Status::Aborted("feed ring " + name_ + ": the node process (pid " + std::to_string(h->consumer_pid) +
+                           ") that reads it has exited");
+  }
+  return Status::OK();
 }
 
 void ShmRing::Terminate() {

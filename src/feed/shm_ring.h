@@ -72,12 +72,10 @@ class ShmRing {
   // messages ends is said by message kinds (the feed protocol), not here.
   Status Read(uint32_t* kind, std::vector<uint8_t>* payload, Deadline deadline);
 
-  // Either side: OK while the ring accepts messages; otherwise the Aborted
-  // status a Write() would return now (the consumer aborted or closed the
-  // ring, or its process has exited).  Never blocks beyond the ring's mutex.
-  // Lets a relay (the TCP feed server) notice a failed node while it has
-  // nothing to write.
-  Status Health() const;
+  // Producer: OK while the consumer accepts messages; otherwise the Aborted
+  // or Cancelled status a Write() would return.  Never blocks.  Lets a task
+  // that waits elsewhere (for results) notice that the node failed.
+  Status Health();
 
   // Consumer: stop accepting messages; blocked and future Write()s return
   // Aborted with `reason`.  Idempotent.

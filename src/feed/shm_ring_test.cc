@@ -153,8 +153,10 @@ TEST(ShmRing, AbortWakesBlockedProducerWithReason) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     (*ring)->Abort("node worker:1 failed");
   });
+  EXPECT_TRUE((*producer)->Health().ok());
   Status st = (*producer)->Write(1, Bytes(0, 1000), Soon());
   aborter.join();
+  EXPECT_EQ((*producer)->Health().code(), StatusCode::kAborted);
   EXPECT_EQ(st.code(), StatusCode::kAborted) << st.ToString();
   EXPECT_NE(st.message().find("node worker:1 failed"), std::string::npos) << st.ToString();
 }
@@ -174,6 +176,7 @@ TEST(ShmRing, TerminateCancelsProducersQuietly) {
   terminator.join();
   EXPECT_EQ(st.code(), StatusCode::kCancelled) << st.ToString();
   EXPECT_EQ((*producer)->LockSession(Duration(100)).code(), StatusCode::kCancelled);
+  EXPECT_EQ((*producer)->Health().code(), StatusCode::kCancelled);
   uint32_t kind;
   std::vector<uint8_t> payload;
   EXPECT_EQ((*ring)->Read(&kind, &payload, Deadline::After(Duration(20))).code(), StatusCode::kDeadlineExceeded);

@@ -1,0 +1,24 @@
+"""Ember: distributed deep-learning training and inference on Apache Spark.
+
+The successor of TensorFlowOnSpark: ``Cluster.run`` starts one node per Spark
+barrier task, each running ``main_fun(args, ctx)`` in a process of its own;
+``cluster.shutdown()`` ends the job.  See docs/architecture.md.
+"""
+from ember import errors
+from ember.cluster import Cluster
+from ember.context import Context
+from ember.errors import ClusterError, EmberError, NodeError
+from ember.input_mode import InputMode
+
+__all__ = ["Cluster", "Context", "InputMode", "errors", "EmberError", "ClusterError",
+           "NodeError", "keras"]
+__version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # ember.keras imports Keras (and with it TensorFlow): only when asked for.
+    if name == "keras":
+        import importlib
+
+        return importlib.import_module("ember.keras")
+    raise AttributeError(f"module 'ember' has no attribute {name!r}")

@@ -1,0 +1,521 @@
+"""Cluster: start a job's nodes on Spark, watch them, shut them down (TFoS's TFCluster).
+
+How a job runs:
+
+* The driver starts a CoordinatorServer (C++, authenticated with a fresh
+  32-byte secret) and launches one Spark barrier task per node, in a daemon
+  thread under a job group of its own.  Each task runs ember._launcher, which
+  registers its node, starts ``main_fun(args, ctx)`` in a child process and
+  reports how it ended.
+* A driver thread drains the coordinator's events: node output lines,
+  registrations, progress reports, failures.
+* Every wait on the driver is sliced, so a dead Spark job or a failed node
+  ends it within a second, and bounded by a deadline that names what was
+  awaited.
+* On any failure the driver aborts the job (the coordinator tells every node
+  to stop) and cancels the Spark job group, then raises.
+"""
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import os
+import re
+import secrets
+import socket
+import threading
+import time
+import uuid
+import weakref
+from typing import Any, Callable, List, Optional, Sequence
+
+from ember import _ember, config
+from ember._console import Console
+from ember._launcher import TENSORBOARD_URL_KEY, NodeSpec, run_partition
+from ember.context import WORKER_ROLES
+from ember.errors import Aborted, ClusterError, DeadlineExceeded, EmberError, NodeError
+from ember.input_mode import InputMode
+
+_SLICE = 0.5  # seconds; how often driver-side waits look at the Spark job and failures
+_STOP_TIMEOUT = 30.0  # seconds stopped ps/evaluator nodes get to report done (besides kill grace)
+_active_clusters: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
+
+
+def _spark_context(spark: Any):
+    """The SparkContext of a SparkSession or SparkContext."""
+    sc = getattr(spark, "sparkContext", spark)
+    if not hasattr(sc, "_jsc"):
+        raise TypeError(f"Cluster.run needs a SparkSession or SparkContext, got {type(spark).__name__}")
+    return sc
+
+
+def task_slots(sc) -> int:
+    """How many tasks the Spark application can run at once (what a barrier stage needs)."""
+    jsc = sc._jsc.sc()
+    return int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
+
+
+def _check_slots(sc, needed: int, timeout: float) -> None:
+    """Returns once `needed` task slots exist; raises ClusterError after `timeout`.
+
+    A barrier stage without enough slots makes Spark retry for minutes, so look
+    first.  local[N] has all its slots from the start; on a cluster, executors
+    register a little after the context starts, hence the wait.
+    """
+    local = sc.master.startswith("local")
+    start = time.monotonic()
+    while True:
+        have = task_slots(sc)
+        if have >= needed:
+            return
+        waited = time.monotonic() - start
+        if local or waited >= timeout:
+            break
+        time.sleep(min(0.5, timeout - waited))
+    if local:
+        advice = f"Use local[{needed}] or more"
+        where = f"master {sc.master}"
+    else:
+        advice = ("Add executors or cores (spark.executor.instances, spark.executor.cores, "
+                  "spark.task.cpus), or raise slot_timeout if executors are still starting")
+        where = f"master {sc.master}, after waiting {waited:.0f}s"
+    raise ClusterError(
+        f"Cluster.run needs {needed} free task slots (one per node, Spark barrier execution) "
+        f"but the Spark application has {have} ({where}). {advice}.")
+
+
+def _spark_error_summary(error: BaseException) -> str:
+    """The Python traceback inside a Spark job failure, or the start of its text."""
+    text = str(error)
+    m = re.search(r"Traceback \(most recent call last\):.*?(?=\n\s*at [\w$.]+\(|\Z)", text, re.S)
+    if m:
+        return m.group(0).strip()[-4000:]
+    return text[:2000]
+
+
+class Cluster:
+    """A running Ember job: its nodes, their coordinator, and the Spark job that hosts them.
+
+    Made by :meth:`Cluster.run`; ended by :meth:`shutdown`.  Usable as a context
+    manager: leaving the block shuts the job down (aborting it on an exception).
+
+    Attributes:
+        job_id: unique id of the job (nodes carry it as EMBER_JOB_ID).
+        num_nodes: how many nodes the job has.
+        cluster_spec: ``{role: ["host:port", ...]}`` once every node registered.
+        startup_secs: seconds from Cluster.run to every node registered.
+        tensorboard_url: where TensorBoard serves, if tensorboard=True.
+        input_mode: the job's InputMode.
+    """
+
+    def __init__(self, sc, num_nodes: int, layout, input_mode: InputMode, log_dir: Optional[str]):
+        self._sc = sc
+        self.job_id = f"ember-{uuid.uuid4().hex[:12]}"
+        self.num_nodes = num_nodes
+        self.layout = layout
+        self.input_mode = InputMode(input_mode)
+        self.log_dir = log_dir
+        self.cluster_spec: dict = {}
+        self.startup_secs: Optional[float] = None
+        self.tensorboard_url: Optional[str] = None
+        self.coordinator_address: Optional[str] = None
+        self._console = Console()
+        self._server = None
+        self._secret = b""
+        self._lock = threading.Lock()
+        self._closed = False
+        self._shutting_down = False
+        self._failure: Optional[NodeError] = None
+        self._failure_cond = threading.Condition()
+        self._cancelled = False
+        self._spark_thread: Optional[threading.Thread] = None
+        self._spark_done = threading.Event()
+        self._spark_error: Optional[BaseException] = None
+        self._events_thread: Optional[threading.Thread] = None
+        self._events_stop = threading.Event()
+
+    # -- public API ----------------------------------------------------------
+
+    @classmethod
+    def run(cls, spark: Any, main_fun: Callable[[Any, Any], Any], args: Any = None,
+            num_executors: Optional[int] = None, num_ps: int = 0, tensorboard: bool = False,
+            input_mode: InputMode = InputMode.TENSORFLOW, log_dir: Optional[str] = None,
+            master_node: Optional[str] = None, eval_node: bool = False,
+            reservation_timeout: float = 600, heartbeat_timeout: float = 30,
+            slot_timeout: Optional[float] = None,
+            connect_timeout: Optional[float] = None) -> "Cluster":
+        """Starts `num_executors` nodes, each running ``main_fun(args, ctx)``, and returns
+        once all of them have registered.
+
+        Roles are assigned as in TFoS: the first `num_ps` nodes are "ps", the next one is
+        `master_node` ("chief" or "master") if given, the next one "evaluator" if
+        `eval_node`, the rest "worker".  Every node gets ``TF_CONFIG``.
+
+        Args:
+            spark: a SparkSession or SparkContext.
+            main_fun: called as ``main_fun(args, ctx)`` in a process of its own on every
+                node; pickled with cloudpickle.
+            args: passed to main_fun (must pickle).
+            num_executors: number of nodes; default ``sc.defaultParallelism``.  Needs as
+                many free task slots: the nodes run as one Spark barrier stage.
+            num_ps: number of parameter-server nodes.
+            tensorboard: start TensorBoard beside the chief (or worker 0) on `log_dir`.
+            input_mode: InputMode.TENSORFLOW (main_fun reads its data) or InputMode.SPARK.
+            log_dir: log directory for TensorBoard and ``ctx.log_dir``; resolved like
+                ``ctx.absolute_path``.  Default with tensorboard: ``tensorboard_<job id>``.
+            master_node: "chief" or "master" to have one such node; None for none.
+            eval_node: whether one node is an "evaluator".
+            reservation_timeout: seconds to wait for every node to register.
+            heartbeat_timeout: seconds of silence after which a node counts as lost.
+            slot_timeout: seconds to wait for enough task slots (not in local mode);
+                default from ember.config.
+            connect_timeout: seconds a node may take to reach the coordinator; default
+                from ember.config.
+
+        Raises:
+            ClusterError: too few task slots, or the Spark job failed.
+            NodeError: a node failed before every node registered.
+            DeadlineExceeded: not every node registered within reservation_timeout;
+                the message names the missing nodes.
+            InvalidArgument: the layout is impossible (e.g. more ps than nodes).
+        """
+        started = time.monotonic()
+        if not callable(main_fun):
+            raise TypeError(f"main_fun must be callable, got {type(main_fun).__name__}")
+        sc = _spark_context(spark)
+        num_nodes = int(num_executors) if num_executors is not None else sc.defaultParallelism
+        layout = _ember.ClusterLayout(num_nodes=num_nodes, num_ps=num_ps,
+                                      master_node=master_node or "", eval_node=eval_node)
+        _ember.assign_role(layout, 0)  # validates the layout: InvalidArgument names the field
+        _check_slots(sc, num_nodes, config.get("slot_timeout", sc, slot_timeout))
+        cluster = cls(sc, num_nodes, layout, input_mode, log_dir)
+        if tensorboard and not log_dir:
+            cluster.log_dir = f"tensorboard_{cluster.job_id}"
+        _active_clusters.add(cluster)
+        try:
+            cluster._start(main_fun, args, started, tensorboard=tensorboard,
+                           reservation_timeout=reservation_timeout,
+                           heartbeat_timeout=heartbeat_timeout,
+                           connect_timeout=config.get("connect_timeout", sc, connect_timeout))
+        except BaseException as e:
+            cluster._teardown(abort_reason=f"Cluster.run failed: {type(e).__name__}")
+            raise
+        return cluster
+
+    def shutdown(self, grace_secs: float = 0, timeout: Optional[float] = None) -> None:
+        """Waits for the training nodes to finish, then stops the rest and tears down.
+
+        1. waits until every chief/master/worker node returned from main_fun;
+        2. keeps watching for failures for `grace_secs` more seconds (so an exception
+           raised late, e.g. by an evaluator, still reaches the driver);
+        3. stops the ps and evaluator nodes (which usually never return);
+        4. waits for the Spark job to end and closes the coordinator.
+
+        Idempotent: a second call (or one after a failed run) does nothing.
+
+        Args:
+            grace_secs: extra seconds to watch for failures after the workers are done.
+            timeout: seconds to wait for the training nodes; None waits as long as they run.
+
+        Raises:
+            NodeError: a node failed; every other node has been stopped.
+            DeadlineExceeded: `timeout` passed; the job has been aborted.
+            ClusterError: the Spark job failed outside the nodes.
+        """
+        with self._lock:
+            if self._closed or self._shutting_down:
+                return
+            self._shutting_down = True
+        try:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            self._wait_nodes(
+                list(WORKER_ROLES), deadline,
+                lambda: (f"Cluster.shutdown waited {timeout:g}s (timeout) for the training nodes "
+                         f"(chief/master/worker) to return from main_fun"),
+                "Pass a larger timeout (or None), or look at the nodes' output for why they "
+                "have not finished")
+            grace_end = time.monotonic() + max(0.0, grace_secs)
+            while time.monotonic() < grace_end:
+                self._raise_if_failed(spark_must_run=False)
+                time.sleep(min(0.1, max(0.0, grace_end - time.monotonic())))
+            self._raise_if_failed(spark_must_run=False)
+            others = ["ps", "evaluator"]
+            self._server.stop_nodes(others)
+            stop_wait = _STOP_TIMEOUT + 2 * config.get("kill_grace_secs", self._sc)
+            self._wait_nodes(
+                [], time.monotonic() + stop_wait,
+                lambda: f"Cluster.shutdown waited {stop_wait:g}s for the stopped ps/evaluator nodes to end",
+                "Look at those nodes' output; their launcher ends them with SIGTERM then SIGKILL")
+            self._join_spark(stop_wait)
+        except BaseException as e:
+            self._teardown(abort_reason=f"Cluster.shutdown failed: {type(e).__name__}: {e}"[:500])
+            raise
+        self._teardown()
+
+    def nodes(self) -> List[Any]:
+        """Snapshot of the registered nodes (role, address, state, error) from the coordinator."""
+        return list(self._server.nodes()) if self._server is not None else []
+
+    def __enter__(self) -> "Cluster":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.shutdown()
+        else:
+            self._teardown(abort_reason=f"the driver raised {exc_type.__name__}")
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "running"
+        return f"<ember.Cluster {self.job_id}: {self.num_nodes} nodes, {state}>"
+
+    # -- start-up ------------------------------------------------------------
+
+    def _start(self, main_fun, args, started: float, *, tensorboard: bool,
+               reservation_timeout: float, heartbeat_timeout: float, connect_timeout: float) -> None:
+        from pyspark import cloudpickle
+
+        sc = self._sc
+        self._secret = secrets.token_bytes(32)
+        self._server = _ember.CoordinatorServer.start(
+            self._secret, self.layout,
+            bind_host=config.get("coordinator_bind", sc),
+            port=config.get("coordinator_port", sc),
+            heartbeat_timeout=float(heartbeat_timeout))
+        host = (config.get("coordinator_host", sc) or sc.getConf().get("spark.driver.host", None)
+                or socket.gethostname())
+        self.coordinator_address = f"{host}:{self._server.port}"
+        default_fs = sc._jsc.hadoopConfiguration().get("fs.defaultFS") or "file:///"
+        spec = NodeSpec(
+            job_id=self.job_id, coordinator_host=host, coordinator_port=self._server.port,
+            secret=self._secret, payload=cloudpickle.dumps((main_fun, args)),
+            num_nodes=self.num_nodes, default_fs=default_fs, working_dir=os.getcwd(),
+            log_dir=self.log_dir, tensorboard=tensorboard, input_mode=int(self.input_mode),
+            reservation_timeout=float(reservation_timeout), connect_timeout=float(connect_timeout),
+            kill_grace_secs=float(config.get("kill_grace_secs", sc)),
+            echo_logs=not sc.master.startswith("local"))
+
+        self._events_thread = threading.Thread(target=self._pump_events, daemon=True,
+                                               name=f"{self.job_id}-events")
+        self._events_thread.start()
+        self._start_spark_job(spec)
+        self._wait_for_registration(started, reservation_timeout)
+        self.startup_secs = time.monotonic() - started
+        self.cluster_spec = json.loads(self._server.cluster_spec_json())
+        self._console.info(f"all {self.num_nodes} nodes registered in {self.startup_secs:.1f}s "
+                           f"(job {self.job_id}, coordinator {self.coordinator_address})")
+        if tensorboard:
+            self._fetch_tensorboard_url(host)
+
+    def _start_spark_job(self, spec: NodeSpec) -> None:
+        from pyspark import InheritableThread
+
+        sc, n = self._sc, self.num_nodes
+
+        def spark_main() -> None:
+            try:
+                sc.setJobGroup(self.job_id, f"Ember job {self.job_id}: {n} nodes",
+                               interruptOnCancel=True)
+                sc.parallelize(range(n), n).barrier().mapPartitions(
+                    functools.partial(run_partition, spec)).collect()
+            except BaseException as e:  # noqa: BLE001 - reported by the waits on the driver
+                self._spark_error = e
+            finally:
+                self._spark_done.set()
+
+        self._spark_thread = InheritableThread(spark_main, daemon=True, name=f"{self.job_id}-spark")
+        self._spark_thread.start()
+
+    def _wait_for_registration(self, started: float, reservation_timeout: float) -> None:
+        deadline = started + reservation_timeout
+        while True:
+            self._raise_if_failed(spark_must_run=True)
+            left = deadline - time.monotonic()
+            wait = max(0.0, min(_SLICE, left))
+            try:
+                self._server.wait_for_registration(wait)
+                return
+            except DeadlineExceeded as e:
+                if wait >= left:
+                    raise DeadlineExceeded(
+                        f"Cluster.run waited {reservation_timeout:g}s (reservation_timeout) for all "
+                        f"{self.num_nodes} nodes to register: {e}. Look at the executors' logs for "
+                        f"why a node did not start, check that executors can reach the driver at "
+                        f"{self.coordinator_address}, or raise reservation_timeout.") from None
+            except Aborted:
+                self._raise_failure_or(ClusterError, "the job was aborted before every node registered")
+
+    def _fetch_tensorboard_url(self, host: str) -> None:
+        client = None
+        try:
+            client = _ember.CoordinatorClient.connect(host, self._server.port, self._secret,
+                                                      connect_timeout=10.0)
+            self.tensorboard_url = client.kv_get(TENSORBOARD_URL_KEY, 60.0).decode()
+            self._console.info(f"TensorBoard: {self.tensorboard_url}")
+        except EmberError as e:
+            self._console.info(f"TensorBoard address not known: {e}")
+        finally:
+            if client is not None:
+                client.close()
+
+    # -- watching --------------------------------------------------------------
+
+    def _pump_events(self) -> None:
+        while True:
+            events = self._server.poll_events(0.2)
+            for event in events:
+                try:
+                    self._handle_event(event)
+                except Exception as e:  # noqa: BLE001 - one bad event must not stop the pump
+                    self._console.info(f"could not show an event: {type(e).__name__}: {e}")
+            if not events and self._events_stop.is_set():
+                return
+
+    def _handle_event(self, ev) -> None:
+        kind = _ember.Event.Kind
+        label = f"{ev.job_name}:{ev.task_index}" if ev.job_name else f"executor {ev.executor_id}"
+        if ev.kind == kind.LOG:
+            self._console.node_line(label, ev.stream, ev.text)
+        elif ev.kind == kind.PROGRESS:
+            self._console.progress(label, dict(ev.metrics))
+        elif ev.kind == kind.REGISTERED:
+            self._console.info(f"{label} registered (executor {ev.executor_id})"
+                               + (f": {ev.text}" if ev.text else ""))
+        elif ev.kind == kind.NODE_DONE:
+            self._console.info(f"{label} done")
+        elif ev.kind == kind.NODE_FAILED:
+            first = self._record_failure(ev)
+            if first and not self._closed:
+                self._console.info(f"{label} failed; stopping the job")
+                self._cancel_spark()
+        elif ev.kind == kind.ABORT:
+            failure = self._failure
+            if failure is not None:
+                self._console.info(f"job aborted: node {failure.job_name}:{failure.task_index} failed")
+            else:
+                self._console.info((ev.text or "job aborted").splitlines()[0])
+
+    def _node_error(self, job_name: str, task_index: int, executor_id: int, text: str,
+                    info=None) -> NodeError:
+        if info is None:
+            info = next((n for n in self.nodes() if n.address.executor_id == executor_id), None)
+        host = info.address.host if info is not None else "(unknown host)"
+        lost = info is not None and info.state == _ember.NodeInfo.State.LOST
+        # The node's own words (its traceback) rather than the event's summary of them.
+        remote = info.error if info is not None and info.error else text
+        return NodeError(job_name, task_index, executor_id, host, remote, lost=lost)
+
+    def _record_failure(self, ev) -> bool:
+        error = self._node_error(ev.job_name, ev.task_index, ev.executor_id, ev.text)
+        with self._failure_cond:
+            if self._failure is not None:
+                return False
+            self._failure = error
+            self._failure_cond.notify_all()
+            return True
+
+    def _known_failure(self, wait: float = 0.0) -> Optional[NodeError]:
+        """The first node failure: from the event stream, else from the server's snapshot."""
+        with self._failure_cond:
+            self._failure_cond.wait_for(lambda: self._failure is not None, timeout=wait)
+            if self._failure is not None:
+                return self._failure
+        failed = [n for n in self.nodes()
+                  if n.state in (_ember.NodeInfo.State.FAILED, _ember.NodeInfo.State.LOST)]
+        failed.sort(key=lambda n: n.state != _ember.NodeInfo.State.FAILED)  # own failures first
+        if failed:
+            n = failed[0]
+            return self._node_error(n.role.job_name, n.role.task_index, n.address.executor_id,
+                                    n.error, info=n)
+        return None
+
+    def _raise_failure_or(self, error_type, message: str) -> None:
+        failure = self._known_failure(wait=1.0)
+        if failure is not None:
+            raise failure
+        raise error_type(message)
+
+    def _raise_if_failed(self, spark_must_run: bool) -> None:
+        """Raises the first node failure, or the Spark job's, if there is one."""
+        if self._failure is not None:
+            raise self._failure
+        if not self._spark_done.is_set():
+            return
+        error = self._spark_error
+        if error is None and not spark_must_run:
+            return
+        failure = self._known_failure(wait=1.0)
+        if failure is not None:
+            raise failure
+        if error is None:
+            raise ClusterError(f"the Spark job running the {self.num_nodes} nodes ended before "
+                               f"every node registered")
+        raise ClusterError(f"the Spark job running the {self.num_nodes} nodes failed: "
+                           f"{_spark_error_summary(error)}") from error
+
+    def _wait_nodes(self, roles: Sequence[str], deadline: Optional[float],
+                    what: Callable[[], str], advice: str) -> None:
+        while True:
+            self._raise_if_failed(spark_must_run=False)
+            left = None if deadline is None else deadline - time.monotonic()
+            wait = _SLICE if left is None else max(0.0, min(_SLICE, left))
+            try:
+                self._server.wait_for_nodes(list(roles), wait)
+                return
+            except DeadlineExceeded as e:
+                if left is not None and wait >= left:
+                    raise DeadlineExceeded(f"{what()}: {e}. {advice}.") from None
+            except Aborted as e:
+                self._raise_failure_or(ClusterError, f"the job was aborted: {e}")
+
+    def _join_spark(self, timeout: float) -> None:
+        if self._spark_thread is None:
+            return
+        if not self._spark_done.wait(timeout):
+            raise DeadlineExceeded(
+                f"every node reported done, but the Spark job running them did not end within "
+                f"{timeout:g}s. Look at the Spark UI for job group {self.job_id}.")
+        if self._spark_error is not None and not self._cancelled:
+            raise ClusterError(f"every node reported done, but the Spark job running them failed: "
+                               f"{_spark_error_summary(self._spark_error)}") from self._spark_error
+
+    # -- tear-down ---------------------------------------------------------------
+
+    def _cancel_spark(self) -> None:
+        if self._cancelled or self._spark_thread is None or self._spark_done.is_set():
+            return
+        self._cancelled = True
+        try:
+            self._sc.cancelJobGroup(self.job_id)
+        except Exception:  # noqa: BLE001 - the SparkContext may be gone already
+            pass
+
+    def _teardown(self, abort_reason: Optional[str] = None) -> None:
+        """Ends the job and releases everything; idempotent.  Aborts it if `abort_reason`."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            if abort_reason is not None:
+                if self._server is not None:
+                    self._server.abort(abort_reason)
+                self._cancel_spark()
+            if self._spark_thread is not None:
+                # Give the launchers time to end their nodes while the coordinator still serves.
+                self._spark_done.wait(15.0)
+        finally:
+            self._events_stop.set()
+            if self._events_thread is not None:
+                self._events_thread.join(timeout=5.0)
+            self._console.clear_progress()
+            if self._server is not None:
+                self._server.close()
+            _active_clusters.discard(self)
+
+
+@atexit.register
+def _abort_active_clusters() -> None:
+    for cluster in list(_active_clusters):
+        cluster._teardown(abort_reason="the driver program exited without Cluster.shutdown()")

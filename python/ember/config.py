@@ -1,0 +1,88 @@
+"""Ember's settings that come from the environment or the Spark configuration.
+
+This is the only module that reads environment variables or Spark conf; the
+values travel from here to the nodes inside the Spark closure and to the
+native core as option arguments.  An explicit argument to ``Cluster.run``
+wins over the Spark conf key, which wins over the environment variable, which
+wins over the default.
+
+=========================  ================================  ================  ==========================================
+setting                    Spark conf / environment           default           meaning
+=========================  ================================  ================  ==========================================
+slot_timeout               spark.ember.slotTimeout            30                seconds Cluster.run waits for enough task
+                           EMBER_SLOT_TIMEOUT                                   slots on a cluster whose executors are
+                                                                                still registering (local[N] never waits)
+coordinator_host           spark.ember.coordinator.host       spark.driver.host address executors use to reach the driver's
+                           EMBER_COORDINATOR_HOST                               coordinator
+coordinator_bind           spark.ember.coordinator.bind       0.0.0.0           address the coordinator listens on
+                           EMBER_COORDINATOR_BIND
+coordinator_port           spark.ember.coordinator.port       0 (any free)      port the coordinator listens on
+                           EMBER_COORDINATOR_PORT
+connect_timeout            spark.ember.connectTimeout         30                seconds a node may take to connect to the
+                           EMBER_CONNECT_TIMEOUT                                coordinator (connect + handshake)
+kill_grace_secs            spark.ember.killGraceSecs          3                 seconds a stopped node gets between SIGTERM
+                           EMBER_KILL_GRACE_SECS                                and SIGKILL
+=========================  ================================  ================  ==========================================
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Callable, Optional
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    name: str
+    conf_key: str
+    env_var: str
+    default: Any
+    parse: Callable[[str], Any]
+    doc: str
+
+
+SETTINGS = {
+    s.name: s
+    for s in [
+        Setting("slot_timeout", "spark.ember.slotTimeout", "EMBER_SLOT_TIMEOUT", 30.0, float,
+                "seconds Cluster.run waits for enough task slots (not in local mode)"),
+        Setting("coordinator_host", "spark.ember.coordinator.host", "EMBER_COORDINATOR_HOST", None,
+                str, "address executors use to reach the driver's coordinator"),
+        Setting("coordinator_bind", "spark.ember.coordinator.bind", "EMBER_COORDINATOR_BIND",
+                "0.0.0.0", str, "address the coordinator listens on"),
+        Setting("coordinator_port", "spark.ember.coordinator.port", "EMBER_COORDINATOR_PORT", 0,
+                int, "port the coordinator listens on (0 = any free port)"),
+        Setting("connect_timeout", "spark.ember.connectTimeout", "EMBER_CONNECT_TIMEOUT", 30.0,
+                float, "seconds a node may take to connect to the coordinator"),
+        Setting("kill_grace_secs", "spark.ember.killGraceSecs", "EMBER_KILL_GRACE_SECS", 3.0,
+                float, "seconds between SIGTERM and SIGKILL when a node is stopped"),
+    ]
+}
+
+
+def get(name: str, sc: Any = None, explicit: Optional[Any] = None) -> Any:
+    """The value of setting `name`: `explicit` if not None, else Spark conf, env, default.
+
+    Args:
+        name: a key of SETTINGS.
+        sc: a SparkContext whose conf is consulted, or None.
+        explicit: a value passed by the caller (e.g. an argument of Cluster.run).
+
+    Raises:
+        ValueError: the configured text does not parse; the message names the source.
+    """
+    setting = SETTINGS[name]
+    if explicit is not None:
+        return explicit
+    sources = []
+    if sc is not None:
+        sources.append((f"Spark conf {setting.conf_key}", sc.getConf().get(setting.conf_key, None)))
+    sources.append((f"environment variable {setting.env_var}", os.environ.get(setting.env_var)))
+    for where, text in sources:
+        if text is None or text == "":
+            continue
+        try:
+            return setting.parse(text)
+        except ValueError as e:
+            raise ValueError(f"{where}={text!r} is not a valid {setting.name} ({setting.doc}): {e}") from e
+    return setting.default

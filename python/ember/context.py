@@ -1,0 +1,157 @@
+"""The node context (`ctx`) handed to ``main_fun(args, ctx)`` on every node."""
+from __future__ import annotations
+
+import getpass
+import logging
+import posixpath
+import re
+import threading
+import time
+from typing import Any, Dict, List, Optional
+
+from ember.input_mode import InputMode
+
+logger = logging.getLogger(__name__)
+
+_SCHEME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
+_FS_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://([^/]*)(.*)$")
+
+# Roles that train (TFoS counts these as "workers").
+WORKER_ROLES = ("chief", "master", "worker")
+
+
+def absolute_path(path: str, default_fs: Optional[str], working_dir: str) -> str:
+    """A fully qualified URI for `path`, with TFoS ``hdfs_path`` semantics.
+
+    * a path with a scheme (``hdfs://nn/x``, ``file:///x``, ``s3a://b/x``) is kept as is;
+    * an absolute path is put on the default filesystem: ``file:///`` + ``/tmp/x`` is
+      ``file:///tmp/x``, ``hdfs://nn:8020`` + ``/data`` is ``hdfs://nn:8020/data``;
+    * a relative path is resolved against `working_dir` on ``file://``, and against
+      ``/user/<current user>/`` on ``hdfs://`` and ``viewfs://``.
+
+    Args:
+        path: the path to qualify.
+        default_fs: Hadoop's ``fs.defaultFS`` (``file:///`` if None or empty).
+        working_dir: absolute local directory relative paths resolve against on ``file://``.
+    """
+    if _SCHEME_RE.match(path):
+        return path
+    fs = default_fs or "file:///"
+    m = _FS_RE.match(fs)
+    if not m:
+        raise ValueError(f"default filesystem {fs!r} is not a URI like file:/// or hdfs://namenode:8020")
+    scheme, authority = m.group(1).lower(), m.group(2)
+    root = f"{m.group(1)}://{authority}"
+    if path.startswith("/"):
+        return root + "/" + path.lstrip("/")
+    if scheme == "file":
+        return root + posixpath.normpath(posixpath.join(working_dir, path))
+    if scheme in ("hdfs", "viewfs"):
+        return f"{root}/user/{getpass.getuser()}/{path}"
+    logger.warning("relative path %r on filesystem %s: resolved against its root", path, fs)
+    return f"{root}/{path}"
+
+
+class Context:
+    """What a node knows about itself and the job; passed as ``ctx`` to ``main_fun``.
+
+    Attributes:
+        executor_id: the node's id, 0..num_nodes-1 (its Spark partition).
+        worker_num: alias of executor_id (TFoS name).
+        job_name: the node's role: "ps", "chief", "master", "evaluator" or "worker".
+        task_index: index of the node within its role.
+        cluster_spec: ``{role: ["host:port", ...]}`` for every node of the job.
+        num_workers: number of training nodes (chief + master + worker), as in TFoS.
+        default_fs: the driver's Hadoop ``fs.defaultFS`` (e.g. ``file:///``).
+        working_dir: the driver's working directory.
+        log_dir: fully qualified log directory (TensorBoard), or None.
+        input_mode: the job's InputMode.
+        job_id: the job's id (also in the node's environment as EMBER_JOB_ID).
+    """
+
+    def __init__(self, executor_id: int, job_name: str, task_index: int,
+                 cluster_spec: Dict[str, List[str]], default_fs: str, working_dir: str,
+                 log_dir: Optional[str] = None, input_mode: InputMode = InputMode.TENSORFLOW,
+                 job_id: str = "", coordinator: Optional[tuple] = None):
+        self.executor_id = executor_id
+        self.job_name = job_name
+        self.task_index = task_index
+        self.cluster_spec = cluster_spec
+        self.default_fs = default_fs
+        self.working_dir = working_dir
+        self.input_mode = InputMode(input_mode)
+        self.job_id = job_id
+        self.log_dir = self.absolute_path(log_dir) if log_dir else None
+        self._coordinator = coordinator  # (host, port, secret, connect_timeout) or None
+        self._client = None
+        self._client_lock = threading.Lock()
+
+    @property
+    def worker_num(self) -> int:
+        return self.executor_id
+
+    @property
+    def num_workers(self) -> int:
+        return sum(len(self.cluster_spec.get(role, [])) for role in WORKER_ROLES)
+
+    def absolute_path(self, path: str) -> str:
+        """`path` as a fully qualified URI; see :func:`ember.context.absolute_path`."""
+        return absolute_path(path, self.default_fs, self.working_dir)
+
+    def report(self, step: Optional[float] = None, loss: Optional[float] = None,
+               **metrics: float) -> None:
+        """Sends progress to the driver, which shows a live line per node.
+
+        Pass a cumulative ``samples`` count to get samples/s on the driver.  Values
+        must be numbers.  Raises EmberError if the coordinator cannot be reached.
+        """
+        values: Dict[str, float] = {}
+        if step is not None:
+            values["step"] = float(step)
+        if loss is not None:
+            values["loss"] = float(loss)
+        for key, value in metrics.items():
+            if value is not None:
+                values[key] = float(value)
+        values.setdefault("time", time.time())
+        self._coordinator_client().report(values)
+
+    def barrier(self, name: str, timeout: float = 600.0) -> None:
+        """Waits until every node of the job has called ``barrier(name)``.
+
+        Raises DeadlineExceeded after `timeout` seconds, Aborted if the job aborts.
+        """
+        self._coordinator_client().barrier(name, timeout)
+
+    def _coordinator_client(self):
+        with self._client_lock:
+            if self._client is None:
+                if self._coordinator is None:
+                    raise RuntimeError("this Context is not connected to a job's coordinator")
+                from ember import _ember
+                host, port, secret, connect_timeout = self._coordinator
+                client = _ember.CoordinatorClient.connect(host, port, secret,
+                                                          connect_timeout=connect_timeout)
+                client.attach(self.executor_id)
+                self._client = client
+            return self._client
+
+    def _close(self) -> None:
+        with self._client_lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+    def __getstate__(self) -> Dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_client"] = None
+        state.pop("_client_lock", None)
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._client_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return (f"Context(executor_id={self.executor_id}, job_name={self.job_name!r}, "
+                f"task_index={self.task_index}, num_workers={self.num_workers})")

@@ -1,0 +1,448 @@
+"""The node's end of InputMode.SPARK: ``ctx.get_data_feed()`` returns a DataFeed.
+
+Spark tasks write Arrow record batches into the node's shared-memory ring
+(through the node's TCP feed server when they run on another host).  A
+DataFeed reads them back as TFoS-style rows (``next_batch``), as numpy
+columns (``next_batch_columns``, zero-copy where Arrow allows), as a
+``tf.data.Dataset`` or as a PyTorch ``IterableDataset``, and sends inference
+results back in input order (``batch_results``).
+
+Epochs: every feeding task ends each partition with an END_PARTITION marker
+sent to every node, carrying the number of partitions in the epoch and the
+rows this node gets in it.  The driver gave each node the same row count per
+epoch, so ``to_tf_dataset`` yields the same number of full batches per epoch
+on every node and synchronous strategies never wait on a node that ran dry.
+"""
+from __future__ import annotations
+
+import collections
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
+
+import numpy as np
+import pyarrow as pa
+
+from ember import _arrow_rows as rows_mod
+from ember import _feed_protocol as proto
+from ember import errors
+
+# How long one blocking ring read waits before the DataFeed re-checks its
+# overall deadline; short so that an abort or terminate is seen promptly.
+_READ_SLICE_SECS = 1.0
+
+
+class _Session:
+    """One partition being fed to this node (inference: its rows get answers)."""
+
+    def __init__(self, partition: int, epoch: int, result_ring=None):
+        self.partition = partition
+        self.epoch = epoch
+        self.result_ring = result_ring
+        self.handed = 0      # rows given to the user
+        self.answered = 0    # results sent back
+        self.rows: Optional[int] = None  # total, known at END_PARTITION
+
+    @property
+    def ended(self) -> bool:
+        return self.rows is not None
+
+
+class _Epoch:
+    def __init__(self, num_partitions: int, node_rows: int):
+        self.num_partitions = num_partitions
+        self.node_rows = node_rows
+        self.ended_partitions: set = set()
+        self.rows_received = 0
+
+    @property
+    def complete(self) -> bool:
+        return len(self.ended_partitions) >= self.num_partitions
+
+
+class DataFeed:
+    """Reads what ``cluster.train()`` / ``cluster.inference()`` feed to this node.
+
+    Not thread-safe: use one DataFeed from one thread.
+
+    Args:
+        ring: the node's feed ring (``ember._ember.ShmRing``, consumer end).
+        node: the node's name for error messages, e.g. ``"worker:1"``.
+        train_mode: False for inference: ``next_batch`` stops at partition ends and
+            every row handed out must be answered through ``batch_results``.
+        input_mapping: optional {column: tensor name}; ``next_batch`` then returns
+            {tensor name: [values]} (TFoS's input_mapping), column names matched by name.
+        timeout: seconds a read may wait for data before raising DeadlineExceeded.
+        result_timeout: seconds a result write may block on a full result ring.
+    """
+
+    def __init__(self, ring, node: str = "node", train_mode: bool = True,
+                 input_mapping: Optional[Dict[str, str]] = None, timeout: float = 3600.0,
+                 result_timeout: float = 600.0):
+        self._ring = ring
+        self._node = node
+        self.train_mode = train_mode
+        self._input_mapping = dict(input_mapping) if input_mapping else None
+        self._timeout = timeout
+        self._result_timeout = result_timeout
+        # Arrival-ordered events: ("rows", session, epoch, RecordBatch) and
+        # ("end", session, epoch); a "rows" event's batch shrinks as it is consumed.
+        self._events: collections.deque = collections.deque()
+        self._sessions: Dict[tuple, _Session] = {}   # (partition, epoch) -> session
+        self._open_sessions: collections.deque = collections.deque()  # awaiting answers, in order
+        self._epochs: Dict[int, _Epoch] = {}
+        self._end_of_feed = False
+        self._terminated = False
+
+    # ----------------------------------------------------------------- reading
+    def _read_message(self) -> bool:
+        """Reads one message into the event queue; False at end of feed."""
+        if self._end_of_feed:
+            return False
+        waited = 0.0
+        while True:
+            try:
+                kind, payload = self._ring.read(_READ_SLICE_SECS)
+                break
+            except errors.DeadlineExceeded:
+                waited += _READ_SLICE_SECS
+                if waited >= self._timeout:
+                    raise errors.DeadlineExceeded(
+                        f"node {self._node}: no data arrived from Spark for {self._timeout:.0f}s. "
+                        "Call cluster.train()/cluster.inference() on the driver, or pass a larger "
+                        "timeout to ctx.get_data_feed()") from None
+        self._handle(kind, payload)
+        return True
+
+    def _session(self, partition: int, epoch: int) -> _Session:
+        key = (partition, epoch)
+        session = self._sessions.get(key)
+        if session is None:  # training: no BEGIN_PARTITION, sessions only track markers
+            session = self._sessions[key] = _Session(partition, epoch)
+        return session
+
+    def _epoch(self, epoch: int, num_partitions: int = 0, node_rows: int = -1) -> _Epoch:
+        e = self._epochs.get(epoch)
+        if e is None:
+            e = self._epochs[epoch] = _Epoch(num_partitions, node_rows)
+        if num_partitions:
+            e.num_partitions = num_partitions
+        if node_rows >= 0:
+            e.node_rows = node_rows
+        return e
+
+    def _handle(self, kind: int, payload) -> None:
+        if kind == proto.BATCH:
+            partition, epoch, node_rows, batch = proto.decode_batch(payload)
+            self._epoch(epoch, node_rows=node_rows).rows_received += batch.num_rows
+            if batch.num_rows:
+                self._events.append(("rows", self._session(partition, epoch), epoch, batch))
+        elif kind == proto.END_PARTITION:
+            partition, epoch, rows, num_partitions, node_rows = proto.decode_end_partition(payload)
+            session = self._session(partition, epoch)
+            session.rows = rows
+            self._epoch(epoch, num_partitions, node_rows).ended_partitions.add(partition)
+            self._events.append(("end", session, epoch))
+            if self._sessions.get((partition, epoch)) is session and session.result_ring is None:
+                del self._sessions[(partition, epoch)]
+            self._maybe_finish(session)
+        elif kind == proto.BEGIN_PARTITION:
+            partition, epoch, wants_results, ring_name = proto.decode_begin_partition(payload)
+            ring = None
+            if wants_results:
+                from ember import _ember
+                ring = _ember.ShmRing.open(ring_name)
+            session = _Session(partition, epoch, ring)
+            self._sessions[(partition, epoch)] = session
+            if ring is not None:
+                self._open_sessions.append(session)
+        elif kind == proto.END_FEED:
+            self._end_of_feed = True
+        else:
+            raise proto.FeedProtocolError(
+                f"node {self._node}: unexpected feed message kind {proto.KIND_NAMES.get(kind, kind)}")
+
+    # ------------------------------------------------------------ row taking
+    def _take(self, n: int, stop_at_partition: bool, epoch: Optional[int] = None) -> List[pa.RecordBatch]:
+        """Takes up to n rows; stops early at end of feed, at a partition end if
+        `stop_at_partition` and rows were taken, and before rows of another epoch
+        than `epoch` (when given)."""
+        out: List[pa.RecordBatch] = []
+        count = 0
+        while count < n:
+            if not self._events:
+                if not self._read_message():
+                    break
+                continue
+            event = self._events[0]
+            if event[0] == "end":
+                self._events.popleft()
+                if stop_at_partition and count > 0:
+                    break
+                session = event[1]
+                if not self.train_mode and count == 0 and session.answered < session.handed:
+                    # The user asks for more rows past a partition whose rows are not all answered.
+                    msg = (f"node {self._node} answered {session.answered} of the {session.handed} rows of "
+                           f"partition {session.partition} before asking for more: inference needs exactly "
+                           "one result per input row (call batch_results for every batch)")
+                    self._fail_session(session, msg)
+                    raise ValueError(msg)
+                continue
+            _, session, ev_epoch, batch = event
+            if epoch is not None and ev_epoch != epoch:
+                break
+            if not self.train_mode:
+                self._check_previous_answered(session)
+            k = min(n - count, batch.num_rows)
+            out.append(batch.slice(0, k))
+            session.handed += k
+            count += k
+            if k == batch.num_rows:
+                self._events.popleft()
+            else:
+                self._events[0] = ("rows", session, ev_epoch, batch.slice(k))
+        return out
+
+    def _check_previous_answered(self, session: _Session) -> None:
+        for older in self._open_sessions:
+            if older is session:
+                return
+            if older.ended and older.answered < older.handed:
+                msg = (f"node {self._node} answered {older.answered} of the {older.rows} rows of "
+                       f"partition {older.partition} before taking rows of partition {session.partition}: "
+                       "inference needs exactly one result per input row (call batch_results for every batch)")
+                self._fail_session(older, msg)
+                raise ValueError(msg)
+
+    @staticmethod
+    def _concat(slices: List[pa.RecordBatch]) -> Optional[pa.RecordBatch]:
+        if not slices:
+            return None
+        if len(slices) == 1:
+            return slices[0]
+        return pa.Table.from_batches(slices).combine_chunks().to_batches()[0]
+
+    # -------------------------------------------------------------- TFoS API
+    def next_batch(self, batch_size: int) -> Union[List[Any], Dict[str, List[Any]]]:
+        """Up to `batch_size` rows, in the form they were fed (TFoS ``DataFeed.next_batch``).
+
+        Returns fewer rows only at the end of the feed, or, for inference, at the end
+        of a partition.  With an ``input_mapping`` returns {tensor: [values]}.
+        """
+        batch = self._concat(self._take(batch_size, stop_at_partition=not self.train_mode))
+        if self._input_mapping is not None:
+            cols = {}
+            names = batch.schema.names if batch is not None else []
+            for col, tensor in sorted(self._input_mapping.items()):
+                if batch is None:
+                    cols[tensor] = []
+                    continue
+                if col not in names:
+                    raise KeyError(f"input_mapping names column {col!r}, but the fed data has columns {names}")
+                cols[tensor] = batch.column(names.index(col)).to_pylist()
+            return cols
+        return [] if batch is None else rows_mod.batch_to_rows(batch)
+
+    def next_batch_columns(self, batch_size: int) -> Dict[str, np.ndarray]:
+        """Up to `batch_size` rows as {column: numpy array}; an empty dict at end of feed.
+
+        Zero-copy when the rows come from one Arrow batch and the column layout
+        allows it (numbers, fixed-size or equal-length lists and binaries).
+        """
+        batch = self._concat(self._take(batch_size, stop_at_partition=not self.train_mode))
+        return {} if batch is None else rows_mod.batch_to_columns(batch)
+
+    def should_stop(self) -> bool:
+        """True once the feed has ended (the driver called shutdown) and every row was read."""
+        if self._terminated:
+            return True
+        return self._end_of_feed and not any(e[0] == "rows" for e in self._events)
+
+    def batch_results(self, results: Any) -> None:
+        """Sends one result per input row of the last rows handed out (inference).
+
+        `results` may be a list (of values, tuples or dicts), a numpy array, a dict of
+        columns or a pyarrow RecordBatch.  Raises ValueError if there are more results
+        than rows awaiting an answer; the feeding task then fails with the same message.
+        """
+        batch = rows_mod.results_to_batch(results)
+        n = batch.num_rows
+        offset = 0
+        while offset < n:
+            session = next((s for s in self._open_sessions if s.answered < s.handed), None)
+            if session is None:
+                pending = sum(s.handed - s.answered for s in self._open_sessions)
+                msg = (f"node {self._node} sent {n} results but only {pending + offset} input rows "
+                       "were awaiting an answer: inference needs exactly one result per input row")
+                if self._open_sessions:
+                    self._fail_session(self._open_sessions[-1], msg)
+                raise ValueError(msg)
+            k = min(n - offset, session.handed - session.answered)
+            part = batch.slice(offset, k)
+            session.result_ring.write(proto.RESULTS, proto.as_uint8(proto.encode_results(part)),
+                                      self._result_timeout)
+            session.answered += k
+            offset += k
+            self._maybe_finish(session)
+
+    def _maybe_finish(self, session: _Session) -> None:
+        if session.result_ring is None or not session.ended:
+            return
+        if session.answered == session.rows:
+            session.result_ring.write(proto.END_RESULTS, proto.as_uint8(proto.encode_end_results(session.rows)),
+                                      self._result_timeout)
+            self._close_session(session)
+
+    def _fail_session(self, session: _Session, message: str) -> None:
+        try:
+            session.result_ring.write(proto.ERROR, proto.as_uint8(message.encode()), self._result_timeout)
+        finally:
+            self._close_session(session)
+
+    def _close_session(self, session: _Session) -> None:
+        if session.result_ring is not None:
+            session.result_ring.close()
+            session.result_ring = None
+        self._sessions.pop((session.partition, session.epoch), None)
+        try:
+            self._open_sessions.remove(session)
+        except ValueError:
+            pass
+
+    def terminate(self) -> None:
+        """Stops the feed early (TFoS ``DataFeed.terminate``): queued data is dropped and
+        feeding tasks skip the rest of their partitions quietly."""
+        self._terminated = True
+        self._events.clear()
+        self._ring.terminate()
+
+    # ------------------------------------------------------------- iteration
+    def epoch_batches(self, batch_size: int, drop_remainder: bool = True) -> Iterator[Dict[str, np.ndarray]]:
+        """Yields the next epoch's data as {column: numpy array} batches of `batch_size` rows.
+
+        With `drop_remainder` (the default, needed by synchronous multi-node training)
+        every node yields exactly ``rows this node gets per epoch // batch_size``
+        batches, the same number on every node.  Ends at the epoch's end or the end of
+        the feed.  Raises ValueError if fewer rows arrive than the driver planned (the
+        input changed between its count and the feed: cache the DataFrame).
+        """
+        if batch_size <= 0:
+            raise ValueError("batch_size must be positive")
+        epoch = self._next_epoch()
+        if epoch is None:
+            return
+        info = self._epochs[epoch]
+        steps = info.node_rows // batch_size if drop_remainder else None
+        taken = 0
+        while steps is None or taken < steps:
+            batch = self._concat(self._take(batch_size, stop_at_partition=False, epoch=epoch))
+            if batch is None or (drop_remainder and batch.num_rows < batch_size):
+                if steps is not None and not self._terminated:
+                    raise ValueError(
+                        f"node {self._node}: epoch {epoch} ended after {taken} full batches of {batch_size}, "
+                        f"but the driver planned {info.node_rows} rows ({steps} batches) for this node. The "
+                        "input changed between the driver's count and the feed; cache or checkpoint it")
+                if batch is not None and batch.num_rows:
+                    yield rows_mod.batch_to_columns(batch)
+                return
+            taken += 1
+            yield rows_mod.batch_to_columns(batch)
+        self._skip_epoch(epoch)
+
+    def _next_epoch(self) -> Optional[int]:
+        """The epoch of the next rows, reading ahead as needed; None at end of feed."""
+        while True:
+            for event in self._events:
+                if event[0] == "rows":
+                    return event[2]
+            if self._terminated or not self._read_message():
+                return None
+
+    def _skip_epoch(self, epoch: int) -> None:
+        """Drops what is left of `epoch` (the remainder below one batch), reading until
+        the epoch is complete so the next epoch starts clean."""
+        info = self._epochs[epoch]
+        while True:
+            while self._events and (self._events[0][0] == "end" or self._events[0][2] == epoch):
+                self._events.popleft()
+            if info.complete or self._end_of_feed or self._events:
+                return
+            if not self._read_message():
+                return
+
+    def to_tf_dataset(self, batch_size: int, features: Optional[Union[str, Sequence[str]]] = None,
+                      label: Optional[str] = None, drop_remainder: bool = True, transform=None):
+        """A ``tf.data.Dataset`` over the feed; each pass over it is one epoch of ``cluster.train``.
+
+        Args:
+            batch_size: rows per batch on this node (per-replica batch).
+            features: column name or list of names for the model input (default: every
+                column but `label`); a list gives a dict of tensors.
+            label: column holding the label, or None for no label.
+            drop_remainder: yield only full batches, the same count on every node.
+            transform: optional function(dict of numpy columns) -> (x, y) or x, applied on
+                this side of TensorFlow (e.g. reshape image bytes, scale to [0, 1]).
+
+        Use ``model.fit(ds, epochs=num_epochs)`` with the num_epochs given to cluster.train.
+        Auto-sharding is off: every node already gets its own share of the data.
+        """
+        import tensorflow as tf
+
+        first = self._peek_columns()
+        if first is None:
+            raise ValueError(f"node {self._node}: the feed ended before any data arrived")
+
+        def shape_batch(cols: Dict[str, np.ndarray]):
+            if transform is not None:
+                return transform(cols)
+            names = [c for c in cols if c != label] if features is None else features
+            x = cols[names] if isinstance(names, str) else (
+                cols[names[0]] if len(names) == 1 else {n: cols[n] for n in names})
+            return x if label is None else (x, cols[label])
+
+        def spec(value):
+            if isinstance(value, dict):
+                return {k: spec(v) for k, v in value.items()}
+            if isinstance(value, tuple):
+                return tuple(spec(v) for v in value)
+            arr = np.asarray(value)
+            return tf.TensorSpec(shape=(None,) + arr.shape[1:], dtype=tf.as_dtype(arr.dtype))
+
+        signature = spec(shape_batch(first))
+
+        def gen():
+            for cols in self.epoch_batches(batch_size, drop_remainder):
+                yield shape_batch(cols)
+
+        ds = tf.data.Dataset.from_generator(gen, output_signature=signature)
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+        return ds.with_options(options)
+
+    def _peek_columns(self) -> Optional[Dict[str, np.ndarray]]:
+        """The first queued rows' columns (one row), reading ahead; None at end of feed."""
+        if self._next_epoch() is None:
+            return None
+        for event in self._events:
+            if event[0] == "rows":
+                return rows_mod.batch_to_columns(event[3].slice(0, 1))
+        return None
+
+    def to_torch_dataset(self, batch_size: int, drop_remainder: bool = True, transform=None):
+        """A ``torch.utils.data.IterableDataset``; each pass is one epoch (see epoch_batches).
+
+        Yields dicts of tensors (or whatever `transform` returns from a dict of numpy
+        columns).  Use it with ``DataLoader(ds, batch_size=None)``.
+        """
+        import torch
+
+        feed = self
+
+        class _FeedDataset(torch.utils.data.IterableDataset):
+            def __iter__(self):
+                for cols in feed.epoch_batches(batch_size, drop_remainder):
+                    if transform is not None:
+                        yield transform(cols)
+                    else:
+                        yield {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in cols.items()
+                               if v.dtype != object}
+
+        return _FeedDataset()

@@ -1,0 +1,70 @@
+// Shared helpers of the nanobind module ember._ember: the one Status ->
+// Python exception mapping, and the float-seconds <-> Duration conversion.
+//
+// Binding functions release the GIL around blocking calls
+// (nb::call_guard<nb::gil_scoped_release>), so they must not touch Python
+// objects while the core works.  A non-OK Status therefore leaves the call as
+// a C++ StatusError; the translator registered by RegisterStatusErrors()
+// turns it into the Python exception for its code once the GIL is held again.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+#include <chrono>
+#include <cmath>
+#include <exception>
+#include <string>
+#include <utility>
+
+#include "ember/coordinator.h"
+#include "ember/result.h"
+#include "ember/status.h"
+
+namespace ember::python {
+
+namespace nb = nanobind;
+
+// Carries a non-OK Status from a binding function to the exception translator.
+class StatusError : public std::exception {
+ public:
+  explicit StatusError(Status status)
+      : status_(std::move(status)), what_(status_.ToString()) {}
+  const Status& status() const { return status_; }
+  const char* what() const noexcept override { return what_.c_str(); }
+
+ private:
+  Status status_;
+  std::string what_;
+};
+
+// Throws StatusError unless `status` is OK.  Safe without the GIL.
+inline void ThrowIfError(const Status& status) {
+  if (!status.ok()) throw StatusError(status);
+}
+
+// The value of `result`, or throws StatusError.  Safe without the GIL.
+template <typename T>
+T ValueOrThrow(Result<T> result) {
+  if (!result.ok()) throw StatusError(result.status());
+  return result.MoveValueUnsafe();
+}
+
+// Float seconds (Python's convention) to the core's Duration, rounded up to
+// the next millisecond so a small positive wait never becomes "don't wait".
+// Negative and NaN become zero.
+inline Duration SecondsToDuration(double seconds) {
+  if (!(seconds > 0)) return Duration(0);
+  return Duration(static_cast<Duration::rep>(std::ceil(seconds * 1000.0)));
+}
+
+inline double DurationToSeconds(Duration d) { return static_cast<double>(d.count()) / 1000.0; }
+
+// Defines EmberError and one subclass per StatusCode in `m`, and registers
+// the StatusError translator.  Defined in module.cc.
+void RegisterStatusErrors(nb::module_& m);
+
+// Binds ClusterLayout, AssignRole, CoordinatorServer, CoordinatorClient and
+// the value types they use.  Defined in coordinator_binding.cc.
+void BindCoordinator(nb::module_& m);
+
+}  // namespace ember::python

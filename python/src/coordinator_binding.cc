@@ -1,0 +1,265 @@
+// Bindings of include/ember/coordinator.h.  Type conversion only: durations
+// cross as float seconds, secrets and kv values as bytes, failures as the
+// exceptions of module.cc.  Every call that can block releases the GIL.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/vector.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bindings.h"
+#include "ember/coordinator.h"
+
+namespace ember::python {
+namespace {
+
+using namespace nb::literals;
+using Release = nb::call_guard<nb::gil_scoped_release>;
+
+std::string BytesToString(const nb::bytes& b) { return std::string(b.c_str(), b.size()); }
+
+const char* NodeStateName(NodeInfo::State s) {
+  switch (s) {
+    case NodeInfo::State::kRegistered: return "REGISTERED";
+    case NodeInfo::State::kRunning: return "RUNNING";
+    case NodeInfo::State::kDone: return "DONE";
+    case NodeInfo::State::kFailed: return "FAILED";
+    case NodeInfo::State::kLost: return "LOST";
+  }
+  return "?";
+}
+
+void BindValueTypes(nb::module_& m) {
+  nb::class_<ClusterLayout>(m, "ClusterLayout",
+                            "The shape of a job: how many nodes, and which roles they take.")
+      .def(
+          "__init__",
+          [](ClusterLayout* self, int num_nodes, int num_ps, std::string master_node,
+             bool eval_node) {
+            new (self) ClusterLayout{num_nodes, num_ps, std::move(master_node), eval_node};
+          },
+          "num_nodes"_a = 1, "num_ps"_a = 0, "master_node"_a = "", "eval_node"_a = false)
+      .def_rw("num_nodes", &ClusterLayout::num_nodes)
+      .def_rw("num_ps", &ClusterLayout::num_ps)
+      .def_rw("master_node", &ClusterLayout::master_node)
+      .def_rw("eval_node", &ClusterLayout::eval_node)
+      .def("__repr__", [](const ClusterLayout& l) {
+        return "ClusterLayout(num_nodes=" + std::to_string(l.num_nodes) +
+               ", num_ps=" + std::to_string(l.num_ps) + ", master_node='" + l.master_node +
+               "', eval_node=" + (l.eval_node ? "True" : "False") + ")";
+      });
+
+  nb::class_<RoleAssignment>(m, "RoleAssignment")
+      .def_ro("job_name", &RoleAssignment::job_name)
+      .def_ro("task_index", &RoleAssignment::task_index)
+      .def("__repr__", [](const RoleAssignment& r) {
+        return "RoleAssignment('" + r.job_name + "', " + std::to_string(r.task_index) + ")";
+      });
+
+  m.def(
+      "assign_role",
+      [](const ClusterLayout& layout, int executor_id) {
+        return ValueOrThrow(AssignRole(layout, executor_id));
+      },
+      "layout"_a, "executor_id"_a,
+      "Role of `executor_id` in `layout`; InvalidArgument names a bad layout field.");
+
+  nb::class_<NodeAddress>(m, "NodeAddress")
+      .def(
+          "__init__",
+          [](NodeAddress* self, int executor_id, std::string host, int port, int64_t pid) {
+            new (self) NodeAddress{executor_id, std::move(host), port, pid};
+          },
+          "executor_id"_a = 0, "host"_a = "", "port"_a = 0, "pid"_a = 0)
+      .def_rw("executor_id", &NodeAddress::executor_id)
+      .def_rw("host", &NodeAddress::host)
+      .def_rw("port", &NodeAddress::port)
+      .def_rw("pid", &NodeAddress::pid);
+
+  nb::class_<NodeInfo> node_info(m, "NodeInfo", "A registered node as the coordinator sees it.");
+  nb::enum_<NodeInfo::State>(node_info, "State")
+      .value("REGISTERED", NodeInfo::State::kRegistered)
+      .value("RUNNING", NodeInfo::State::kRunning)
+      .value("DONE", NodeInfo::State::kDone)
+      .value("FAILED", NodeInfo::State::kFailed)
+      .value("LOST", NodeInfo::State::kLost);
+  node_info.def_ro("address", &NodeInfo::address)
+      .def_ro("role", &NodeInfo::role)
+      .def_ro("state", &NodeInfo::state)
+      .def_ro("error", &NodeInfo::error)
+      .def("__repr__", [](const NodeInfo& n) {
+        return "NodeInfo(" + n.role.job_name + ":" + std::to_string(n.role.task_index) +
+               ", executor " + std::to_string(n.address.executor_id) + ", " + n.address.host +
+               ":" + std::to_string(n.address.port) + ", " + NodeStateName(n.state) + ")";
+      });
+
+  nb::class_<Registration>(m, "Registration", "What register() returns once every node is in.")
+      .def_ro("role", &Registration::role)
+      .def_ro("cluster_spec_json", &Registration::cluster_spec_json)
+      .def_ro("num_nodes", &Registration::num_nodes)
+      .def_ro("nodes", &Registration::nodes);
+
+  nb::class_<Event> event(m, "Event", "Something the driver should know about.");
+  nb::enum_<Event::Kind>(event, "Kind")
+      .value("LOG", Event::Kind::kLog)
+      .value("PROGRESS", Event::Kind::kProgress)
+      .value("REGISTERED", Event::Kind::kRegistered)
+      .value("NODE_DONE", Event::Kind::kNodeDone)
+      .value("NODE_FAILED", Event::Kind::kNodeFailed)
+      .value("ABORT", Event::Kind::kAbort);
+  event.def_ro("kind", &Event::kind)
+      .def_ro("executor_id", &Event::executor_id)
+      .def_ro("job_name", &Event::job_name)
+      .def_ro("task_index", &Event::task_index)
+      .def_ro("stream", &Event::stream)
+      .def_ro("text", &Event::text)
+      .def_ro("metrics", &Event::metrics);
+
+  nb::class_<CoordinatorClient::Push> push(m, "Push", "A message the server pushed to a node.");
+  nb::enum_<CoordinatorClient::Push::Kind>(push, "Kind")
+      .value("ABORT", CoordinatorClient::Push::Kind::kAbort)
+      .value("STOP", CoordinatorClient::Push::Kind::kStop);
+  push.def_ro("kind", &CoordinatorClient::Push::kind)
+      .def_ro("reason", &CoordinatorClient::Push::reason);
+}
+
+void BindServer(nb::module_& m) {
+  nb::class_<CoordinatorServer>(m, "CoordinatorServer",
+                                "The driver's rendezvous server.  Thread-safe.")
+      .def_static(
+          "start",
+          [](nb::bytes secret, const ClusterLayout& layout, std::string bind_host, int port,
+             double handshake_timeout, double heartbeat_timeout, size_t max_message_bytes) {
+            CoordinatorOptions options;
+            options.bind_host = std::move(bind_host);
+            options.port = port;
+            options.secret = BytesToString(secret);
+            options.layout = layout;
+            options.handshake_timeout = SecondsToDuration(handshake_timeout);
+            options.heartbeat_timeout = SecondsToDuration(heartbeat_timeout);
+            options.max_message_bytes = max_message_bytes;
+            nb::gil_scoped_release release;
+            return ValueOrThrow(CoordinatorServer::Start(options));
+          },
+          "secret"_a, "layout"_a, "bind_host"_a = "0.0.0.0", "port"_a = 0,
+          "handshake_timeout"_a = 5.0, "heartbeat_timeout"_a = 30.0,
+          "max_message_bytes"_a = size_t{16} << 20)
+      .def_prop_ro("port", &CoordinatorServer::port)
+      .def(
+          "wait_for_registration",
+          [](CoordinatorServer& s, double timeout) {
+            ThrowIfError(s.WaitForRegistration(SecondsToDuration(timeout)));
+          },
+          "timeout"_a, Release())
+      .def("nodes", &CoordinatorServer::Nodes, Release())
+      .def("cluster_spec_json", &CoordinatorServer::ClusterSpecJson, Release())
+      .def(
+          "poll_events",
+          [](CoordinatorServer& s, double timeout) {
+            return s.PollEvents(SecondsToDuration(timeout));
+          },
+          "timeout"_a, Release())
+      .def(
+          "wait_for_nodes",
+          [](CoordinatorServer& s, std::vector<std::string> job_names, double timeout) {
+            ThrowIfError(s.WaitForNodes(job_names, SecondsToDuration(timeout)));
+          },
+          "job_names"_a, "timeout"_a, Release())
+      .def("stop_nodes", &CoordinatorServer::StopNodes, "job_names"_a, Release())
+      .def("abort", &CoordinatorServer::Abort, "reason"_a, Release())
+      .def("close", &CoordinatorServer::Close, Release());
+}
+
+void BindClient(nb::module_& m) {
+  nb::class_<CoordinatorClient>(m, "CoordinatorClient",
+                                "A connection to the coordinator.  Thread-safe.")
+      .def_static(
+          "connect",
+          [](std::string host, int port, nb::bytes secret, double connect_timeout,
+             double heartbeat_interval, size_t max_message_bytes) {
+            ClientOptions options;
+            options.connect_timeout = SecondsToDuration(connect_timeout);
+            options.heartbeat_interval = SecondsToDuration(heartbeat_interval);
+            options.max_message_bytes = max_message_bytes;
+            std::string key = BytesToString(secret);
+            nb::gil_scoped_release release;
+            return ValueOrThrow(CoordinatorClient::Connect(host, port, key, options));
+          },
+          "host"_a, "port"_a, "secret"_a, "connect_timeout"_a = 10.0,
+          "heartbeat_interval"_a = 2.0, "max_message_bytes"_a = size_t{16} << 20)
+      .def(
+          "register",
+          [](CoordinatorClient& c, int executor_id, std::string host, int port, int64_t pid,
+             double timeout) {
+            NodeAddress self{executor_id, std::move(host), port, pid};
+            return ValueOrThrow(c.Register(self, SecondsToDuration(timeout)));
+          },
+          "executor_id"_a, "host"_a, "port"_a, "pid"_a, "timeout"_a, Release())
+      .def(
+          "attach",
+          [](CoordinatorClient& c, int executor_id) { ThrowIfError(c.Attach(executor_id)); },
+          "executor_id"_a, Release())
+      .def(
+          "barrier",
+          [](CoordinatorClient& c, std::string name, double timeout) {
+            ThrowIfError(c.Barrier(name, SecondsToDuration(timeout)));
+          },
+          "name"_a, "timeout"_a, Release())
+      .def(
+          "kv_set",
+          [](CoordinatorClient& c, std::string key, nb::bytes value) {
+            std::string v = BytesToString(value);
+            nb::gil_scoped_release release;
+            ThrowIfError(c.KvSet(key, v));
+          },
+          "key"_a, "value"_a)
+      .def(
+          "kv_get",
+          [](CoordinatorClient& c, std::string key, double timeout) {
+            std::string value;
+            {
+              nb::gil_scoped_release release;
+              value = ValueOrThrow(c.KvGet(key, SecondsToDuration(timeout)));
+            }
+            return nb::bytes(value.data(), value.size());
+          },
+          "key"_a, "timeout"_a)
+      .def(
+          "log",
+          [](CoordinatorClient& c, std::string stream, std::string line) {
+            ThrowIfError(c.Log(stream, line));
+          },
+          "stream"_a, "line"_a, Release())
+      .def(
+          "report",
+          [](CoordinatorClient& c, std::map<std::string, double> metrics) {
+            ThrowIfError(c.Report(metrics));
+          },
+          "metrics"_a, Release())
+      .def("done", [](CoordinatorClient& c) { ThrowIfError(c.Done()); }, Release())
+      .def(
+          "fail", [](CoordinatorClient& c, std::string error) { ThrowIfError(c.Fail(error)); },
+          "error"_a, Release())
+      .def(
+          "next_push",
+          [](CoordinatorClient& c, double timeout) {
+            return c.NextPush(SecondsToDuration(timeout));
+          },
+          "timeout"_a, Release())
+      .def("close", &CoordinatorClient::Close, Release());
+}
+
+}  // namespace
+
+void BindCoordinator(nb::module_& m) {
+  BindValueTypes(m);
+  BindServer(m);
+  BindClient(m);
+}
+
+}  // namespace ember::python

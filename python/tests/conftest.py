@@ -1,0 +1,115 @@
+"""Shared fixtures: real Spark sessions, and the check that a job left no process behind.
+
+Only one SparkContext may exist per process, so every test gets its session
+from the session-scoped ``spark_sessions`` factory, which keeps the current
+context while the master stays the same and replaces it when a test asks for
+another master (e.g. a standalone cluster).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import pytest
+
+TESTS_DIR = Path(__file__).resolve().parent
+
+# Executors run the venv's Python, and import test modules by name: main
+# functions defined in tests are pickled by reference.  Spark's Python workers
+# inherit PYTHONPATH from the JVM, which inherits it from this process, so set
+# both before the first SparkContext starts.
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+_pythonpath = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+if str(TESTS_DIR) not in _pythonpath:
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR)] + _pythonpath)
+
+LOCAL_MASTER = "local[4]"  # enough slots for the 4-node ps/chief/evaluator/worker layout
+
+
+class SparkSessions:
+    """Hands out the process's one SparkSession for a given master."""
+
+    def __init__(self) -> None:
+        self._session = None
+        self._master: Optional[str] = None
+
+    def get(self, master: str = LOCAL_MASTER, conf: Optional[Dict[str, str]] = None):
+        """A SparkSession on `master`; stops the current one first if its master differs."""
+        if self._session is not None and self._master == master and not conf:
+            return self._session
+        self.stop()
+        from pyspark.sql import SparkSession
+
+        builder = (SparkSession.builder.master(master).appName("ember-tests")
+                   .config("spark.ui.enabled", "false")
+                   .config("spark.ui.showConsoleProgress", "false")
+                   .config("spark.sql.shuffle.partitions", "4"))
+        for key, value in (conf or {}).items():
+            builder = builder.config(key, value)
+        self._session = builder.getOrCreate()
+        self._session.sparkContext.setLogLevel("ERROR")
+        self._master = master
+        return self._session
+
+    def stop(self) -> None:
+        if self._session is not None:
+            self._session.stop()
+            self._session = None
+            self._master = None
+
+
+@pytest.fixture(scope="session")
+def spark_sessions():
+    sessions = SparkSessions()
+    yield sessions
+    sessions.stop()
+
+
+@pytest.fixture
+def spark(spark_sessions):
+    """A local[4] SparkSession (shared by every test that uses it)."""
+    return spark_sessions.get(LOCAL_MASTER)
+
+
+def processes_of_job(job_id: str) -> List[int]:
+    """Pids of live processes whose environment has EMBER_JOB_ID=<job_id>."""
+    marker = f"EMBER_JOB_ID={job_id}".encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue  # gone, or not ours to read
+        if marker in env and state != b"Z":
+            pids.append(int(entry))
+    return pids
+
+
+def no_leftovers(job_id: str, timeout: float = 20.0) -> None:
+    """Asserts that, within `timeout` seconds, no process of job `job_id` is alive."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pids = processes_of_job(job_id)
+        if not pids:
+            return
+        if time.monotonic() > deadline:
+            details = []
+            for pid in pids:
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+                    details.append(f"{pid}: {cmdline[:200]}")
+                except OSError:
+                    details.append(str(pid))
+            raise AssertionError(f"processes of job {job_id} still alive after {timeout}s:\n"
+                                 + "\n".join(details))
+        time.sleep(0.2)

@@ -1,0 +1,323 @@
+// CoordinatorClient: one authenticated connection to the coordinator.
+//
+// Threads: the caller's threads send requests (writes serialized by
+// write_mu) and wait on their own Pending slot; a reader thread dispatches
+// replies by request id and queues pushes; a heartbeat thread runs once
+// Register succeeded.
+#include <sys/socket.h>
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <stop_token>
+#include <thread>
+
+#include "common/deadline.h"
+#include "common/fd.h"
+#include "common/logging.h"
+#include "common/thread_annotations.h"
+#include "coordinator/protocol.h"
+#include "ember/coordinator.h"
+#include "net/frame.h"
+#include "net/handshake.h"
+#include "net/socket.h"
+
+namespace ember {
+namespace {
+
+using coord::MsgType;
+constexpr Duration kReplyGrace{5000};       // beyond a request's own timeout
+constexpr Duration kRequestTimeout{30000};  // requests that do not wait server-side
+constexpr Duration kWriteTimeout{10000};
+constexpr Duration kMinHeartbeat{10};
+
+// timeout + kReplyGrace without overflow.
+Duration WithGrace(Duration timeout) {
+  return timeout > Duration::max() - kReplyGrace ? Duration::max() : timeout + kReplyGrace;
+}
+
+struct Pending {
+  bool done = false;
+  Status status;
+  std::string body;
+};
+
+}  // namespace
+
+struct CoordinatorClient::Impl {
+  std::string address;  // "host:port", for messages
+  ClientOptions options;
+  Fd fd;
+  std::thread reader;
+  std::jthread heartbeat;
+  std::mutex write_mu;  // one frame at a time on fd
+
+  std::mutex mu;
+  std::condition_variable cv;  // pending replies, pushes, loss
+  uint32_t next_id GUARDED_BY(mu) = 1;
+  std::map<uint32_t, std::shared_ptr<Pending>> pending GUARDED_BY(mu);
+  std::deque<Push> pushes GUARDED_BY(mu);
+  bool lost GUARDED_BY(mu) = false;  // the connection died under us
+  std::string lost_reason GUARDED_BY(mu);
+  bool closed GUARDED_BY(mu) = false;
+
+  std::mutex hb_mu;
+  std::condition_variable_any hb_cv;
+
+  Status Write(MsgType type, std::string_view payload) {
+    std::lock_guard<std::mutex> lock(write_mu);
+    return net::WriteFrame(fd.get(), static_cast<uint16_t>(type), payload,
+                           Deadline::After(kWriteTimeout), address);
+  }
+
+  Status SendOneWay(MsgType type, const net::Writer& fields) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (lost) return Status::Unavailable(lost_reason);
+      if (closed) return Status::Cancelled("the coordinator client was closed");
+    }
+    net::Writer w;
+    w.PutU32(0);
+    w.PutRaw(fields.data());
+    return Write(type, w.data());
+  }
+
+  // Sends a request and waits up to `wait` for its reply; returns the body.
+  Result<std::string> Call(MsgType type, const net::Writer& fields, Duration wait) {
+    auto slot = std::make_shared<Pending>();
+    uint32_t id;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (lost) return Status::Unavailable(lost_reason);
+      if (closed) return Status::Cancelled("the coordinator client was closed");
+      id = next_id++;
+      if (next_id == 0) next_id = 1;  // 0 marks one-way messages and pushes
+      pending[id] = slot;
+    }
+    net::Writer w;
+    w.PutU32(id);
+    w.PutRaw(fields.data());
+    Status sent = Write(type, w.data());
+    std::unique_lock<std::mutex> lock(mu);
+    if (!sent.ok()) {
+      pending.erase(id);
+      return Status::Unavailable("cannot send " + std::string(coord::MsgTypeName(uint16_t(type))) +
+                                 " to the Ember coordinator at " + address + ": " + sent.message());
+    }
+    if (!cv.wait_until(lock, Deadline::After(wait).when(), [&] { return slot->done; })) {
+      pending.erase(id);
+      return Status::DeadlineExceeded("no reply to " +
+                                      std::string(coord::MsgTypeName(uint16_t(type))) +
+                                      " from the Ember coordinator at " + address + " within " +
+                                      FormatDuration(wait));
+    }
+    if (!slot->status.ok()) return slot->status;
+    return std::move(slot->body);
+  }
+
+  void FailAll(const Status& why) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!closed && !lost) {
+      lost = true;
+      lost_reason = "lost the connection to the Ember coordinator at " + address + ": " +
+                    why.message();
+    }
+    const Status st = closed ? Status::Cancelled("the coordinator client was closed")
+                             : Status::Unavailable(lost_reason);
+    for (auto& [id, slot] : pending) {
+      slot->done = true;
+      slot->status = st;
+    }
+    pending.clear();
+    cv.notify_all();
+  }
+
+  void ReaderLoop() {
+    for (;;) {
+      Result<net::Frame> frame =
+          net::ReadFrame(fd.get(), options.max_message_bytes, Deadline::Infinite(), address);
+      if (!frame.ok()) return FailAll(frame.status());
+      const auto type = static_cast<MsgType>(frame->type);
+      if (type == MsgType::kReply) {
+        uint32_t id = 0;
+        Status status;
+        std::string body;
+        Status parsed = coord::DecodeReply(frame->payload, &id, &status, &body);
+        if (!parsed.ok()) return FailAll(parsed);
+        std::lock_guard<std::mutex> lock(mu);
+        auto it = pending.find(id);
+        if (it == pending.end()) continue;  // its caller gave up waiting
+        it->second->done = true;
+        it->second->status = std::move(status);
+        it->second->body = std::move(body);
+        pending.erase(it);
+        cv.notify_all();
+      } else if (type == MsgType::kAbort || type == MsgType::kStop) {
+        net::Reader r(frame->payload);
+        uint32_t id = 0;
+        Push push{type == MsgType::kAbort ? Push::Kind::kAbort : Push::Kind::kStop, {}};
+        Status parsed = r.GetU32(&id);
+        if (parsed.ok()) parsed = r.GetString(&push.reason);
+        if (parsed.ok()) parsed = r.ExpectEnd();
+        if (!parsed.ok()) return FailAll(parsed);
+        std::lock_guard<std::mutex> lock(mu);
+        pushes.push_back(std::move(push));
+        cv.notify_all();
+      } else {
+        return FailAll(Status::Corruption("unknown message type " + std::to_string(frame->type)));
+      }
+    }
+  }
+
+  void HeartbeatLoop(std::stop_token stop) {
+    const Duration interval = std::max(options.heartbeat_interval, kMinHeartbeat);
+    std::unique_lock<std::mutex> lock(hb_mu);
+    while (!hb_cv.wait_for(lock, stop, interval, [] { return false; }) &&
+           !stop.stop_requested()) {
+      lock.unlock();
+      (void)SendOneWay(MsgType::kHeartbeat, net::Writer());  // a dead link shows in the reader
+      lock.lock();
+    }
+  }
+};
+
+CoordinatorClient::CoordinatorClient() : impl_(std::make_unique<Impl>()) {}
+CoordinatorClient::~CoordinatorClient() { Close(); }
+
+Result<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Connect(
+    const std::string& host, int port, const std::string& secret, const ClientOptions& options) {
+  const std::string address = host + ":" + std::to_string(port);
+  const Deadline deadline = Deadline::After(options.connect_timeout);
+  const std::string within = " within " + FormatDuration(options.connect_timeout) + ": ";
+  Result<Fd> fd = net::Connect(host, port, deadline);
+  if (!fd.ok()) {
+    std::string why = fd.status().message();
+    const std::string prefix = "connect to " + address + ": ";
+    if (why.rfind(prefix, 0) == 0) why = why.substr(prefix.size());
+    return Status::Unavailable("cannot reach the Ember coordinator at " + address + within + why +
+                               ". Is the driver running and reachable from this executor "
+                               "(firewall, spark.driver.host)?");
+  }
+  Status hs = net::ClientHandshake(fd->get(), secret, deadline, address);
+  if (hs.code() == StatusCode::kUnauthenticated) return hs;
+  if (!hs.ok()) {
+    return Status::Unavailable("cannot complete the handshake with the Ember coordinator at " +
+                               address + within + hs.message());
+  }
+  std::unique_ptr<CoordinatorClient> client(new CoordinatorClient());
+  Impl& impl = *client->impl_;
+  impl.address = address;
+  impl.options = options;
+  impl.fd = fd.MoveValueUnsafe();
+  impl.reader = std::thread(&Impl::ReaderLoop, &impl);
+  return client;
+}
+
+void CoordinatorClient::Close() {
+  Impl& impl = *impl_;
+  {
+    std::lock_guard<std::mutex> lock(impl.mu);
+    if (impl.closed) return;
+    impl.closed = true;
+  }
+  ::shutdown(impl.fd.get(), SHUT_RDWR);  // wakes the reader and any blocked write
+  if (impl.heartbeat.joinable()) {
+    impl.heartbeat.request_stop();
+    impl.heartbeat.join();
+  }
+  if (impl.reader.joinable()) impl.reader.join();
+  impl.FailAll(Status::Cancelled("closed"));
+  (void)impl.fd.Close();
+}
+
+Result<Registration> CoordinatorClient::Register(const NodeAddress& self, Duration timeout) {
+  net::Writer w;
+  w.PutI32(self.executor_id);
+  w.PutString(self.host);
+  w.PutI32(self.port);
+  w.PutI64(self.pid);
+  w.PutI64(timeout.count());
+  EMBER_ASSIGN_OR_RAISE(std::string body, impl_->Call(MsgType::kRegister, w, WithGrace(timeout)));
+  Registration reg;
+  net::Reader r(body);
+  EMBER_RETURN_NOT_OK(coord::DecodeRegistration(r, &reg).WithContext(
+      "registration reply from the Ember coordinator at " + impl_->address));
+  if (!impl_->heartbeat.joinable()) {
+    impl_->heartbeat = std::jthread([impl = impl_.get()](std::stop_token st) {
+      impl->HeartbeatLoop(std::move(st));
+    });
+  }
+  return reg;
+}
+
+Status CoordinatorClient::Attach(int executor_id) {
+  net::Writer w;
+  w.PutI32(executor_id);
+  return impl_->Call(MsgType::kAttach, w, kRequestTimeout).status();
+}
+
+Status CoordinatorClient::Barrier(const std::string& name, Duration timeout) {
+  net::Writer w;
+  w.PutString(name);
+  w.PutI64(timeout.count());
+  return impl_->Call(MsgType::kBarrier, w, WithGrace(timeout)).status();
+}
+
+Status CoordinatorClient::KvSet(const std::string& key, const std::string& value) {
+  net::Writer w;
+  w.PutString(key);
+  w.PutString(value);
+  return impl_->Call(MsgType::kKvSet, w, kRequestTimeout).status();
+}
+
+Result<std::string> CoordinatorClient::KvGet(const std::string& key, Duration timeout) {
+  net::Writer w;
+  w.PutString(key);
+  w.PutI64(timeout.count());
+  EMBER_ASSIGN_OR_RAISE(std::string body, impl_->Call(MsgType::kKvGet, w, WithGrace(timeout)));
+  net::Reader r(body);
+  std::string value;
+  EMBER_RETURN_NOT_OK(r.GetString(&value));
+  EMBER_RETURN_NOT_OK(r.ExpectEnd());
+  return value;
+}
+
+Status CoordinatorClient::Log(const std::string& stream, const std::string& line) {
+  net::Writer w;
+  w.PutString(stream);
+  w.PutString(line);
+  return impl_->SendOneWay(MsgType::kLog, w);
+}
+
+Status CoordinatorClient::Report(const std::map<std::string, double>& metrics) {
+  net::Writer w;
+  w.PutMap(metrics);
+  return impl_->SendOneWay(MsgType::kReport, w);
+}
+
+Status CoordinatorClient::Done() {
+  return impl_->Call(MsgType::kDone, net::Writer(), kRequestTimeout).status();
+}
+
+Status CoordinatorClient::Fail(const std::string& error) {
+  net::Writer w;
+  w.PutString(error);
+  return impl_->Call(MsgType::kFail, w, kRequestTimeout).status();
+}
+
+std::optional<CoordinatorClient::Push> CoordinatorClient::NextPush(Duration timeout) {
+  Impl& impl = *impl_;
+  std::unique_lock<std::mutex> lock(impl.mu);
+  impl.cv.wait_until(lock, Deadline::After(timeout).when(),
+                     [&] { return !impl.pushes.empty() || impl.lost || impl.closed; });
+  if (!impl.pushes.empty()) {
+    Push p = std::move(impl.pushes.front());
+    impl.pushes.pop_front();
+    return p;
+  }
+  if (impl.lost) return Push{Push::Kind::kAbort, impl.lost_reason};  // sticky once lost
+  return std::nullopt;
+}
+
+}  // namespace ember

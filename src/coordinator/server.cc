@@ -1,0 +1,394 @@
+// CoordinatorServer: lifecycle, the driver-side API, accept and monitor threads.
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "common/logging.h"
+#include "coordinator/server_impl.h"
+#include "net/frame.h"
+#include "net/socket.h"
+
+namespace ember {
+namespace {
+
+constexpr Duration kMonitorTick{20};
+constexpr Duration kWriteTimeout{5000};  // a peer that does not drain its socket this long is dropped
+constexpr size_t kMaxQueuedEvents = 1 << 16;  // oldest dropped beyond this
+
+std::string RoleName(const RoleAssignment& r) {
+  return r.job_name + ":" + std::to_string(r.task_index);
+}
+
+}  // namespace
+
+void Conn::Shutdown() { ::shutdown(fd.get(), SHUT_RDWR); }
+
+CoordinatorServer::CoordinatorServer() : impl_(std::make_unique<Impl>()) {}
+
+CoordinatorServer::~CoordinatorServer() { Close(); }
+
+Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
+    const CoordinatorOptions& options) {
+  if (options.secret.size() < 16) {
+    return Status::InvalidArgument("CoordinatorOptions.secret must be at least 16 bytes, got " +
+                                   std::to_string(options.secret.size()));
+  }
+  EMBER_RETURN_NOT_OK(AssignRole(options.layout, 0).status());
+  if (options.max_message_bytes < 64) {
+    return Status::InvalidArgument("CoordinatorOptions.max_message_bytes must be >= 64");
+  }
+  EMBER_ASSIGN_OR_RAISE(Fd listener, net::Listen(options.bind_host, options.port));
+  EMBER_ASSIGN_OR_RAISE(int port, net::LocalPort(listener.get()));
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_CLOEXEC | O_NONBLOCK) != 0) return Status::FromErrno(errno, "pipe2");
+
+  std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
+  Impl& impl = *server->impl_;
+  impl.options = options;
+  impl.listen_fd = std::move(listener);
+  impl.port = port;
+  impl.wake_read = Fd(pipe_fds[0]);
+  impl.wake_write = Fd(pipe_fds[1]);
+  impl.accept_thread = std::thread(&Impl::AcceptLoop, &impl);
+  impl.monitor_thread = std::thread(&Impl::MonitorLoop, &impl);
+  EMBER_LOG(INFO) << "Ember coordinator listening on " << options.bind_host << ":" << port
+                  << " for " << options.layout.num_nodes << " nodes";
+  return server;
+}
+
+void CoordinatorServer::Close() {
+  Impl& impl = *impl_;
+  std::vector<std::shared_ptr<Conn>> conns;
+  {
+    std::lock_guard<std::mutex> lock(impl.mu);
+    if (impl.closed) return;
+    impl.closed = true;
+    impl.waiters.clear();
+  }
+  impl.state_cv.notify_all();
+  impl.events_cv.notify_all();
+  const char byte = 1;
+  (void)!::write(impl.wake_write.get(), &byte, 1);
+  if (impl.accept_thread.joinable()) impl.accept_thread.join();
+  if (impl.monitor_thread.joinable()) impl.monitor_thread.join();
+  {
+    std::lock_guard<std::mutex> lock(impl.mu);
+    conns.swap(impl.conns);  // no new ones: the accept thread is gone
+  }
+  for (auto& c : conns) c->Shutdown();
+  for (auto& c : conns) {
+    if (c->reader.joinable()) c->reader.join();
+  }
+  (void)impl.listen_fd.Close();
+}
+
+int CoordinatorServer::port() const { return impl_->port; }
+
+void CoordinatorServer::Impl::AcceptLoop() {
+  for (;;) {
+    pollfd fds[2] = {{listen_fd.get(), POLLIN, 0}, {wake_read.get(), POLLIN, 0}};
+    if (::poll(fds, 2, -1) < 0) continue;  // EINTR
+    if (fds[1].revents != 0) return;
+    Result<Fd> fd = net::Accept(listen_fd.get(), Deadline::After(Duration(0)));
+    if (!fd.ok()) {
+      if (fd.status().code() != StatusCode::kDeadlineExceeded) {
+        EMBER_LOG(WARN) << "coordinator accept failed: " << fd.status().message();
+        std::this_thread::sleep_for(Duration(10));  // e.g. EMFILE: do not spin
+      }
+      continue;
+    }
+    auto conn = std::make_shared<Conn>();
+    conn->fd = fd.MoveValueUnsafe();
+    conn->peer = net::PeerAddress(conn->fd.get());
+    ReapFinished();
+    std::lock_guard<std::mutex> lock(mu);
+    if (closed) return;
+    conn->id = next_conn_id++;
+    conns.push_back(conn);
+    conn->reader = std::thread(&Impl::ServeConnection, this, conn);
+  }
+}
+
+void CoordinatorServer::Impl::ReapFinished() {
+  std::vector<std::shared_ptr<Conn>> done;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = std::partition(conns.begin(), conns.end(),
+                             [](const std::shared_ptr<Conn>& c) { return !c->finished.load(); });
+    done.assign(std::make_move_iterator(it), std::make_move_iterator(conns.end()));
+    conns.erase(it, conns.end());
+  }
+  for (auto& c : done) c->reader.join();
+}
+
+void CoordinatorServer::Impl::MonitorLoop() {
+  std::unique_lock<std::mutex> lock(mu);
+  while (!closed) {
+    state_cv.wait_for(lock, kMonitorTick);
+    if (closed) break;
+    Outbox out;
+    const auto now = Clock::now();
+    ExpireWaiters(now, out);
+    CheckHeartbeats(now, out);
+    lock.unlock();
+    Send(out);
+    ReapFinished();
+    lock.lock();
+  }
+}
+
+void CoordinatorServer::Impl::Send(Outbox& out) {
+  for (Outgoing& o : out) {
+    std::lock_guard<std::mutex> lock(o.conn->write_mu);
+    Status st = net::WriteFrame(o.conn->fd.get(), static_cast<uint16_t>(o.type), o.payload,
+                                Deadline::After(kWriteTimeout), o.conn->peer);
+    if (!st.ok()) {
+      EMBER_LOG(INFO) << "dropping connection from " << o.conn->peer << ": " << st.message();
+      o.conn->Shutdown();
+    }
+  }
+  out.clear();
+}
+
+void CoordinatorServer::Impl::AddEvent(Event e) {
+  if (events.size() >= kMaxQueuedEvents) events.pop_front();
+  events.push_back(std::move(e));
+  events_cv.notify_all();
+}
+
+std::string CoordinatorServer::Impl::MissingNodesLocked(const std::set<int>& present) const {
+  const int n = options.layout.num_nodes;
+  std::string list;
+  int missing = 0;
+  for (int id = 0; id < n; ++id) {
+    if (present.count(id)) continue;
+    ++missing;
+    if (!list.empty()) list += ", ";
+    list += "executor " + std::to_string(id);
+    Result<RoleAssignment> role = AssignRole(options.layout, id);
+    if (role.ok()) list += " (" + RoleName(*role) + ")";
+  }
+  return std::to_string(missing) + " of " + std::to_string(n) + " nodes missing: " + list;
+}
+
+std::string CoordinatorServer::Impl::RegisteredSummaryLocked() const {
+  std::string out;
+  for (const auto& [id, node] : nodes) {
+    if (!out.empty()) out += ", ";
+    out += RoleName(node.role) + "@" + node.address.host;
+  }
+  return out.empty() ? "none" : out;
+}
+
+Registration CoordinatorServer::Impl::RegistrationFor(int executor_id) const {
+  Registration reg;
+  reg.role = nodes.at(executor_id).role;
+  reg.cluster_spec_json = cluster_spec;
+  reg.num_nodes = options.layout.num_nodes;
+  for (const auto& [id, node] : nodes) reg.nodes.push_back(node);
+  return reg;
+}
+
+void CoordinatorServer::Impl::ExpireWaiters(Clock::time_point now, Outbox& out) {
+  for (auto it = waiters.begin(); it != waiters.end();) {
+    if (it->deadline > now) {
+      ++it;
+      continue;
+    }
+    std::string msg;
+    const std::string waited = " (waited " + FormatDuration(it->timeout) + ")";
+    switch (it->kind) {
+      case Waiter::Kind::kRegister: {
+        std::set<int> present;
+        for (const auto& [id, node] : nodes) present.insert(id);
+        msg = "registration: " + MissingNodesLocked(present) + "; registered: " +
+              RegisteredSummaryLocked() + waited;
+        break;
+      }
+      case Waiter::Kind::kBarrier:
+        msg = "barrier '" + it->name + "': " + MissingNodesLocked(barriers[it->name]) + waited;
+        break;
+      case Waiter::Kind::kKvGet:
+        msg = "key '" + it->name + "' was not set within " + FormatDuration(it->timeout);
+        break;
+    }
+    Reply(it->conn, it->request_id, Status::DeadlineExceeded(msg), {}, out);
+    it = waiters.erase(it);
+  }
+}
+
+void CoordinatorServer::Impl::CheckHeartbeats(Clock::time_point now, Outbox& out) {
+  const Duration limit = options.heartbeat_timeout;
+  for (auto& [id, node] : nodes) {
+    if (node.state != NodeInfo::State::kRunning) continue;
+    const auto silent = std::chrono::duration_cast<Duration>(now - last_seen[id]);
+    if (silent <= limit) continue;
+    NodeFailedLocked(id, NodeInfo::State::kLost,
+                     "node " + coord::DescribeNode(node) + " sent no heartbeat for " +
+                         FormatDuration(silent) + " (heartbeat_timeout " + FormatDuration(limit) +
+                         ")",
+                     out);
+  }
+}
+
+void CoordinatorServer::Impl::AbortLocked(const std::string& reason, Outbox& out) {
+  if (aborted || closed) return;
+  aborted = true;
+  abort_reason = reason;
+  EMBER_LOG(ERROR) << reason;
+  Event e;
+  e.kind = Event::Kind::kAbort;
+  e.text = reason;
+  AddEvent(std::move(e));
+  for (const Waiter& w : waiters) Reply(w.conn, w.request_id, Status::Aborted(reason), {}, out);
+  waiters.clear();
+  net::Writer push;
+  push.PutU32(0);
+  push.PutString(reason);
+  for (const auto& c : conns) {
+    if (c->authenticated && !c->finished) out.push_back({c, coord::MsgType::kAbort, push.data()});
+  }
+  state_cv.notify_all();
+}
+
+void CoordinatorServer::Impl::NodeFailedLocked(int executor_id, NodeInfo::State state,
+                                               const std::string& error, Outbox& out) {
+  NodeInfo& node = nodes.at(executor_id);
+  if (node.state == NodeInfo::State::kDone || node.state == NodeInfo::State::kFailed ||
+      node.state == NodeInfo::State::kLost) {
+    return;  // already final
+  }
+  node.state = state;
+  node.error = error;
+  const std::string what = state == NodeInfo::State::kFailed
+                               ? "node " + coord::DescribeNode(node) + " failed: " + error
+                               : error;
+  Event e;
+  e.kind = Event::Kind::kNodeFailed;
+  e.executor_id = executor_id;
+  e.job_name = node.role.job_name;
+  e.task_index = node.role.task_index;
+  e.text = what;
+  AddEvent(std::move(e));
+  if (first_failure.empty()) first_failure = what;
+  AbortLocked("Ember job aborted: " + what, out);
+  state_cv.notify_all();
+}
+
+// ---- driver-side API ----
+
+Status CoordinatorServer::WaitForRegistration(Duration timeout) {
+  Impl& impl = *impl_;
+  std::unique_lock<std::mutex> lock(impl.mu);
+  impl.state_cv.wait_until(lock, Deadline::After(timeout).when(),
+                           [&] { return impl.all_registered || impl.aborted || impl.closed; });
+  if (impl.all_registered) return Status::OK();
+  if (impl.aborted) return Status::Aborted(impl.abort_reason);
+  if (impl.closed) return Status::Cancelled("the coordinator was closed");
+  std::set<int> present;
+  for (const auto& [id, node] : impl.nodes) present.insert(id);
+  return Status::DeadlineExceeded("registration: " + impl.MissingNodesLocked(present) +
+                                  "; registered: " + impl.RegisteredSummaryLocked() +
+                                  " (waited " + FormatDuration(timeout) + ")");
+}
+
+std::vector<NodeInfo> CoordinatorServer::Nodes() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::vector<NodeInfo> out;
+  for (const auto& [id, node] : impl_->nodes) out.push_back(node);
+  return out;
+}
+
+std::string CoordinatorServer::ClusterSpecJson() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->cluster_spec;
+}
+
+std::vector<Event> CoordinatorServer::PollEvents(Duration timeout) {
+  Impl& impl = *impl_;
+  std::unique_lock<std::mutex> lock(impl.mu);
+  impl.events_cv.wait_until(lock, Deadline::After(timeout).when(),
+                            [&] { return !impl.events.empty() || impl.closed; });
+  if (impl.closed) return {};
+  std::vector<Event> out(std::make_move_iterator(impl.events.begin()),
+                         std::make_move_iterator(impl.events.end()));
+  impl.events.clear();
+  return out;
+}
+
+Status CoordinatorServer::WaitForNodes(const std::vector<std::string>& job_names,
+                                       Duration timeout) {
+  Impl& impl = *impl_;
+  const auto selected = [&](const std::string& job) {
+    return job_names.empty() ||
+           std::find(job_names.begin(), job_names.end(), job) != job_names.end();
+  };
+  std::string still_running;
+  int running = 0, total = 0;
+  const auto all_done = [&]() EXCLUSIVE_LOCKS_REQUIRED(impl.mu) {
+    still_running.clear();
+    running = total = 0;
+    for (int id = 0; id < impl.options.layout.num_nodes; ++id) {
+      Result<RoleAssignment> role = AssignRole(impl.options.layout, id);
+      if (!role.ok() || !selected(role->job_name)) continue;
+      ++total;
+      auto it = impl.nodes.find(id);
+      if (it != impl.nodes.end() && it->second.state == NodeInfo::State::kDone) continue;
+      ++running;
+      if (!still_running.empty()) still_running += ", ";
+      still_running += it != impl.nodes.end()
+                           ? coord::DescribeNode(it->second)
+                           : RoleName(*role) + " (executor " + std::to_string(id) +
+                                 ", not registered)";
+    }
+    return running == 0;
+  };
+  std::unique_lock<std::mutex> lock(impl.mu);
+  impl.state_cv.wait_until(lock, Deadline::After(timeout).when(), [&] {
+    return !impl.first_failure.empty() || impl.aborted || impl.closed || all_done();
+  });
+  if (!impl.first_failure.empty()) return Status::Aborted(impl.first_failure);
+  if (impl.aborted) return Status::Aborted(impl.abort_reason);
+  if (all_done()) return Status::OK();
+  if (impl.closed) return Status::Cancelled("the coordinator was closed");
+  return Status::DeadlineExceeded(std::to_string(running) + " of " + std::to_string(total) +
+                                  " nodes still running after " + FormatDuration(timeout) + ": " +
+                                  still_running);
+}
+
+void CoordinatorServer::StopNodes(const std::vector<std::string>& job_names) {
+  Impl& impl = *impl_;
+  Outbox out;
+  {
+    std::lock_guard<std::mutex> lock(impl.mu);
+    net::Writer push;
+    push.PutU32(0);
+    push.PutString("stopped by the driver");
+    for (const auto& c : impl.conns) {
+      if (!c->authenticated || c->finished || c->executor_id < 0) continue;
+      auto it = impl.nodes.find(c->executor_id);
+      if (it == impl.nodes.end()) continue;
+      const std::string& job = it->second.role.job_name;
+      if (!job_names.empty() &&
+          std::find(job_names.begin(), job_names.end(), job) == job_names.end()) {
+        continue;
+      }
+      out.push_back({c, coord::MsgType::kStop, push.data()});
+    }
+  }
+  impl.Send(out);
+}
+
+void CoordinatorServer::Abort(const std::string& reason) {
+  Outbox out;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->AbortLocked(reason, out);
+  }
+  impl_->Send(out);
+}
+
+}  // namespace ember

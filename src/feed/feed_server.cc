@@ -1,0 +1,558 @@
+// FeedServer: accept thread, one thread per connection, one result pump per
+// inference connection.  See feed_server.h for the protocol.
+#include "feed/feed_server.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "common/fd.h"
+#include "common/logging.h"
+#include "common/thread_annotations.h"
+#include "feed/feed_wire.h"
+#include "feed/messages.h"
+#include "feed/shm_ring.h"
+#include "net/handshake.h"
+#include "net/socket.h"
+
+namespace ember::feed {
+namespace {
+
+// Blocking waits are cut into ticks of this length so that a node failure
+// and Close() are noticed promptly.
+constexpr Duration kTick{100};
+// After sending kError the server stops writing and drains what the producer
+// still sends for this long before closing: closing with unread bytes would
+// reset the connection and could destroy the kError in flight.
+constexpr Duration kLinger{1000};
+constexpr Duration kErrorWriteTimeout{5000};
+
+std::atomic<uint64_t> g_next_server_id{1};
+
+std::span<const uint8_t> TextBytes(const std::string& s) {
+  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
+}
+
+const char* KindName(uint32_t kind) {
+  switch (static_cast<FeedKind>(kind)) {
+    case FeedKind::kBatch: return "kBatch";
+    case FeedKind::kEndPartition: return "kEndPartition";
+    case FeedKind::kEndFeed: return "kEndFeed";
+    case FeedKind::kBeginPartition: return "kBeginPartition";
+    case FeedKind::kResults: return "kResults";
+    case FeedKind::kEndResults: return "kEndResults";
+    case FeedKind::kError: return "kError";
+  }
+  return "unknown";
+}
+
+class Connection;
+
+}  // namespace
+
+struct FeedServer::Impl {
+  FeedServerOptions options;
+  uint64_t server_id = 0;
+  Fd listen_fd;
+  int port = 0;
+  Fd wake_read, wake_write;  // a byte on wake_write stops the accept thread
+  std::thread accept_thread;
+
+  std::mutex mu;
+  bool closed GUARDED_BY(mu) = false;
+  uint64_t next_conn_id GUARDED_BY(mu) = 1;
+  std::vector<std::shared_ptr<Connection>> conns GUARDED_BY(mu);
+
+  std::atomic<uint64_t> accepted{0}, rejected{0}, messages{0}, bytes{0}, results{0};
+
+  void AcceptLoop();
+  void ReapFinished();
+};
+
+namespace {
+
+// One producer's connection.  Its thread reads frames and writes the node's
+// ring; the pump thread (inference only) drains result rings to the socket.
+// Socket writes from both are serialized by write_mu_; the fd is shut down
+// (never closed) while either thread may use it, and closed on destruction.
+class Connection {
+ public:
+  Connection(FeedServer::Impl* server, uint64_t id, Fd fd)
+      : server_(server), options_(server->options), id_(id), fd_(std::move(fd)),
+        peer_(net::PeerAddress(fd_.get())) {}
+
+  ~Connection() { (void)fd_.Close(); }
+
+  void Start() { thread_ = std::thread(&Connection::Serve, this); }
+  void Join() {
+    if (thread_.joinable()) thread_.join();
+  }
+  bool finished() const { return finished_.load(); }
+
+  // Any thread: makes the connection's threads finish promptly.
+  void Stop() {
+    stop_ = true;
+    WakePump();
+    ::shutdown(fd_.get(), SHUT_RDWR);
+  }
+
+ private:
+  void Serve();
+  Status ReadLoop();
+  Status WaitForFrame(bool* eof);
+  Status Handle(uint32_t kind, std::vector<uint8_t>* payload);
+  Status Begin(std::vector<uint8_t>* payload);
+  Status EndPartition(std::span<const uint8_t> payload);
+  Status Forward(FeedKind kind, std::span<const uint8_t> payload);
+  Status LockSession();
+  // Aborted, not Cancelled: producers read Cancelled as "the node terminated its feed".
+  Status Closing() const { return Status::Aborted("the node's feed server is shutting down"); }
+
+  void Fail(const Status& status);
+  void Linger();
+
+  void QueueResultRing(std::unique_ptr<ShmRing> ring);
+  void WakePump();
+  void StopPump();
+  void PumpLoop();
+  bool DrainResultRing(ShmRing* results);  // true when the partition's answers all went out
+  bool SendToProducer(uint32_t kind, std::span<const uint8_t> payload);
+
+  FeedServer::Impl* const server_;
+  const FeedServerOptions& options_;
+  const uint64_t id_;
+  Fd fd_;
+  const std::string peer_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> finished_{false};
+
+  // The node's ring, opened by this connection (a ShmRing tracks the session
+  // lock per object and thread).  Set before, and reset after, the pump runs.
+  std::unique_ptr<ShmRing> ring_;
+  // Connection thread only.
+  bool session_held_ = false;
+  uint32_t session_partition_ = 0;
+  uint32_t session_epoch_ = 0;
+  uint64_t next_result_seq_ = 0;
+
+  std::mutex write_mu_;  // one frame at a time on fd_
+  bool error_sent_ GUARDED_BY(write_mu_) = false;  // after the kError nothing more is written
+
+  std::mutex pump_mu_;
+  std::condition_variable pump_cv_;
+  std::deque<std::unique_ptr<ShmRing>> pending_results_ GUARDED_BY(pump_mu_);
+  std::thread pump_;
+};
+
+void Connection::Serve() {
+  Status hs = net::ServerHandshake(fd_.get(), options_.secret, Deadline::After(options_.handshake_timeout), peer_);
+  if (!hs.ok()) {
+    ++server_->rejected;
+    if (!stop_) {
+      EMBER_LOG(WARN) << "feed server: rejected connection from " << peer_ << ": " << hs.ToString();
+    }
+    ::shutdown(fd_.get(), SHUT_RDWR);
+    finished_ = true;
+    return;
+  }
+  ++server_->accepted;
+  EMBER_LOG(DEBUG) << "feed server: producer connected from " << peer_;
+
+  Result<std::unique_ptr<ShmRing>> ring = ShmRing::Open(options_.ring_name);
+  Status st = ring.status();
+  if (ring.ok()) {
+    ring_ = ring.MoveValueUnsafe();
+    st = ReadLoop();
+  }
+  if (!st.ok()) Fail(stop_ ? Closing() : st);  // once stopping, errors are just the shutdown
+  // Another producer may be waiting for the node: release the session first.
+  if (session_held_) {
+    ring_->UnlockSession();
+    session_held_ = false;
+  }
+  StopPump();
+  ring_.reset();
+  bool lingers;
+  {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    lingers = error_sent_;
+  }
+  if (lingers) Linger();
+  ::shutdown(fd_.get(), SHUT_RDWR);
+  finished_ = true;
+}
+
+Status Connection::ReadLoop() {
+  uint32_t kind = 0;
+  std::vector<uint8_t> payload;
+  for (;;) {
+    bool eof = false;
+    EMBER_RETURN_NOT_OK(WaitForFrame(&eof));
+    if (eof) return Status::OK();
+    EMBER_RETURN_NOT_OK(RecvFeedFrame(fd_.get(), options_.max_message_bytes, Deadline::After(options_.idle_timeout),
+                                      peer_, &kind, &payload));
+    EMBER_RETURN_NOT_OK(Handle(kind, &payload));
+  }
+}
+
+// Waits, tick by tick, until a frame starts (or the producer closed at a
+// frame boundary: *eof), checking between ticks that the node still reads.
+Status Connection::WaitForFrame(bool* eof) {
+  for (;;) {
+    if (stop_) return Closing();
+    pollfd p{fd_.get(), POLLIN, 0};
+    const int rc = ::poll(&p, 1, static_cast<int>(kTick.count()));
+    if (rc < 0 && errno != EINTR) return Status::FromErrno(errno, "poll feed connection from " + peer_);
+    if (rc > 0) {
+      char byte;
+      const ssize_t n = ::recv(fd_.get(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (n > 0) return Status::OK();
+      if (n == 0) {
+        *eof = true;
+        return Status::OK();
+      }
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        return Status::FromErrno(errno, "read feed connection from " + peer_);
+      }
+    }
+    EMBER_RETURN_NOT_OK(ring_->Health());
+  }
+}
+
+Status Connection::Handle(uint32_t kind, std::vector<uint8_t>* payload) {
+  switch (static_cast<FeedKind>(kind)) {
+    case FeedKind::kBeginPartition:
+      return Begin(payload);
+    case FeedKind::kEndPartition:
+      return EndPartition(*payload);
+    case FeedKind::kBatch:
+    case FeedKind::kEndFeed:
+      return Forward(static_cast<FeedKind>(kind), *payload);
+    default:
+      return Status::InvalidArgument("feed message of kind " + std::to_string(kind) + " (" + KindName(kind) +
+                                     ") from " + peer_ + " is not one a producer sends");
+  }
+}
+
+Status Connection::Begin(std::vector<uint8_t>* payload) {
+  EMBER_ASSIGN_OR_RAISE(BeginPartition begin, ParseBeginPartition(*payload));
+  if (session_held_) {
+    return Status::InvalidArgument("kBeginPartition for partition " + std::to_string(begin.partition) + " from " +
+                                   peer_ + " while partition " + std::to_string(session_partition_) +
+                                   " is still open: send kEndPartition first");
+  }
+  if (!begin.result_ring.empty()) {
+    return Status::InvalidArgument("kBeginPartition from " + peer_ + " names result ring '" + begin.result_ring +
+                                   "': over TCP the name must be empty (the node's feed server makes the ring)");
+  }
+  EMBER_RETURN_NOT_OK(LockSession());
+  session_held_ = true;
+  session_partition_ = begin.partition;
+  session_epoch_ = begin.epoch;
+  if (begin.wants_results()) {
+    begin.result_ring = options_.result_ring_prefix + "-" + std::to_string(getpid()) + "-" +
+                        std::to_string(server_->server_id) + "-" + std::to_string(id_) + "-" +
+                        std::to_string(begin.partition) + "-" + std::to_string(next_result_seq_++);
+    EMBER_ASSIGN_OR_RAISE(std::unique_ptr<ShmRing> results,
+                          ShmRing::Create(begin.result_ring, options_.result_ring_capacity));
+    QueueResultRing(std::move(results));
+    *payload = EncodeBeginPartition(begin);
+  }
+  return Forward(FeedKind::kBeginPartition, *payload);
+}
+
+Status Connection::EndPartition(std::span<const uint8_t> payload) {
+  uint32_t partition = 0, epoch = 0;
+  EMBER_RETURN_NOT_OK(ParsePartitionPrefix(payload, &partition, &epoch).WithContext("malformed kEndPartition from " + peer_));
+  if (session_held_ && (partition != session_partition_ || epoch != session_epoch_)) {
+    return Status::InvalidArgument("kEndPartition for partition " + std::to_string(partition) + " epoch " +
+                                   std::to_string(epoch) + " from " + peer_ + " does not match the open partition " +
+                                   std::to_string(session_partition_) + " epoch " + std::to_string(session_epoch_));
+  }
+  EMBER_RETURN_NOT_OK(Forward(FeedKind::kEndPartition, payload));
+  if (session_held_) {
+    ring_->UnlockSession();
+    session_held_ = false;
+  }
+  return Status::OK();
+}
+
+// Writes into the node's ring, tick by tick so Close() is noticed, failing
+// once the ring stays full for idle_timeout.
+Status Connection::Forward(FeedKind kind, std::span<const uint8_t> payload) {
+  const Deadline idle = Deadline::After(options_.idle_timeout);
+  for (;;) {
+    if (stop_) return Closing();
+    Status st = ring_->Write(static_cast<uint32_t>(kind), payload, std::min(idle, Deadline::After(kTick)));
+    if (st.ok()) {
+      ++server_->messages;
+      server_->bytes += payload.size();
+      return st;
+    }
+    if (st.code() != StatusCode::kDeadlineExceeded || idle.expired()) return st;
+  }
+}
+
+// ShmRing::LockSession(idle_timeout) in ticks, so Close() is noticed.  A tick
+// only times out when the node consumed nothing during it; a call that ran
+// longer saw the node consume, which restarts the idle clock.
+Status Connection::LockSession() {
+  using Clock = Deadline::Clock;
+  Clock::time_point idle_since = Clock::now();
+  for (;;) {
+    if (stop_) return Closing();
+    const Clock::time_point start = Clock::now();
+    Status st = ring_->LockSession(kTick);
+    if (st.ok() || st.code() != StatusCode::kDeadlineExceeded) return st;
+    const Clock::time_point now = Clock::now();
+    if (now - start > 2 * kTick) idle_since = now - kTick;
+    if (now - idle_since >= options_.idle_timeout) {
+      return Status::DeadlineExceeded("feed ring " + ring_->name() + ": another feeding task held the node's session for " +
+                                      FormatDuration(options_.idle_timeout) + " while the node consumed nothing");
+    }
+  }
+}
+
+// Sends `status` to the producer as the connection's one kError frame, as
+// "<code name>: <message>" ("Cancelled: ..." when the node terminated its
+// feed, which the producer treats as "stop quietly"; docs/wire.md).
+void Connection::Fail(const Status& status) {
+  stop_ = true;
+  WakePump();
+  std::lock_guard<std::mutex> lock(write_mu_);
+  if (error_sent_) return;
+  error_sent_ = true;
+  if (status.code() == StatusCode::kCancelled) {
+    EMBER_LOG(INFO) << "feed server: closing connection from " << peer_ << ": " << status.message();
+  } else {
+    EMBER_LOG(WARN) << "feed server: failing connection from " << peer_ << ": " << status.ToString();
+  }
+  Status sent = SendFeedFrame(fd_.get(), FeedKind::kError, TextBytes(status.ToString()),
+                              Deadline::After(std::min(options_.idle_timeout, kErrorWriteTimeout)), peer_);
+  if (!sent.ok()) {
+    EMBER_LOG(DEBUG) << "feed server: could not tell " << peer_ << ": " << sent.message();
+  }
+}
+
+void Connection::Linger() {
+  ::shutdown(fd_.get(), SHUT_WR);
+  const Deadline until = Deadline::After(kLinger);
+  char buf[16384];
+  while (!until.expired()) {
+    pollfd p{fd_.get(), POLLIN, 0};
+    const int rc = ::poll(&p, 1, until.PollTimeoutMs());
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc <= 0) return;
+    const ssize_t n = ::recv(fd_.get(), buf, sizeof(buf), MSG_DONTWAIT);
+    if (n == 0) return;
+    if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return;
+  }
+}
+
+void Connection::QueueResultRing(std::unique_ptr<ShmRing> ring) {
+  {
+    std::lock_guard<std::mutex> lock(pump_mu_);
+    pending_results_.push_back(std::move(ring));
+  }
+  pump_cv_.notify_one();
+  if (!pump_.joinable()) pump_ = std::thread(&Connection::PumpLoop, this);
+}
+
+void Connection::WakePump() {
+  { std::lock_guard<std::mutex> lock(pump_mu_); }  // a waiter between its check and wait sees stop_
+  pump_cv_.notify_all();
+}
+
+void Connection::StopPump() {
+  stop_ = true;
+  WakePump();
+  if (pump_.joinable()) pump_.join();
+  std::lock_guard<std::mutex> lock(pump_mu_);
+  for (auto& ring : pending_results_) ring->Abort("the feeding task's connection from " + peer_ + " ended");
+  pending_results_.clear();  // closes and unlinks them
+}
+
+// Sends the node's answers back, one result ring (partition) after another.
+void Connection::PumpLoop() {
+  for (;;) {
+    std::unique_ptr<ShmRing> results;
+    {
+      std::unique_lock<std::mutex> lock(pump_mu_);
+      pump_cv_.wait(lock, [&] { return stop_ || !pending_results_.empty(); });
+      if (stop_) return;
+      results = std::move(pending_results_.front());
+      pending_results_.pop_front();
+    }
+    if (!DrainResultRing(results.get())) {
+      results->Abort("the feeding task's connection from " + peer_ + " ended");
+      return;
+    }
+  }
+}
+
+bool Connection::DrainResultRing(ShmRing* results) {
+  uint32_t kind = 0;
+  std::vector<uint8_t> payload;
+  for (;;) {
+    if (stop_) return false;
+    Status st = results->Read(&kind, &payload, Deadline::After(kTick));
+    if (st.code() == StatusCode::kDeadlineExceeded) {
+      // The node writes here only while it lives; notice its failure.
+      Status health = ring_->Health();
+      if (!health.ok()) {
+        Fail(health);
+        return false;
+      }
+      continue;
+    }
+    if (!st.ok()) {
+      Fail(st);
+      return false;
+    }
+    const auto k = static_cast<FeedKind>(kind);
+    if (k != FeedKind::kResults && k != FeedKind::kEndResults && k != FeedKind::kError) {
+      Fail(Status::Internal("the node wrote a message of kind " + std::to_string(kind) + " (" + KindName(kind) +
+                            ") into result ring " + results->name()));
+      return false;
+    }
+    if (!SendToProducer(kind, payload)) return false;
+    if (k != FeedKind::kResults) return true;
+  }
+}
+
+bool Connection::SendToProducer(uint32_t kind, std::span<const uint8_t> payload) {
+  std::lock_guard<std::mutex> lock(write_mu_);
+  if (error_sent_) return false;
+  Status st = SendFeedFrame(fd_.get(), static_cast<FeedKind>(kind), payload,
+                            Deadline::After(options_.idle_timeout), peer_);
+  if (!st.ok()) {
+    EMBER_LOG(WARN) << "feed server: dropping connection from " << peer_ << ": " << st.ToString();
+    stop_ = true;
+    ::shutdown(fd_.get(), SHUT_RDWR);
+    return false;
+  }
+  ++server_->results;
+  return true;
+}
+
+}  // namespace
+
+void FeedServer::Impl::AcceptLoop() {
+  for (;;) {
+    pollfd fds[2] = {{listen_fd.get(), POLLIN, 0}, {wake_read.get(), POLLIN, 0}};
+    if (::poll(fds, 2, -1) < 0) continue;  // EINTR
+    if (fds[1].revents != 0) return;
+    Result<Fd> fd = net::Accept(listen_fd.get(), Deadline::After(Duration(0)));
+    if (!fd.ok()) {
+      if (fd.status().code() != StatusCode::kDeadlineExceeded) {
+        EMBER_LOG(WARN) << "feed server accept failed: " << fd.status().message();
+        std::this_thread::sleep_for(Duration(10));  // e.g. EMFILE: do not spin
+      }
+      continue;
+    }
+    ReapFinished();
+    std::lock_guard<std::mutex> lock(mu);
+    if (closed) return;
+    auto conn = std::make_shared<Connection>(this, next_conn_id++, fd.MoveValueUnsafe());
+    conns.push_back(conn);
+    conn->Start();
+  }
+}
+
+void FeedServer::Impl::ReapFinished() {
+  std::vector<std::shared_ptr<Connection>> done;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = std::partition(conns.begin(), conns.end(),
+                             [](const std::shared_ptr<Connection>& c) { return !c->finished(); });
+    done.assign(std::make_move_iterator(it), std::make_move_iterator(conns.end()));
+    conns.erase(it, conns.end());
+  }
+  for (auto& c : done) c->Join();
+}
+
+FeedServer::FeedServer() : impl_(std::make_unique<Impl>()) {}
+
+FeedServer::~FeedServer() { Close(); }
+
+Result<std::unique_ptr<FeedServer>> FeedServer::Start(const FeedServerOptions& options) {
+  if (options.secret.size() < 16) {
+    return Status::InvalidArgument("FeedServerOptions.secret must be at least 16 bytes, got " +
+                                   std::to_string(options.secret.size()));
+  }
+  const std::string& prefix = options.result_ring_prefix;
+  if (prefix.size() < 2 || prefix.size() > 200 || prefix[0] != '/' || prefix.find('/', 1) != std::string::npos) {
+    return Status::InvalidArgument("FeedServerOptions.result_ring_prefix must look like \"/name\" (one leading "
+                                   "slash, at most 200 bytes), got \"" + prefix + "\"");
+  }
+  if (options.max_message_bytes < 64) {
+    return Status::InvalidArgument("FeedServerOptions.max_message_bytes must be >= 64");
+  }
+  if (options.idle_timeout.count() <= 0 || options.handshake_timeout.count() <= 0) {
+    return Status::InvalidArgument("FeedServerOptions: idle_timeout and handshake_timeout must be positive");
+  }
+  // Fail early if the node's ring is missing; each connection opens its own.
+  EMBER_RETURN_NOT_OK(ShmRing::Open(options.ring_name).status());
+  EMBER_ASSIGN_OR_RAISE(Fd listener, net::Listen(options.bind_host, options.port));
+  EMBER_ASSIGN_OR_RAISE(int port, net::LocalPort(listener.get()));
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_CLOEXEC | O_NONBLOCK) != 0) return Status::FromErrno(errno, "pipe2");
+
+  std::unique_ptr<FeedServer> server(new FeedServer());
+  Impl& impl = *server->impl_;
+  impl.options = options;
+  impl.server_id = g_next_server_id++;
+  impl.listen_fd = std::move(listener);
+  impl.port = port;
+  impl.wake_read = Fd(pipe_fds[0]);
+  impl.wake_write = Fd(pipe_fds[1]);
+  impl.accept_thread = std::thread(&Impl::AcceptLoop, &impl);
+  EMBER_LOG(INFO) << "Ember feed server listening on " << options.bind_host << ":" << port << " for ring "
+                  << options.ring_name;
+  return server;
+}
+
+int FeedServer::port() const { return impl_->port; }
+
+FeedServerStats FeedServer::stats() const {
+  FeedServerStats s;
+  s.connections_accepted = impl_->accepted;
+  s.connections_rejected = impl_->rejected;
+  s.messages_relayed = impl_->messages;
+  s.bytes_relayed = impl_->bytes;
+  s.results_sent = impl_->results;
+  return s;
+}
+
+void FeedServer::Close() {
+  Impl& impl = *impl_;
+  {
+    std::lock_guard<std::mutex> lock(impl.mu);
+    if (impl.closed) return;
+    impl.closed = true;
+  }
+  const char byte = 1;
+  (void)!::write(impl.wake_write.get(), &byte, 1);
+  if (impl.accept_thread.joinable()) impl.accept_thread.join();
+  std::vector<std::shared_ptr<Connection>> conns;
+  {
+    std::lock_guard<std::mutex> lock(impl.mu);
+    conns.swap(impl.conns);  // no new ones: the accept thread is gone
+  }
+  for (auto& c : conns) c->Stop();
+  for (auto& c : conns) c->Join();
+  (void)impl.listen_fd.Close();
+}
+
+}  // namespace ember::feed

@@ -1,0 +1,119 @@
+#include "net/handshake.h"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include <array>
+#include <cstring>
+#include <string_view>
+
+#include "net/codec.h"
+#include "net/frame.h"
+#include "net/socket.h"
+
+namespace ember::net {
+namespace {
+
+using Nonce = std::array<unsigned char, kNonceBytes>;
+using Mac = std::array<unsigned char, kMacBytes>;
+
+constexpr std::string_view kClientLabel = "ember-client";
+constexpr std::string_view kServerLabel = "ember-server";
+
+Status RandomNonce(Nonce* out) {
+  if (RAND_bytes(out->data(), static_cast<int>(out->size())) != 1) {
+    return Status::Internal("RAND_bytes failed: the OpenSSL CSPRNG is unavailable");
+  }
+  return Status::OK();
+}
+
+// HMAC-SHA256(secret, label | first | second).
+Status ComputeMac(const std::string& secret, std::string_view label, const Nonce& first,
+                  const Nonce& second, Mac* out) {
+  std::string msg(label);
+  msg.append(reinterpret_cast<const char*>(first.data()), first.size());
+  msg.append(reinterpret_cast<const char*>(second.data()), second.size());
+  unsigned int len = 0;
+  if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+           reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), out->data(),
+           &len) == nullptr ||
+      len != kMacBytes) {
+    return Status::Internal("HMAC-SHA256 failed");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status ServerHandshake(int fd, const std::string& secret, Deadline deadline,
+                       const std::string& peer) {
+  Nonce nonce_s;
+  EMBER_RETURN_NOT_OK(RandomNonce(&nonce_s));
+  Writer hello;
+  hello.PutRaw(std::string_view(kHandshakeMagic, sizeof(kHandshakeMagic)));
+  hello.PutU16(kProtocolVersion);
+  hello.PutRaw(std::string_view(reinterpret_cast<const char*>(nonce_s.data()), nonce_s.size()));
+  EMBER_RETURN_NOT_OK(
+      WriteAll(fd, hello.data().data(), hello.data().size(), deadline, "handshake to " + peer));
+
+  unsigned char reply[kNonceBytes + kMacBytes];
+  Status read = ReadExactly(fd, reply, sizeof(reply), deadline, "handshake from " + peer);
+  if (read.code() == StatusCode::kDeadlineExceeded) {
+    return Status::DeadlineExceeded("did not complete the handshake in time");
+  }
+  EMBER_RETURN_NOT_OK(read);
+  Nonce nonce_c;
+  std::memcpy(nonce_c.data(), reply, kNonceBytes);
+  Mac expected;
+  EMBER_RETURN_NOT_OK(ComputeMac(secret, kClientLabel, nonce_s, nonce_c, &expected));
+  if (CRYPTO_memcmp(expected.data(), reply + kNonceBytes, kMacBytes) != 0) {
+    return Status::Unauthenticated("bad HMAC");
+  }
+  Mac proof;
+  EMBER_RETURN_NOT_OK(ComputeMac(secret, kServerLabel, nonce_c, nonce_s, &proof));
+  return WriteAll(fd, proof.data(), proof.size(), deadline, "handshake to " + peer);
+}
+
+Status ClientHandshake(int fd, const std::string& secret, Deadline deadline,
+                       const std::string& peer) {
+  unsigned char hello[sizeof(kHandshakeMagic) + 2 + kNonceBytes];
+  EMBER_RETURN_NOT_OK(ReadExactly(fd, hello, sizeof(hello), deadline, "handshake from " + peer));
+  if (std::memcmp(hello, kHandshakeMagic, sizeof(kHandshakeMagic)) != 0) {
+    return Status::Unavailable(peer + " is not an Ember coordinator (bad handshake magic)");
+  }
+  Reader r(std::string_view(reinterpret_cast<const char*>(hello) + 4, 2));
+  uint16_t version = 0;
+  EMBER_RETURN_NOT_OK(r.GetU16(&version));
+  if (version != kProtocolVersion) {
+    return Status::Unavailable(peer + " speaks Ember protocol version " + std::to_string(version) +
+                               "; this build speaks version " + std::to_string(kProtocolVersion) +
+                               " (driver and executors must run the same Ember version)");
+  }
+  Nonce nonce_s, nonce_c;
+  std::memcpy(nonce_s.data(), hello + 6, kNonceBytes);
+  EMBER_RETURN_NOT_OK(RandomNonce(&nonce_c));
+  Mac mac;
+  EMBER_RETURN_NOT_OK(ComputeMac(secret, kClientLabel, nonce_s, nonce_c, &mac));
+  unsigned char reply[kNonceBytes + kMacBytes];
+  std::memcpy(reply, nonce_c.data(), kNonceBytes);
+  std::memcpy(reply + kNonceBytes, mac.data(), kMacBytes);
+  EMBER_RETURN_NOT_OK(WriteAll(fd, reply, sizeof(reply), deadline, "handshake to " + peer));
+
+  Mac proof;
+  Status read = ReadExactly(fd, proof.data(), proof.size(), deadline, "handshake from " + peer);
+  if (read.code() == StatusCode::kUnavailable || read.code() == StatusCode::kIOError) {
+    // The server closes without a word when our HMAC is wrong.
+    return Status::Unauthenticated(peer + " rejected the handshake: the job secret does not match");
+  }
+  EMBER_RETURN_NOT_OK(read);
+  Mac expected;
+  EMBER_RETURN_NOT_OK(ComputeMac(secret, kServerLabel, nonce_c, nonce_s, &expected));
+  if (CRYPTO_memcmp(expected.data(), proof.data(), kMacBytes) != 0) {
+    return Status::Unauthenticated(peer + " failed to prove the job secret (bad server HMAC)");
+  }
+  return Status::OK();
+}
+
+}  // namespace ember::net
