@@ -211,6 +211,10 @@ def main(argv: list[str] | None = None) -> float:
     import ember
     from pyspark.sql import SparkSession
 
+    # Spark's Python workers (and so the nodes) run PYSPARK_PYTHON, "python3" on PATH if unset:
+    # default to this interpreter, whose environment has TensorFlow and Ember.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
     spark = (SparkSession.builder.master(args.master).appName("ember-fashion-mnist")
              .config("spark.ui.showConsoleProgress", "false").getOrCreate())
     spark.sparkContext.setLogLevel("WARN")

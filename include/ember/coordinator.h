@@ -134,6 +134,9 @@ class CoordinatorServer {
   // Cluster spec JSON (see Registration); empty until everyone registered.
   std::string ClusterSpecJson() const;
 
+  // The value nodes stored under `key` (KvSet), or nullopt; never waits.
+  std::optional<std::string> KvGet(const std::string& key) const;
+
   // Returns queued events, waiting up to `timeout` for the first one.
   // Returns an empty vector on timeout or after Close().
   std::vector<Event> PollEvents(Duration timeout);

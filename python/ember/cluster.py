@@ -34,7 +34,7 @@ from ember import _ember, config
 from ember._console import Console
 from ember._launcher import TENSORBOARD_URL_KEY, NodeSpec, run_partition
 from ember.context import WORKER_ROLES
-from ember.errors import Aborted, ClusterError, DeadlineExceeded, EmberError, NodeError
+from ember.errors import Aborted, ClusterError, DeadlineExceeded, NodeError
 from ember.input_mode import InputMode
 
 _SLICE = 0.5  # seconds; how often driver-side waits look at the Spark job and failures
@@ -90,7 +90,9 @@ def _spark_error_summary(error: BaseException) -> str:
     text = str(error)
     m = re.search(r"Traceback \(most recent call last\):.*?(?=\n\s*at [\w$.]+\(|\Z)", text, re.S)
     if m:
-        return m.group(0).strip()[-4000:]
+        tb = m.group(0).strip()
+        last = tb.splitlines()[-1]
+        return f"{last}\n(Python traceback of the Spark task:)\n{tb[-4000:]}"
     return text[:2000]
 
 
@@ -277,6 +279,11 @@ class Cluster:
         from pyspark import cloudpickle
 
         sc = self._sc
+        try:
+            payload = cloudpickle.dumps((main_fun, args))
+        except Exception as e:  # noqa: BLE001 - any pickling failure means the same to the user
+            raise TypeError(f"Cluster.run cannot send main_fun and args to the nodes: they do not "
+                            f"pickle ({type(e).__name__}: {e})") from e
         self._secret = secrets.token_bytes(32)
         self._server = _ember.CoordinatorServer.start(
             self._secret, self.layout,
@@ -289,7 +296,7 @@ class Cluster:
         default_fs = sc._jsc.hadoopConfiguration().get("fs.defaultFS") or "file:///"
         spec = NodeSpec(
             job_id=self.job_id, coordinator_host=host, coordinator_port=self._server.port,
-            secret=self._secret, payload=cloudpickle.dumps((main_fun, args)),
+            secret=self._secret, payload=payload,
             num_nodes=self.num_nodes, default_fs=default_fs, working_dir=os.getcwd(),
             log_dir=self.log_dir, tensorboard=tensorboard, input_mode=int(self.input_mode),
             reservation_timeout=float(reservation_timeout), connect_timeout=float(connect_timeout),
@@ -306,7 +313,7 @@ class Cluster:
         self._console.info(f"all {self.num_nodes} nodes registered in {self.startup_secs:.1f}s "
                            f"(job {self.job_id}, coordinator {self.coordinator_address})")
         if tensorboard:
-            self._fetch_tensorboard_url(host)
+            self._fetch_tensorboard_url()
 
     def _start_spark_job(self, spec: NodeSpec) -> None:
         from pyspark import InheritableThread
@@ -346,18 +353,17 @@ class Cluster:
             except Aborted:
                 self._raise_failure_or(ClusterError, "the job was aborted before every node registered")
 
-    def _fetch_tensorboard_url(self, host: str) -> None:
-        client = None
-        try:
-            client = _ember.CoordinatorClient.connect(host, self._server.port, self._secret,
-                                                      connect_timeout=10.0)
-            self.tensorboard_url = client.kv_get(TENSORBOARD_URL_KEY, 60.0).decode()
-            self._console.info(f"TensorBoard: {self.tensorboard_url}")
-        except EmberError as e:
-            self._console.info(f"TensorBoard address not known: {e}")
-        finally:
-            if client is not None:
-                client.close()
+    def _fetch_tensorboard_url(self, timeout: float = 60.0) -> None:
+        # The node that runs TensorBoard stores its URL right after registration.
+        deadline = time.monotonic() + timeout
+        while (value := self._server.kv_get(TENSORBOARD_URL_KEY)) is None:
+            self._raise_if_failed(spark_must_run=False)
+            if time.monotonic() > deadline:
+                self._console.info(f"TensorBoard did not report its address within {timeout:g}s")
+                return
+            time.sleep(0.1)
+        self.tensorboard_url = value.decode()
+        self._console.info(f"TensorBoard: {self.tensorboard_url}")
 
     # -- watching --------------------------------------------------------------
 

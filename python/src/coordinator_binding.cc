@@ -159,6 +159,18 @@ void BindServer(nb::module_& m) {
       .def("nodes", &CoordinatorServer::Nodes, Release())
       .def("cluster_spec_json", &CoordinatorServer::ClusterSpecJson, Release())
       .def(
+          "kv_get",
+          [](CoordinatorServer& s, std::string key) -> std::optional<nb::bytes> {
+            std::optional<std::string> value;
+            {
+              nb::gil_scoped_release release;
+              value = s.KvGet(key);
+            }
+            if (!value) return std::nullopt;
+            return nb::bytes(value->data(), value->size());
+          },
+          "key"_a, "The value nodes stored under `key`, or None; never waits.")
+      .def(
           "poll_events",
           [](CoordinatorServer& s, double timeout) {
             return s.PollEvents(SecondsToDuration(timeout));

@@ -1,9 +1,10 @@
 """Shared fixtures: real Spark sessions, and the check that a job left no process behind.
 
-Only one SparkContext may exist per process, so every test gets its session
-from the session-scoped ``spark_sessions`` factory, which keeps the current
-context while the master stays the same and replaces it when a test asks for
-another master (e.g. a standalone cluster).
+Only one SparkContext may exist per process, so tests get their session from
+the session-scoped ``spark_sessions`` factory, which keeps the current context
+while the master stays the same and replaces it when a test asks for another
+master (e.g. a standalone cluster).  The ``spark`` fixture (local[4]) is
+stopped at the end of each module that uses it.
 """
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ class SparkSessions:
 
     def get(self, master: str = LOCAL_MASTER, conf: Optional[Dict[str, str]] = None):
         """A SparkSession on `master`; stops the current one first if its master differs."""
+        if self._session is not None and self._session.sparkContext._jsc is None:
+            self._session, self._master = None, None  # stopped behind our back
         if self._session is not None and self._master == master and not conf:
             return self._session
         self.stop()
@@ -69,10 +72,15 @@ def spark_sessions():
     sessions.stop()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def spark(spark_sessions):
-    """A local[4] SparkSession (shared by every test that uses it)."""
-    return spark_sessions.get(LOCAL_MASTER)
+    """A local[4] SparkSession shared by the tests of a module.
+
+    Stopped after the module, so that a later module may start a context of its
+    own (e.g. on a standalone cluster) with SparkSession.builder.getOrCreate().
+    """
+    yield spark_sessions.get(LOCAL_MASTER)
+    spark_sessions.stop()
 
 
 def processes_of_job(job_id: str) -> List[int]:

@@ -195,6 +195,13 @@ def test_too_few_slots_fails_fast(spark):
     assert "local[5]" in message
 
 
+def test_unpicklable_args_are_refused(spark):
+    import threading
+
+    with pytest.raises(TypeError, match="do not pickle"):
+        ember.Cluster.run(spark, record_and_greet, {"lock": threading.Lock()}, num_executors=2)
+
+
 def test_impossible_layout_is_refused(spark):
     with pytest.raises(errors.InvalidArgument, match="num_ps"):
         ember.Cluster.run(spark, record_and_greet, None, num_executors=2, num_ps=3)

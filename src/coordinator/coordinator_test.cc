@@ -175,6 +175,9 @@ TEST_P(ClusterTest, RegisterBarrierKvDone) {
   for (auto& t : threads) t.join();
   EXPECT_TRUE(server->WaitForNodes({}, kLong).ok());
   for (const auto& s : specs) EXPECT_EQ(s, server->ClusterSpecJson());
+  // The driver reads what nodes stored without waiting.
+  EXPECT_EQ(server->KvGet("addr/0").value_or("missing"), "v0");
+  EXPECT_FALSE(server->KvGet("no-such-key").has_value());
   if (n == 4) {
     EXPECT_EQ(specs[0],
               "{\"ps\":[\"127.0.0.1:20000\"],\"chief\":[\"127.0.0.1:20001\"],"

@@ -307,6 +307,13 @@ std::string CoordinatorServer::ClusterSpecJson() const {
   return impl_->cluster_spec;
 }
 
+std::optional<std::string> CoordinatorServer::KvGet(const std::string& key) const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto it = impl_->kv.find(key);
+  if (it == impl_->kv.end()) return std::nullopt;
+  return it->second;
+}
+
 std::vector<Event> CoordinatorServer::PollEvents(Duration timeout) {
   Impl& impl = *impl_;
   std::unique_lock<std::mutex> lock(impl.mu);

@@ -438,6 +438,7 @@ bool Connection::SendToProducer(uint32_t kind, std::span<const uint8_t> payload)
                             Deadline::After(options_.idle_timeout), peer_);
   if (!st.ok()) {
     EMBER_LOG(WARN) << "feed server: dropping connection from " << peer_ << ": " << st.ToString();
+    error_sent_ = true;  // the producer is unreachable: nothing more to tell it
     stop_ = true;
     ::shutdown(fd_.get(), SHUT_RDWR);
     return false;

@@ -182,7 +182,9 @@ TEST_F(FeedServerTest, TrainingRelayKeepsOrderKindsAndBytes) {
   ASSERT_TRUE(client->Write(FeedKind::kEndPartition, EndPartition(1, kMessages), Soon()).ok());
   ASSERT_TRUE(client->Write(FeedKind::kEndFeed, {}, Soon()).ok());
   consumer.join();
-  EXPECT_EQ(server_->stats().messages_relayed, kMessages + 2);
+  // The consumer can read a message before the relaying thread counts it.
+  EXPECT_TRUE(WaitUntil([&] { return server_->stats().messages_relayed == kMessages + 2; }))
+      << server_->stats().messages_relayed;
   EXPECT_EQ(server_->stats().connections_accepted, 1u);
 }
 
@@ -310,7 +312,8 @@ TEST_F(FeedServerTest, InferenceRoundTripThroughAResultRing) {
   ASSERT_NE(client, nullptr);
   RunInferenceTask(client.get(), {3}, 5);
   node.join();
-  EXPECT_EQ(server_->stats().results_sent, 6u);
+  // The client can read the last answer before the pump thread counts it.
+  EXPECT_TRUE(WaitUntil([&] { return server_->stats().results_sent == 6u; })) << server_->stats().results_sent;
   client->Close();
   // The result ring is gone once its partition is answered.
   EXPECT_TRUE(WaitUntil([] { return OurShmSegments().size() == 1; })) << OurShmSegments().size();
@@ -332,7 +335,7 @@ TEST_F(FeedServerTest, ConcurrentInferenceProducersKeepPartitionsContiguous) {
 }
 
 TEST_F(FeedServerTest, NodeAbortReachesAReadingClientPromptly) {
-  StartNode(1 << 16);
+  StartNode(1 << 16, Duration(30000));  // "promptly" must not mean "at idle_timeout"
   auto client = Connect();
   ASSERT_NE(client, nullptr);
   ASSERT_TRUE(client->Write(FeedKind::kBeginPartition, Begin(4, true), Soon()).ok());
@@ -345,7 +348,7 @@ TEST_F(FeedServerTest, NodeAbortReachesAReadingClientPromptly) {
   ring_->Abort("node worker:0 failed");
   FeedKind got;
   ASSERT_TRUE(client->Read(&got, &payload, Soon()).ok());
-  EXPECT_LT(Clock::now() - aborted_at, Duration(1000));
+  EXPECT_LT(Clock::now() - aborted_at, Duration(2000));
   EXPECT_EQ(got, FeedKind::kError);
   EXPECT_NE(Text(payload).find("node worker:0 failed"), std::string::npos) << Text(payload);
   Status st = client->Write(FeedKind::kBatch, Batch(4, 1, 100), Soon());
@@ -354,14 +357,21 @@ TEST_F(FeedServerTest, NodeAbortReachesAReadingClientPromptly) {
 }
 
 TEST_F(FeedServerTest, NodeAbortFailsAnIdleTrainingWriter) {
-  StartNode(1 << 16);
+  StartNode(1 << 16, Duration(30000));
   auto client = Connect();
   ASSERT_NE(client, nullptr);
   ASSERT_TRUE(client->Write(FeedKind::kBatch, Batch(5, 0, 100), Soon()).ok());
   ASSERT_TRUE(WaitUntil([&] { return server_->stats().messages_relayed == 1; }));
+  const auto aborted_at = Clock::now();
   ring_->Abort("node worker:1 failed");
-  std::this_thread::sleep_for(Duration(400));  // the server notices within a tick
-  Status st = client->Write(FeedKind::kBatch, Batch(5, 1, 100), Soon());
+  // A writer that comes back now and then (the next batch is slow to make)
+  // fails on its first write after the server's kError arrives.
+  Status st;
+  for (uint32_t seq = 1; st.ok() && Clock::now() - aborted_at < Duration(5000); ++seq) {
+    std::this_thread::sleep_for(Duration(50));
+    st = client->Write(FeedKind::kBatch, Batch(5, seq, 100), Soon());
+  }
+  EXPECT_LT(Clock::now() - aborted_at, Duration(2000));
   EXPECT_EQ(st.code(), StatusCode::kAborted) << st.ToString();
   EXPECT_NE(st.message().find("node worker:1 failed"), std::string::npos) << st.ToString();
 }
