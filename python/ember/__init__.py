@@ -11,7 +11,7 @@ from ember.errors import ClusterError, EmberError, NodeError
 from ember.input_mode import InputMode
 
 __all__ = ["Cluster", "Context", "InputMode", "errors", "EmberError", "ClusterError",
-           "NodeError", "keras"]
+           "NodeError"]
 __version__ = "0.1.0"
 
 

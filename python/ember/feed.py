@@ -55,7 +55,8 @@ class _Epoch:
 
     @property
     def complete(self) -> bool:
-        return len(self.ended_partitions) >= self.num_partitions
+        # num_partitions is 0 until the first END_PARTITION of the epoch says it.
+        return self.num_partitions > 0 and len(self.ended_partitions) >= self.num_partitions
 
 
 class DataFeed:

@@ -82,4 +82,5 @@ NB_MODULE(_ember, m) {
   m.doc() = "Ember's native core: coordinator server and client (thin bindings, no logic).";
   ember::python::RegisterStatusErrors(m);
   ember::python::BindCoordinator(m);
+  ember::python::BindFeed(m);
 }
