@@ -43,6 +43,7 @@ class NodeEndpoint:
     ring: str
     host: str
     port: int
+    capacity: int = 64 << 20  # the ring's; a message may be at most half of it
 
 
 @dataclass(frozen=True)
@@ -120,8 +121,8 @@ class _Channel:
         if self.ring is None:
             self.client = _ember.FeedClient.connect(endpoint.host, endpoint.port, options.secret,
                                                     options.feed_timeout)
-        self.max_payload = _ember.ShmRing.max_payload(self.ring.capacity) if self.ring is not None \
-            else (16 << 20)
+        self.max_payload = _ember.ShmRing.max_payload(
+            self.ring.capacity if self.ring is not None else endpoint.capacity)
         self.cancelled = False  # the node terminated its feed
 
     @property

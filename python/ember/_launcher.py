@@ -24,8 +24,9 @@ import traceback
 from typing import Deque, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from ember import _ember, _proc
-from ember.context import absolute_path
+from ember.context import WORKER_ROLES, absolute_path
 from ember.errors import EmberError
+from ember.input_mode import InputMode
 
 TENSORBOARD_URL_KEY = "ember/tensorboard_url"
 _MAX_LINE = 64 * 1024  # longer lines are split; a progress bar without newlines must not grow forever
@@ -50,6 +51,8 @@ class NodeSpec:
     connect_timeout: float
     kill_grace_secs: float
     echo_logs: bool  # echo node output to the task's stderr (not in local mode: that is the driver's)
+    feed_ring_bytes: int = 64 << 20  # InputMode.SPARK: each training node's feed ring
+    feed_timeout: float = 600.0      # InputMode.SPARK: how long the feed server waits without progress
 
 
 class NodeFailed(RuntimeError):
@@ -112,6 +115,46 @@ def _runs_tensorboard(role: str, index: int, cluster_spec: Dict[str, List[str]])
     return role == "worker" and index == 0 and not has_chief
 
 
+class NodeFeed:
+    """A training node's InputMode.SPARK endpoint: its shared-memory ring, which the
+    node process reads, and the TCP feed server that relays remote feeding tasks into it.
+
+    The launcher owns both, so that when the node ends, feeding tasks learn at once:
+    a failure aborts the ring (they raise the node's error), a normal end terminates it
+    (they stop quietly, as after TFoS's DataFeed.terminate()).
+    """
+
+    def __init__(self, spec: NodeSpec, executor_id: int, label: str, host: str):
+        from ember._feed_driver import FEED_ENDPOINT_KEY
+
+        self.key = FEED_ENDPOINT_KEY.format(executor_id=executor_id)
+        self.ring = _ember.ShmRing.create(f"/{spec.job_id}-{executor_id}", spec.feed_ring_bytes)
+        try:
+            self.server = _ember.FeedServer.start(
+                self.ring.name, spec.secret, bind_host="0.0.0.0", port=0,
+                result_ring_prefix=f"/{spec.job_id}-{executor_id}-results",
+                idle_timeout=spec.feed_timeout)
+        except BaseException:
+            self.ring.close()
+            raise
+        self.endpoint = json.dumps({"name": label, "ring": self.ring.name, "host": host,
+                                    "port": self.server.port, "capacity": self.ring.capacity})
+
+    def settle(self, outcome: str, reason: str, returncode: Optional[int], label: str) -> None:
+        """Tells feeding tasks how the node ended (see the class docstring)."""
+        if outcome == "abort":
+            self.ring.abort(f"the job was aborted: {reason}"[:240])
+        elif outcome == "exit" and returncode not in (0, None):
+            self.ring.abort(f"node {label} failed ({_proc.describe_exit(returncode)}); "
+                            "see the driver's output for its traceback")
+        else:
+            self.ring.terminate()
+
+    def close(self) -> None:
+        self.server.close()
+        self.ring.close()
+
+
 class NodeLauncher:
     """Runs one node inside its Spark task; see the module docstring."""
 
@@ -150,6 +193,7 @@ class NodeLauncher:
         tmpdir = tempfile.mkdtemp(prefix=f"{spec.job_id}-{self.executor_id}-")
         child: Optional[subprocess.Popen] = None
         tensorboard: Optional[subprocess.Popen] = None
+        feed: Optional[NodeFeed] = None
         forwarders: List[threading.Thread] = []
         reported = False
         try:
@@ -157,6 +201,9 @@ class NodeLauncher:
             if spec.tensorboard and log_dir and _runs_tensorboard(role, index, cluster_spec):
                 tensorboard, url = self._start_tensorboard(env, host, log_dir)
                 client.kv_set(TENSORBOARD_URL_KEY, url.encode())
+            if spec.input_mode == int(InputMode.SPARK) and role in WORKER_ROLES:
+                feed = NodeFeed(spec, self.executor_id, self.label, host)
+                client.kv_set(feed.key, feed.endpoint.encode())
             port_sock.close()  # the node's framework binds this port now
             child = _proc.spawn([sys.executable, "-m", "ember._node_main"], env,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -164,9 +211,12 @@ class NodeLauncher:
             forwarders = [self._forward(client, child.stdout, "stdout"),
                           self._forward(client, child.stderr, "stderr")]
             traceback_path = os.path.join(tmpdir, "traceback.txt")
-            self._send_inputs(child, role, index, cluster_spec, traceback_path)
+            self._send_inputs(child, role, index, cluster_spec, traceback_path,
+                              feed.ring.name if feed is not None else None)
 
             outcome, reason = self._supervise(client, child)
+            if feed is not None:
+                feed.settle(outcome, reason, child.returncode, self.label)
             grace = 0.0 if outcome == "exit" else spec.kill_grace_secs
             returncode = _proc.stop_group(child, grace)  # also ends whatever main_fun left behind
             for t in forwarders:
@@ -201,6 +251,8 @@ class NodeLauncher:
                 _proc.stop_group(child, 0.0)
             if tensorboard is not None:
                 _proc.stop_group(tensorboard, 1.0)
+            if feed is not None:
+                feed.close()
             shutil.rmtree(tmpdir, ignore_errors=True)
 
     def _child_env(self, cluster_spec: Dict[str, List[str]], role: str, index: int) -> Dict[str, str]:
@@ -214,7 +266,8 @@ class NodeLauncher:
         return env
 
     def _send_inputs(self, child: subprocess.Popen, role: str, index: int,
-                     cluster_spec: Dict[str, List[str]], traceback_path: str) -> None:
+                     cluster_spec: Dict[str, List[str]], traceback_path: str,
+                     feed_ring: Optional[str]) -> None:
         spec = self.spec
         data = {
             "payload": spec.payload,
@@ -223,7 +276,7 @@ class NodeLauncher:
                 executor_id=self.executor_id, job_name=role, task_index=index,
                 cluster_spec=cluster_spec, default_fs=spec.default_fs,
                 working_dir=spec.working_dir, log_dir=spec.log_dir,
-                input_mode=spec.input_mode, job_id=spec.job_id,
+                input_mode=spec.input_mode, job_id=spec.job_id, feed_ring=feed_ring,
                 coordinator=(spec.coordinator_host, spec.coordinator_port, spec.secret,
                              spec.connect_timeout)),
         }

@@ -30,7 +30,7 @@ import uuid
 import weakref
 from typing import Any, Callable, List, Optional, Sequence
 
-from ember import _ember, config
+from ember import _ember, _feed_driver, _feeding, config
 from ember._console import Console
 from ember._launcher import TENSORBOARD_URL_KEY, NodeSpec, run_partition
 from ember.context import WORKER_ROLES
@@ -136,6 +136,7 @@ class Cluster:
         self._spark_error: Optional[BaseException] = None
         self._events_thread: Optional[threading.Thread] = None
         self._events_stop = threading.Event()
+        self._feed_endpoints: Optional[List[_feeding.NodeEndpoint]] = None
 
     # -- public API ----------------------------------------------------------
 
@@ -205,6 +206,87 @@ class Cluster:
             raise
         return cluster
 
+    # -- InputMode.SPARK -----------------------------------------------------
+
+    def _require_spark_mode(self, verb: str) -> None:
+        if self.input_mode != InputMode.SPARK:
+            raise ClusterError(f"Cluster.{verb} feeds data to the nodes, which needs "
+                               f"Cluster.run(..., input_mode=InputMode.SPARK); this job reads its own data")
+        if self._closed or self._shutting_down:
+            raise ClusterError(f"Cluster.{verb}: the cluster is shut down")
+
+    def _endpoints(self) -> List[_feeding.NodeEndpoint]:
+        if self._feed_endpoints is None:
+            self._feed_endpoints = _feed_driver.feed_endpoints(self._server, self.nodes())
+        return self._feed_endpoints
+
+    def _feed_options(self, feed_timeout: float) -> _feeding.FeedOptions:
+        return _feeding.FeedOptions(secret=self._secret, feed_timeout=float(feed_timeout),
+                                    transport=str(config.get("feed_transport", self._sc)), job_id=self.job_id)
+
+    def train(self, data: Any, num_epochs: int = 1, feed_timeout: float = 600.0, qname: str = "input") -> None:
+        """Feeds a DataFrame or RDD to the training nodes (InputMode.SPARK); returns when all
+        of it was delivered.
+
+        Every training node (chief/master/worker) gets the same number of rows per epoch
+        (the fewer than num_nodes rows left over are dropped), so synchronous strategies
+        never wait on a node that ran dry.  Each epoch is one Spark job over `data`
+        (cache it if it is expensive to compute).  Nodes read with ``ctx.get_data_feed()``.
+
+        Args:
+            data: a DataFrame (fed as Arrow batches) or an RDD of tuples, lists, dicts,
+                values or numpy arrays.
+            num_epochs: how many times to feed `data`.
+            feed_timeout: seconds a feeding task may wait for a node that reads nothing.
+            qname: ignored; accepted for TFoS compatibility.
+
+        Raises:
+            NodeError: a node failed while being fed.
+            ClusterError: not InputMode.SPARK, no free task slot for the feeding tasks, or
+                the feeding Spark job failed.
+        """
+        self._require_spark_mode("train")
+        _feed_driver.check_feed_slots(self._sc, self.num_nodes, task_slots)
+        endpoints = self._endpoints()
+        try:
+            _feed_driver.train(self._sc, data, num_epochs, endpoints, self._feed_options(feed_timeout),
+                               console=self._console)
+        except Exception as e:  # noqa: BLE001 - a node's failure explains a failed feed best
+            failure = self._known_failure(wait=2.0)
+            if failure is not None:
+                # The job is over: stop everything now, so shutdown() has nothing left to do.
+                self._teardown(abort_reason=f"node {failure.job_name}:{failure.task_index} failed")
+                raise failure from e
+            if type(e).__name__ == "Py4JJavaError":
+                raise ClusterError(f"Cluster.train: the feeding Spark job failed: {_spark_error_summary(e)}") from e
+            raise
+
+    def inference(self, data: Any, feed_timeout: float = 600.0, output_schema: Any = None,
+                  qname: str = "input") -> Any:
+        """Runs the nodes' inference over a DataFrame or RDD (InputMode.SPARK).
+
+        Partition p goes to training node p % num_nodes, whose main_fun answers every row
+        through ``ctx.get_data_feed(train_mode=False)``: ``next_batch`` then
+        ``batch_results``.  Exactly one result per input row; too many or too few raise an
+        error naming node and partition.
+
+        Args:
+            data: a DataFrame or an RDD.
+            feed_timeout: seconds a feeding task waits for a node that makes no progress.
+            output_schema: for a DataFrame, the result columns as a DDL string or StructType
+                (default ``"prediction double"``); matched by name, else by position.
+            qname: ignored; accepted for TFoS compatibility.
+
+        Returns:
+            For a DataFrame: a DataFrame with every input column plus the output columns, in
+            input order.  For an RDD: an RDD of results in input order.  Lazy: the feed runs
+            when a Spark action runs on it.
+        """
+        self._require_spark_mode("inference")
+        _feed_driver.check_feed_slots(self._sc, self.num_nodes, task_slots)
+        return _feed_driver.inference(self._sc, data, self._endpoints(), self._feed_options(feed_timeout),
+                                      output_schema=output_schema)
+
     def shutdown(self, grace_secs: float = 0, timeout: Optional[float] = None) -> None:
         """Waits for the training nodes to finish, then stops the rest and tears down.
 
@@ -231,6 +313,9 @@ class Cluster:
             self._shutting_down = True
         try:
             deadline = None if timeout is None else time.monotonic() + timeout
+            if self.input_mode == InputMode.SPARK and self._failure is None:
+                # TFoS semantics: the feed ends at shutdown; DataFeed.should_stop() turns True.
+                _feed_driver.end_feed(self._endpoints(), self._secret, timeout=30.0)
             self._wait_nodes(
                 list(WORKER_ROLES), deadline,
                 lambda: (f"Cluster.shutdown waited {timeout:g}s (timeout) for the training nodes "
@@ -301,6 +386,7 @@ class Cluster:
             log_dir=self.log_dir, tensorboard=tensorboard, input_mode=int(self.input_mode),
             reservation_timeout=float(reservation_timeout), connect_timeout=float(connect_timeout),
             kill_grace_secs=float(config.get("kill_grace_secs", sc)),
+            feed_ring_bytes=int(config.get("feed_ring_bytes", sc)),
             echo_logs=not sc.master.startswith("local"))
 
         self._events_thread = threading.Thread(target=self._pump_events, daemon=True,

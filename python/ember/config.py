@@ -22,6 +22,11 @@ connect_timeout            spark.ember.connectTimeout         30                
                            EMBER_CONNECT_TIMEOUT                                coordinator (connect + handshake)
 kill_grace_secs            spark.ember.killGraceSecs          3                 seconds a stopped node gets between SIGTERM
                            EMBER_KILL_GRACE_SECS                                and SIGKILL
+feed_ring_bytes            spark.ember.feed.ringBytes         67108864          InputMode.SPARK: size of each training node's
+                           EMBER_FEED_RING_BYTES                                shared-memory feed ring (64 MiB)
+feed_transport             spark.ember.feed.transport         auto              InputMode.SPARK: "auto" (shared memory when the
+                           EMBER_FEED_TRANSPORT                                 node is on the task's host, else TCP), "shm"
+                                                                                or "tcp"
 =========================  ================================  ================  ==========================================
 """
 from __future__ import annotations
@@ -54,6 +59,10 @@ SETTINGS = {
                 int, "port the coordinator listens on (0 = any free port)"),
         Setting("connect_timeout", "spark.ember.connectTimeout", "EMBER_CONNECT_TIMEOUT", 30.0,
                 float, "seconds a node may take to connect to the coordinator"),
+        Setting("feed_ring_bytes", "spark.ember.feed.ringBytes", "EMBER_FEED_RING_BYTES", 64 << 20, int,
+                "bytes of each training node's shared-memory feed ring"),
+        Setting("feed_transport", "spark.ember.feed.transport", "EMBER_FEED_TRANSPORT", "auto", str,
+                "how feeding tasks reach nodes: auto, shm or tcp"),
         Setting("kill_grace_secs", "spark.ember.killGraceSecs", "EMBER_KILL_GRACE_SECS", 3.0,
                 float, "seconds between SIGTERM and SIGKILL when a node is stopped"),
     ]

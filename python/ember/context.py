@@ -72,7 +72,8 @@ class Context:
     def __init__(self, executor_id: int, job_name: str, task_index: int,
                  cluster_spec: Dict[str, List[str]], default_fs: str, working_dir: str,
                  log_dir: Optional[str] = None, input_mode: InputMode = InputMode.TENSORFLOW,
-                 job_id: str = "", coordinator: Optional[tuple] = None):
+                 job_id: str = "", coordinator: Optional[tuple] = None,
+                 feed_ring: Optional[str] = None):
         self.executor_id = executor_id
         self.job_name = job_name
         self.task_index = task_index
@@ -83,6 +84,7 @@ class Context:
         self.job_id = job_id
         self.log_dir = self.absolute_path(log_dir) if log_dir else None
         self._coordinator = coordinator  # (host, port, secret, connect_timeout) or None
+        self._feed_ring = feed_ring  # InputMode.SPARK: name of this node's feed ring
         self._client = None
         self._client_lock = threading.Lock()
 
@@ -116,6 +118,41 @@ class Context:
         values.setdefault("time", time.time())
         self._coordinator_client().report(values)
 
+    def get_data_feed(self, train_mode: bool = True, input_mapping: Optional[Dict[str, str]] = None,
+                      timeout: float = 3600.0):
+        """This node's end of InputMode.SPARK (TFoS ``TFNode.DataFeed(ctx.mgr, ...)``).
+
+        Args:
+            train_mode: False for ``cluster.inference``: every row handed out must be
+                answered with ``batch_results``.
+            input_mapping: optional {column: tensor name} for ``next_batch``.
+            timeout: seconds a read may wait for data before raising DeadlineExceeded.
+
+        Returns:
+            an :class:`ember.feed.DataFeed`.
+
+        Raises:
+            RuntimeError: the job does not use InputMode.SPARK, or this node is not a
+                training node (ps and evaluator nodes are not fed).
+        """
+        if self._feed_ring is None:
+            if self.input_mode != InputMode.SPARK:
+                raise RuntimeError("ctx.get_data_feed() needs Cluster.run(..., input_mode=InputMode.SPARK); "
+                                   "this job uses InputMode.TENSORFLOW, where main_fun reads its own data")
+            raise RuntimeError(f"node {self.job_name}:{self.task_index} is not fed: only chief, master and "
+                               "worker nodes receive data in InputMode.SPARK")
+        from ember import _ember
+        from ember.feed import DataFeed
+        if getattr(self, "_feed", None) is None:
+            self._feed_ring_handle = _ember.ShmRing.open(self._feed_ring)
+            self._feed = DataFeed(self._feed_ring_handle, node=f"{self.job_name}:{self.task_index}",
+                                  train_mode=train_mode, input_mapping=input_mapping, timeout=timeout)
+        else:  # one ring per node: a second call re-configures the same feed
+            self._feed.train_mode = train_mode
+            self._feed._input_mapping = dict(input_mapping) if input_mapping else None
+            self._feed._timeout = timeout
+        return self._feed
+
     def barrier(self, name: str, timeout: float = 600.0) -> None:
         """Waits until every node of the job has called ``barrier(name)``.
 
@@ -146,6 +183,8 @@ class Context:
         state = dict(self.__dict__)
         state["_client"] = None
         state.pop("_client_lock", None)
+        state.pop("_feed", None)
+        state.pop("_feed_ring_handle", None)
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:

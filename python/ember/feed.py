@@ -166,6 +166,8 @@ class DataFeed:
         """Takes up to n rows; stops early at end of feed, at a partition end if
         `stop_at_partition` and rows were taken, and before rows of another epoch
         than `epoch` (when given)."""
+        if not self.train_mode:
+            self._check_answered()
         out: List[pa.RecordBatch] = []
         count = 0
         while count < n:
@@ -178,14 +180,8 @@ class DataFeed:
                 self._events.popleft()
                 if stop_at_partition and count > 0:
                     break
-                session = event[1]
-                if not self.train_mode and count == 0 and session.answered < session.handed:
-                    # The user asks for more rows past a partition whose rows are not all answered.
-                    msg = (f"node {self._node} answered {session.answered} of the {session.handed} rows of "
-                           f"partition {session.partition} before asking for more: inference needs exactly "
-                           "one result per input row (call batch_results for every batch)")
-                    self._fail_session(session, msg)
-                    raise ValueError(msg)
+                if not self.train_mode:
+                    self._check_answered()  # that partition is now fully handed out
                 continue
             _, session, ev_epoch, batch = event
             if epoch is not None and ev_epoch != epoch:
@@ -201,6 +197,18 @@ class DataFeed:
             else:
                 self._events[0] = ("rows", session, ev_epoch, batch.slice(k))
         return out
+
+    def _check_answered(self) -> None:
+        """Asking for more rows while a partition whose every row was handed out still
+        lacks answers breaks "one result per row": fail that partition now (its feeding
+        task would otherwise wait for answers that never come)."""
+        for s in list(self._open_sessions):
+            if s.ended and s.handed == s.rows and s.answered < s.handed:
+                msg = (f"node {self._node} answered {s.answered} of the {s.rows} rows of partition "
+                       f"{s.partition} and asked for more rows: inference needs exactly one result per "
+                       "input row (call batch_results for every batch)")
+                self._fail_session(s, msg)
+                raise ValueError(msg)
 
     def _check_previous_answered(self, session: _Session) -> None:
         for older in self._open_sessions:
@@ -277,24 +285,31 @@ class DataFeed:
                     self._fail_session(self._open_sessions[-1], msg)
                 raise ValueError(msg)
             k = min(n - offset, session.handed - session.answered)
-            part = batch.slice(offset, k)
-            session.result_ring.write(proto.RESULTS, proto.as_uint8(proto.encode_results(part)),
-                                      self._result_timeout)
+            self._send(session, proto.RESULTS, proto.encode_results(batch.slice(offset, k)))
             session.answered += k
             offset += k
             self._maybe_finish(session)
 
-    def _maybe_finish(self, session: _Session) -> None:
-        if session.result_ring is None or not session.ended:
+    def _send(self, session: _Session, kind: int, payload) -> None:
+        """Writes to the session's feeding task.  If that task is gone (it failed, or Spark
+        killed it; Spark will run the partition again), the answers have nowhere to go:
+        they are dropped and the node carries on."""
+        if session.result_ring is None:
             return
-        if session.answered == session.rows:
-            session.result_ring.write(proto.END_RESULTS, proto.as_uint8(proto.encode_end_results(session.rows)),
-                                      self._result_timeout)
+        try:
+            session.result_ring.write(kind, proto.as_uint8(payload), self._result_timeout)
+        except errors.Aborted:
+            session.result_ring.close()
+            session.result_ring = None
+
+    def _maybe_finish(self, session: _Session) -> None:
+        if session.ended and session.answered == session.rows and session in self._open_sessions:
+            self._send(session, proto.END_RESULTS, proto.encode_end_results(session.rows))
             self._close_session(session)
 
     def _fail_session(self, session: _Session, message: str) -> None:
         try:
-            session.result_ring.write(proto.ERROR, proto.as_uint8(message.encode()), self._result_timeout)
+            self._send(session, proto.ERROR, message.encode())
         finally:
             self._close_session(session)
 

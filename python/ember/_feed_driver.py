@@ -1,0 +1,213 @@
+"""The driver's side of InputMode.SPARK: ``Cluster.train``, ``Cluster.inference``, end of feed.
+
+Feeding runs as ordinary Spark jobs beside the nodes' barrier stage, so it needs
+task slots the nodes do not hold (e.g. ``local[4]`` for 2 nodes).  Partitions
+reach nodes by an explicit plan made here (no executor-identity files): see
+ember._feeding for how rows are spread and why every node gets the same count.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, List, Optional, Sequence, Union
+
+import pyarrow as pa
+
+from ember import _feeding as feeding
+from ember import errors
+from ember.context import WORKER_ROLES
+
+FEED_ENDPOINT_KEY = "ember/feed/{executor_id}"
+_COUNT_SCHEMA = "partition int, rows long"
+
+
+def _is_dataframe(data: Any) -> bool:
+    return hasattr(data, "mapInArrow") and hasattr(data, "schema")
+
+
+def _is_rdd(data: Any) -> bool:
+    return hasattr(data, "mapPartitionsWithIndex") and hasattr(data, "getNumPartitions")
+
+
+def check_feed_slots(sc, num_nodes: int, task_slots) -> None:
+    """Feeding tasks need slots the nodes' barrier tasks do not hold."""
+    have = task_slots(sc)
+    if have <= num_nodes:
+        raise errors.ClusterError(
+            f"InputMode.SPARK feeds the {num_nodes} nodes from Spark tasks that run beside them, but "
+            f"the application's {have} task slots are all held by the nodes (master {sc.master}). "
+            f"Use local[{num_nodes * 2}] or add executors/cores so at least one slot is free.")
+
+
+def feed_endpoints(server, nodes, timeout: float = 60.0) -> List[feeding.NodeEndpoint]:
+    """The feed endpoints of the training nodes (chief/master/worker), by executor id.
+
+    The launchers store them right after registration; waits up to `timeout` for them.
+    """
+    deadline = time.monotonic() + timeout
+    out = []
+    for n in sorted(nodes, key=lambda n: n.address.executor_id):
+        if n.role.job_name not in WORKER_ROLES:
+            continue
+        key = FEED_ENDPOINT_KEY.format(executor_id=n.address.executor_id)
+        while (value := server.kv_get(key)) is None:
+            if time.monotonic() > deadline:
+                raise errors.DeadlineExceeded(
+                    f"node {n.role.job_name}:{n.role.task_index} on {n.address.host} did not publish its "
+                    f"feed endpoint within {timeout:g}s; was the cluster started with "
+                    f"input_mode=InputMode.SPARK?")
+            time.sleep(0.05)
+        d = json.loads(value.decode())
+        out.append(feeding.NodeEndpoint(executor_id=n.address.executor_id, name=d["name"], ring=d["ring"],
+                                        host=d["host"], port=int(d["port"]), capacity=int(d["capacity"])))
+    if not out:
+        raise errors.ClusterError("InputMode.SPARK needs at least one chief/master/worker node to feed")
+    return out
+
+
+# ------------------------------------------------------------------------ training
+def partition_counts(data: Any) -> List[int]:
+    """Rows per partition of a DataFrame or RDD (one Spark job)."""
+    if _is_dataframe(data):
+        def count(batches):
+            from pyspark import TaskContext
+            n = sum(b.num_rows for b in batches)
+            yield pa.RecordBatch.from_pydict({"partition": [TaskContext.get().partitionId()], "rows": [n]},
+                                             schema=pa.schema([("partition", pa.int32()), ("rows", pa.int64())]))
+        rows = data.mapInArrow(count, _COUNT_SCHEMA).collect()
+        num = data.rdd.getNumPartitions()
+        pairs = [(r["partition"], r["rows"]) for r in rows]
+    else:
+        pairs = data.mapPartitionsWithIndex(lambda i, it: [(i, sum(1 for _ in it))]).collect()
+        num = data.getNumPartitions()
+    counts = [0] * num
+    for p, n in pairs:
+        counts[p] += n
+    return counts
+
+
+def train(sc, data: Any, num_epochs: int, endpoints: Sequence[feeding.NodeEndpoint],
+          options: feeding.FeedOptions, console=None) -> int:
+    """Feeds `data` to the nodes for `num_epochs` epochs; returns rows fed per epoch."""
+    if not (_is_dataframe(data) or _is_rdd(data)):
+        raise TypeError(f"Cluster.train takes a DataFrame or an RDD, got {type(data).__name__}")
+    if num_epochs < 1:
+        raise ValueError("num_epochs must be at least 1")
+    counts = partition_counts(data)
+    num_nodes = len(endpoints)
+    plan = feeding.plan_rows(counts, num_nodes)
+    node_rows = [sum(p[k] for p in plan) for k in range(num_nodes)]
+    num_partitions = len(counts)
+    if console is not None:
+        dropped = sum(counts) - sum(node_rows)
+        console.info(f"feeding {sum(counts)} rows in {num_partitions} partitions to {num_nodes} nodes: "
+                     f"{node_rows[0]} rows per node per epoch"
+                     + (f" ({dropped} left over each epoch)" if dropped else ""))
+    eps, opts = list(endpoints), options
+    for epoch in range(num_epochs):
+        if _is_dataframe(data):
+            def feed_df(batches, epoch=epoch):
+                from pyspark import TaskContext
+                p = TaskContext.get().partitionId()
+                n = feeding.feed_partition(batches, p, epoch, num_partitions, plan[p], node_rows, eps, opts)
+                yield pa.RecordBatch.from_pydict({"partition": [p], "rows": [n]},
+                                                 schema=pa.schema([("partition", pa.int32()), ("rows", pa.int64())]))
+            data.mapInArrow(feed_df, _COUNT_SCHEMA).collect()
+        else:
+            def feed_rdd(p, rows, epoch=epoch):
+                n = feeding.feed_partition(feeding.rdd_rows_to_batches(rows), p, epoch, num_partitions,
+                                           plan[p], node_rows, eps, opts)
+                return [(p, n)]
+            data.mapPartitionsWithIndex(feed_rdd).collect()
+    return sum(node_rows)
+
+
+# ------------------------------------------------------------------------ inference
+def _output_fields(output_schema: Union[str, Any, None]):
+    from pyspark.sql.types import StructType, _parse_datatype_string
+    if output_schema is None:
+        output_schema = "prediction double"
+    if isinstance(output_schema, str):
+        output_schema = _parse_datatype_string(output_schema)
+    if not isinstance(output_schema, StructType):
+        raise TypeError("output_schema must be a DDL string like 'prediction double' or a StructType")
+    return output_schema
+
+
+def _cast_column(col: pa.Array, target: pa.DataType, name: str, where: str) -> pa.Array:
+    if col.type == target:
+        return col
+    try:
+        return col.cast(target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        raise ValueError(f"inference: {where}: result column {name!r} of type {col.type} cannot be "
+                         f"converted to the output schema's {target}: {e}") from None
+
+
+def inference(sc, data: Any, endpoints: Sequence[feeding.NodeEndpoint], options: feeding.FeedOptions,
+              output_schema=None):
+    """DataFrame in: a DataFrame with every input column plus the output columns, in input
+    order.  RDD in: an RDD of the node's results, in input order.  Lazy, like any Spark
+    transformation: the feed runs when an action runs."""
+    eps, opts = list(endpoints), options
+    num_nodes = len(eps)
+    if _is_dataframe(data):
+        from pyspark.sql.pandas.types import to_arrow_schema
+        from pyspark.sql.types import StructType
+
+        out_fields = _output_fields(output_schema)
+        clash = set(data.columns) & set(out_fields.fieldNames())
+        if clash:
+            raise ValueError(f"output columns {sorted(clash)} already exist in the input DataFrame")
+        full = StructType(list(data.schema.fields) + list(out_fields.fields))
+        arrow_out = to_arrow_schema(full)
+        n_in = len(data.schema.fields)
+
+        def infer_df(batches):
+            from pyspark import TaskContext
+            p = TaskContext.get().partitionId()
+            ep = eps[p % num_nodes]
+            for inp, res in feeding.infer_partition(batches, p, ep, opts):
+                where = f"node {ep.name}, partition {p}"
+                if res.num_columns < len(out_fields.fields):
+                    raise ValueError(f"inference: {where} returned {res.num_columns} result columns, the "
+                                     f"output schema has {len(out_fields.fields)}: {out_fields.simpleString()}")
+                cols = list(inp.columns)
+                names = res.schema.names
+                for i, field in enumerate(arrow_out.field(j) for j in range(n_in, len(arrow_out))):
+                    col = res.column(names.index(field.name)) if field.name in names else res.column(i)
+                    cols.append(_cast_column(col, field.type, field.name, where))
+                yield pa.RecordBatch.from_arrays(cols, schema=arrow_out)
+        return data.mapInArrow(infer_df, full)
+    if _is_rdd(data):
+        from ember import _arrow_rows as rows_mod
+
+        def infer_rdd(p, rows):
+            ep = eps[p % num_nodes]
+            for _, res in feeding.infer_partition(feeding.rdd_rows_to_batches(rows), p, ep, opts):
+                yield from rows_mod.batch_to_rows(res)
+        return data.mapPartitionsWithIndex(infer_rdd)
+    raise TypeError(f"Cluster.inference takes a DataFrame or an RDD, got {type(data).__name__}")
+
+
+def end_feed(endpoints: Sequence[feeding.NodeEndpoint], secret: bytes, timeout: float) -> None:
+    """Tells every fed node that no more data will come (its DataFeed.should_stop() turns True).
+
+    Goes through each node's TCP feed server, so it works wherever the driver runs.
+    A node that already exited is skipped.
+    """
+    import numpy as np
+
+    from ember import _ember
+    from ember import _feed_protocol as proto
+    for ep in endpoints:
+        try:
+            client = _ember.FeedClient.connect(ep.host, ep.port, secret, timeout)
+        except errors.Unavailable:
+            continue  # the node is gone; nothing to tell it
+        try:
+            client.write(proto.END_FEED, np.zeros(0, np.uint8), timeout)
+        except (errors.Cancelled, errors.Aborted):
+            pass  # it terminated its feed, or finished
+        finally:
+            client.close()

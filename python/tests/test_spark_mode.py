@@ -1,0 +1,254 @@
+"""InputMode.SPARK on real Spark (local[4]: 2 node slots + 2 for feeding tasks).
+
+TFoS parity (x² inference over 1000 rows in 10 partitions, next_batch sizes,
+exceptions during and after feeding), order and passthrough columns across
+uneven and empty partitions, wrong result counts, a node killed mid-feed, an
+unauthenticated feed connection, and the TCP feed path.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+import ember
+from conftest import no_leftovers
+from ember import errors
+
+pytestmark = pytest.mark.timeout(240)
+
+
+# -- main functions (run on the nodes) ------------------------------------------------
+
+
+def square_server(args, ctx):
+    """TFoS's inference pattern: answer every row until the feed ends."""
+    feed = ctx.get_data_feed(train_mode=False)
+    while not feed.should_stop():
+        batch = feed.next_batch(args.get("batch", 7))
+        if batch:
+            feed.batch_results([x * x for x in batch])
+
+
+def column_server(args, ctx):
+    """DataFrame inference: columns in, two result columns out."""
+    feed = ctx.get_data_feed(train_mode=False)
+    while not feed.should_stop():
+        cols = feed.next_batch_columns(5)
+        if cols:
+            feed.batch_results({"double_x": cols["x"] * 2, "tag": [f"{ctx.job_name}:{ctx.task_index}"] * len(cols["x"])})
+
+
+def wrong_count_server(args, ctx):
+    feed = ctx.get_data_feed(train_mode=False)
+    while not feed.should_stop():
+        batch = feed.next_batch(4)
+        if batch:
+            feed.batch_results([0] * (len(batch) + args["extra"]))
+
+
+def record_batches(args, ctx):
+    """Training: next_batch sizes and sums (TFoS test_TFNode parity) and epochs."""
+    feed = ctx.get_data_feed()
+    seen = []
+    if args.get("sizes"):
+        for n in args["sizes"]:
+            batch = feed.next_batch(n)
+            seen.append([len(batch), sum(batch)])
+        stopped = feed.should_stop()
+    else:
+        epochs = []
+        for _ in range(args["epochs"]):
+            epochs.append([int(len(b["_0"])) for b in feed.epoch_batches(args["batch"])])
+        seen = epochs
+        feed.next_batch(1)  # waits for the end of the feed
+        stopped = feed.should_stop()
+    Path(args["out"], f"{ctx.task_index}.json").write_text(json.dumps({"seen": seen, "stopped": stopped}))
+
+
+def fail_while_feeding(args, ctx):
+    feed = ctx.get_data_feed()
+    feed.next_batch(10)
+    raise RuntimeError("FAKE exception during feeding")
+
+
+def fail_after_feeding(args, ctx):
+    feed = ctx.get_data_feed()
+    while not feed.should_stop():
+        feed.next_batch(10)
+    time.sleep(1)
+    raise RuntimeError("FAKE exception after feeding")
+
+
+def die_mid_feed(args, ctx):
+    feed = ctx.get_data_feed()
+    feed.next_batch(10)
+    if ctx.task_index == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    while not feed.should_stop():
+        feed.next_batch(10)
+
+
+def train_keras_from_feed(args, ctx):
+    """A real Keras model trained from the feed's tf.data.Dataset (one node)."""
+    import numpy as np
+    import tensorflow as tf
+
+    feed = ctx.get_data_feed()
+    ds = feed.to_tf_dataset(batch_size=16, features="x", label="y")
+    model = tf.keras.Sequential([tf.keras.Input(shape=(2,)), tf.keras.layers.Dense(1)])
+    model.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss="mse")
+    hist = model.fit(ds, epochs=args["epochs"], verbose=0)
+    w = model.layers[0].get_weights()[0].ravel().tolist()
+    Path(args["out"], "keras.json").write_text(json.dumps({"loss": hist.history["loss"], "w": w}))
+
+
+# -- tests --------------------------------------------------------------------------
+
+
+def _run(spark, fn, args, n=2, **kw):
+    return ember.Cluster.run(spark, fn, args, num_executors=n, input_mode=ember.InputMode.SPARK,
+                             reservation_timeout=60, **kw)
+
+
+def test_inference_of_squares_matches_tfos(spark):
+    """TFoS test_TFCluster.test_inputmode_spark: Σx² over 1000 rows in 10 partitions."""
+    cluster = _run(spark, square_server, {})
+    try:
+        rdd = spark.sparkContext.parallelize(range(1000), 10)
+        out = cluster.inference(rdd).collect()
+        assert out == [x * x for x in range(1000)]  # order kept
+        assert sum(out) == sum(x * x for x in range(1000))
+    finally:
+        cluster.shutdown(timeout=60)
+    no_leftovers(cluster.job_id)
+
+
+def test_dataframe_inference_keeps_columns_and_order_across_uneven_and_empty_partitions(spark):
+    cluster = _run(spark, column_server, {})
+    try:
+        rows = [(i, f"r{i}") for i in range(37)]
+        df = spark.createDataFrame(rows, "x long, name string")
+        # Uneven partitions with empty ones in between.
+        df = df.repartitionByRange(9, "x").filter("x % 5 != 0 or x < 10")
+        out = cluster.inference(df, output_schema="double_x long, tag string").collect()
+        expected = [r for r in rows if r[0] % 5 != 0 or r[0] < 10]
+        assert [(r.x, r.name) for r in out] == expected
+        assert all(r.double_x == 2 * r.x for r in out)
+        assert {r.tag for r in out} <= {"worker:0", "worker:1"}
+    finally:
+        cluster.shutdown(timeout=60)
+
+
+@pytest.mark.parametrize("extra,match", [(1, "exactly one result per input row"),
+                                         (-1, "answered")])
+def test_wrong_result_count_is_a_clear_error(spark, extra, match):
+    cluster = _run(spark, wrong_count_server, {"extra": extra})
+    try:
+        rdd = spark.sparkContext.parallelize(range(40), 4)
+        with pytest.raises(Exception, match=match) as info:
+            cluster.inference(rdd, feed_timeout=30).collect()
+        assert "partition" in str(info.value)
+    finally:
+        with pytest.raises(ember.NodeError):  # the node raised too
+            cluster.shutdown(timeout=60)
+    no_leftovers(cluster.job_id)
+
+
+def test_next_batch_sizes_match_tfos(spark, tmp_path):
+    """TFoS: 10 items, next_batch(2/4/10) gives 2/4/4 items (sums 1/14/30), then should_stop."""
+    cluster = _run(spark, record_batches, {"sizes": [2, 4, 10], "out": str(tmp_path)}, n=1)
+    cluster.train(spark.sparkContext.parallelize(range(10), 1))
+    cluster.shutdown(timeout=60)
+    got = json.loads((tmp_path / "0.json").read_text())
+    assert got == {"seen": [[2, 1], [4, 14], [4, 30]], "stopped": True}
+
+
+def test_uneven_partitions_give_every_node_the_same_batches_per_epoch(spark, tmp_path):
+    cluster = _run(spark, record_batches, {"epochs": 2, "batch": 8, "out": str(tmp_path)})
+    sizes = [0, 3, 250, 0, 1, 61]  # 315 rows: 157 per node, 1 dropped
+    rdd = spark.sparkContext.parallelize(range(6), 6).flatMap(lambda p: [(float(p),)] * sizes[p])
+    cluster.train(rdd, num_epochs=2)
+    cluster.shutdown(timeout=60)
+    seen = [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(2)]
+    for s in seen:
+        assert s["stopped"]
+        assert s["seen"] == [[8] * 19, [8] * 19]  # 157 // 8 full batches, both epochs, both nodes
+
+
+def test_keras_fit_on_the_feed(spark, tmp_path):
+    import numpy as np
+    x = np.random.RandomState(0).rand(512, 2).astype(np.float32)
+    y = (x @ np.array([2.0, -1.0], np.float32)).astype(np.float32)
+    df = spark.createDataFrame([(x[i].tolist(), float(y[i])) for i in range(512)], "x array<float>, y float")
+    cluster = _run(spark, train_keras_from_feed, {"epochs": 3, "out": str(tmp_path)}, n=1)
+    cluster.train(df.repartition(3), num_epochs=3)
+    cluster.shutdown(timeout=120)
+    got = json.loads((tmp_path / "keras.json").read_text())
+    assert len(got["loss"]) == 3 and got["loss"][-1] < got["loss"][0]
+
+
+def test_exception_during_feeding_reaches_the_driver(spark):
+    cluster = _run(spark, fail_while_feeding, {})
+    start = time.monotonic()
+    with pytest.raises(ember.NodeError, match="FAKE exception during feeding"):
+        cluster.train(spark.sparkContext.parallelize(range(100000), 4), feed_timeout=60)
+        cluster.shutdown(timeout=60)
+    assert time.monotonic() - start < 45
+    no_leftovers(cluster.job_id)
+
+
+def test_exception_after_feeding_is_raised_by_shutdown(spark):
+    cluster = _run(spark, fail_after_feeding, {})
+    cluster.train(spark.sparkContext.parallelize(range(1000), 4))
+    with pytest.raises(ember.NodeError, match="FAKE exception after feeding"):
+        cluster.shutdown(grace_secs=5, timeout=60)
+    no_leftovers(cluster.job_id)
+
+
+def test_node_killed_mid_feed_fails_fast_without_orphans(spark):
+    cluster = _run(spark, die_mid_feed, {})
+    start = time.monotonic()
+    with pytest.raises((ember.NodeError, errors.EmberError)) as info:
+        cluster.train(spark.sparkContext.parallelize(range(300000), 4), feed_timeout=30)
+        cluster.shutdown(timeout=60)
+    assert "worker:0" in str(info.value) or "SIGKILL" in str(info.value)
+    assert time.monotonic() - start < 30  # well inside feed_timeout: the ring was aborted
+    cluster.shutdown()  # a no-op: train() already tore the failed job down
+    no_leftovers(cluster.job_id)
+
+
+def test_tcp_feed_path_and_unauthenticated_feed_connection(spark, monkeypatch):
+    monkeypatch.setenv("EMBER_FEED_TRANSPORT", "tcp")
+    cluster = _run(spark, square_server, {"batch": 50})
+    try:
+        ep = cluster._endpoints()[0]
+        with socket.create_connection((ep.host, ep.port), timeout=5) as s:  # garbage first
+            s.sendall(b"\x00" * 200)
+            s.settimeout(5)
+            try:
+                while s.recv(4096):
+                    pass
+            except (ConnectionResetError, socket.timeout):
+                pass
+        with pytest.raises((errors.Unauthenticated, errors.Unavailable)):
+            ember._ember.FeedClient.connect(ep.host, ep.port, b"x" * 32, 5.0)
+        out = cluster.inference(spark.sparkContext.parallelize(range(500), 5)).collect()
+        assert out == [x * x for x in range(500)]
+    finally:
+        cluster.shutdown(timeout=60)
+    no_leftovers(cluster.job_id)
+
+
+def test_too_few_slots_for_feeding_is_a_clear_error(spark):
+    cluster = _run(spark, square_server, {}, n=4)
+    try:
+        with pytest.raises(ember.ClusterError, match="slot"):
+            cluster.inference(spark.sparkContext.parallelize(range(10), 2))
+    finally:
+        cluster.shutdown(timeout=60)
