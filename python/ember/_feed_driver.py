@@ -87,8 +87,10 @@ def partition_counts(data: Any) -> List[int]:
 
 
 def train(sc, data: Any, num_epochs: int, endpoints: Sequence[feeding.NodeEndpoint],
-          options: feeding.FeedOptions, console=None) -> int:
-    """Feeds `data` to the nodes for `num_epochs` epochs; returns rows fed per epoch."""
+          options: feeding.FeedOptions, console=None, first_epoch: int = 0) -> int:
+    """Feeds `data` to the nodes for `num_epochs` epochs, numbered from `first_epoch`
+    (epoch numbers never repeat within a job: nodes tell epochs apart by them);
+    returns rows fed per epoch."""
     if not (_is_dataframe(data) or _is_rdd(data)):
         raise TypeError(f"Cluster.train takes a DataFrame or an RDD, got {type(data).__name__}")
     if num_epochs < 1:
@@ -104,7 +106,7 @@ def train(sc, data: Any, num_epochs: int, endpoints: Sequence[feeding.NodeEndpoi
                      f"{node_rows[0]} rows per node per epoch"
                      + (f" ({dropped} left over each epoch)" if dropped else ""))
     eps, opts = list(endpoints), options
-    for epoch in range(num_epochs):
+    for epoch in range(first_epoch, first_epoch + num_epochs):
         if _is_dataframe(data):
             def feed_df(batches, epoch=epoch):
                 from pyspark import TaskContext

@@ -137,6 +137,8 @@ class Cluster:
         self._events_thread: Optional[threading.Thread] = None
         self._events_stop = threading.Event()
         self._feed_endpoints: Optional[List[_feeding.NodeEndpoint]] = None
+        self._epochs_fed = 0  # feed epochs are numbered across train() calls
+        self._feed_lock = threading.Lock()  # one train() at a time (streaming batches too)
 
     # -- public API ----------------------------------------------------------
 
@@ -249,8 +251,11 @@ class Cluster:
         _feed_driver.check_feed_slots(self._sc, self.num_nodes, task_slots)
         endpoints = self._endpoints()
         try:
-            _feed_driver.train(self._sc, data, num_epochs, endpoints, self._feed_options(feed_timeout),
-                               console=self._console)
+            with self._feed_lock:
+                first = self._epochs_fed
+                self._epochs_fed += num_epochs
+                _feed_driver.train(self._sc, data, num_epochs, endpoints, self._feed_options(feed_timeout),
+                                   console=self._console, first_epoch=first)
         except Exception as e:  # noqa: BLE001 - a node's failure explains a failed feed best
             failure = self._known_failure(wait=2.0)
             if failure is not None:
@@ -260,6 +265,36 @@ class Cluster:
             if type(e).__name__ == "Py4JJavaError":
                 raise ClusterError(f"Cluster.train: the feeding Spark job failed: {_spark_error_summary(e)}") from e
             raise
+
+    def train_stream(self, stream_df: Any, feed_timeout: float = 600.0,
+                     checkpoint_location: Optional[str] = None, trigger: Optional[dict] = None):
+        """Feeds a Structured Streaming DataFrame to the nodes as it arrives (TFoS fed DStreams).
+
+        Each micro-batch is fed like ``train(batch, num_epochs=1)``: one feed epoch, the
+        same row count on every node.  Returns the running ``StreamingQuery``; stop it (or
+        let an ``availableNow``/``once`` trigger finish) before ``shutdown()``.
+
+        Args:
+            stream_df: a streaming DataFrame (``spark.readStream...``).
+            feed_timeout: as for train().
+            checkpoint_location: the query's checkpoint directory (Spark's option).
+            trigger: keyword arguments for ``DataStreamWriter.trigger`` (e.g.
+                ``{"availableNow": True}``); default: Spark's.
+        """
+        self._require_spark_mode("train_stream")
+        if not getattr(stream_df, "isStreaming", False):
+            raise TypeError("train_stream takes a streaming DataFrame; use train() for a static one")
+
+        def feed_batch(batch_df, batch_id):
+            if not batch_df.isEmpty():
+                self.train(batch_df, num_epochs=1, feed_timeout=feed_timeout)
+
+        writer = stream_df.writeStream.foreachBatch(feed_batch)
+        if checkpoint_location:
+            writer = writer.option("checkpointLocation", checkpoint_location)
+        if trigger:
+            writer = writer.trigger(**trigger)
+        return writer.start()
 
     def inference(self, data: Any, feed_timeout: float = 600.0, output_schema: Any = None,
                   qname: str = "input") -> Any:

@@ -71,6 +71,16 @@ def record_batches(args, ctx):
     Path(args["out"], f"{ctx.task_index}.json").write_text(json.dumps({"seen": seen, "stopped": stopped}))
 
 
+def count_stream(args, ctx):
+    feed = ctx.get_data_feed()
+    total = 0
+    while not feed.should_stop():
+        cols = feed.next_batch_columns(100)
+        if cols:
+            total += len(cols["v"])
+    Path(args["out"], "stream.json").write_text(json.dumps({"rows": total}))
+
+
 def fail_while_feeding(args, ctx):
     feed = ctx.get_data_feed()
     feed.next_batch(10)
@@ -252,3 +262,20 @@ def test_too_few_slots_for_feeding_is_a_clear_error(spark):
             cluster.inference(spark.sparkContext.parallelize(range(10), 2))
     finally:
         cluster.shutdown(timeout=60)
+
+
+def test_structured_streaming_feeds_a_running_cluster(spark, tmp_path):
+    src = tmp_path / "in"
+    src.mkdir()
+    for i in range(3):  # three files -> three micro-batches
+        spark.createDataFrame([(i * 100 + j,) for j in range(100)], "v long").coalesce(1) \
+            .write.mode("overwrite").parquet(str(src / f"part{i}"))
+    stream = (spark.readStream.schema("v long").option("maxFilesPerTrigger", 1)
+              .parquet(str(src / "part*")))
+    cluster = _run(spark, count_stream, {"out": str(tmp_path)}, n=1)
+    query = cluster.train_stream(stream, checkpoint_location=str(tmp_path / "ckpt"),
+                                 trigger={"availableNow": True})
+    assert query.awaitTermination(120)
+    assert query.exception() is None
+    cluster.shutdown(timeout=60)
+    assert json.loads((tmp_path / "stream.json").read_text()) == {"rows": 300}
