@@ -92,6 +92,12 @@ def ensure_tfos() -> str:
 
 
 # ----------------------------------------------------------------------------- Spark
+def pythonpath_with(*dirs) -> str:
+    """PYTHONPATH for executors: `dirs` first, then this process's (spark.executorEnv.PYTHONPATH
+    replaces the inherited one)."""
+    return os.pathsep.join([str(d) for d in dirs] + [os.environ.get("PYTHONPATH", "")])
+
+
 def start_standalone(num_workers: int = 2, cores_per_worker: int = 2, memory: str = "3g"):
     from spark_cluster import StandaloneCluster
     cluster = StandaloneCluster(num_workers=num_workers, cores_per_worker=cores_per_worker,

@@ -25,6 +25,8 @@ KIND_NAMES = {BATCH: "BATCH", END_PARTITION: "END_PARTITION", END_FEED: "END_FEE
               ERROR: "ERROR"}
 
 BEGIN_WANTS_RESULTS = 1
+# Epoch number of inference partitions: never one of train()'s epochs, which count from 0.
+INFERENCE_EPOCH = 0xFFFFFFFF
 
 _BATCH_HEAD = struct.Struct("<IIq")         # partition, epoch, node's epoch rows
 _END_PARTITION = struct.Struct("<IIqIq")    # partition, epoch, rows, partitions in epoch, node's epoch rows

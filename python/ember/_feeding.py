@@ -229,14 +229,16 @@ def infer_partition(batches: Iterable[pa.RecordBatch], partition: int, endpoint:
                 ch.ring.lock_session(options.feed_timeout)
             try:
                 name = result_ring.name if result_ring is not None else ""
-                ch.write(proto.BEGIN_PARTITION, proto.encode_begin_partition(partition, 0, True, name))
+                ch.write(proto.BEGIN_PARTITION, proto.encode_begin_partition(partition, proto.INFERENCE_EPOCH,
+                                                                             True, name))
                 for batch in batches:
                     if batch.num_rows == 0:
                         continue
                     inputs.put(batch)
-                    _write_batch(ch, partition, 0, 0, batch)
+                    _write_batch(ch, partition, proto.INFERENCE_EPOCH, 0, batch)
                     sent[0] += batch.num_rows
-                ch.write(proto.END_PARTITION, proto.encode_end_partition(partition, 0, sent[0], 1, 0))
+                ch.write(proto.END_PARTITION, proto.encode_end_partition(partition, proto.INFERENCE_EPOCH,
+                                                                         sent[0], 1, 0))
             finally:
                 if ch.local:
                     ch.ring.unlock_session()
