@@ -29,8 +29,11 @@ $(STAMPS)/ember: $(STAMPS)/venv pyproject.toml $(CORE_SOURCES)
 	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
 	@touch $@
 
+# The main job: Fashion-MNIST on 2 nodes, first with the nodes reading TFRecords themselves
+# (InputMode.TENSORFLOW), then fed from a Spark DataFrame (InputMode.SPARK).
 run: setup
 	$(PY) examples/fashion_mnist/main.py
+	$(PY) examples/fashion_mnist/train_spark_mode.py
 
 build/core/build.ninja: $(STAMPS)/system
 	cmake -S . -B build/core -G Ninja -DEMBER_BUILD_TESTS=ON
