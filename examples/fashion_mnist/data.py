@@ -185,10 +185,15 @@ def shard_paths(data_dir: Path | str, split: str) -> list[str]:
     return [str(data_dir / split / s["file"]) for s in manifest["splits"][split]["shards"]]
 
 
+def shard_examples(data_dir: Path | str, split: str) -> list[int]:
+    """Number of examples in each of ``split``'s shards (same order as shard_paths)."""
+    manifest = json.loads((Path(data_dir) / _MANIFEST).read_text())
+    return [s["examples"] for s in manifest["splits"][split]["shards"]]
+
+
 def num_examples(data_dir: Path | str, split: str) -> int:
     """Number of examples in ``split``, as recorded in the manifest."""
-    manifest = json.loads((Path(data_dir) / _MANIFEST).read_text())
-    return sum(s["examples"] for s in manifest["splits"][split]["shards"])
+    return sum(shard_examples(data_dir, split))
 
 
 def parse_example(serialized):

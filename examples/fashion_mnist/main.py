@@ -37,7 +37,6 @@ def build_model(tf):
         keras.layers.Conv2D(64, 3, activation="relu"),
         keras.layers.MaxPooling2D(),
         keras.layers.Flatten(),
-        keras.layers.Dropout(0.3),
         keras.layers.Dense(128, activation="relu"),
         keras.layers.Dropout(0.3),
         keras.layers.Dense(data.NUM_CLASSES),
@@ -51,24 +50,12 @@ def _is_chief(resolver) -> bool:
     return task_type == "chief" or (task_type == "worker" and task_id == 0 and not has_chief)
 
 
-def _keep_freed_memory() -> None:
-    """Lets glibc malloc reuse freed tensor buffers instead of returning them to the OS.
-
-    TensorFlow's tf.data sets M_TRIM_THRESHOLD to 128 KiB when it builds a generator dataset
-    (distributed datasets use one), which also freezes the mmap threshold at 128 KiB: then every
-    activation and gradient buffer is a fresh mmap, zeroed page by page, and unmapped after the
-    step. Measured here, that page-fault churn made ~40% of a node's CPU time system time.
-    Call after the input pipeline is built; a no-op where glibc is not the allocator.
-    """
-    import ctypes
-
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
-        return
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    mallopt(m_mmap_threshold, 64 << 20)
-    mallopt(m_trim_threshold, 256 << 20)
+def _no_autotune(tf):
+    """tf.data options without the autotuner: its model thread can block an iterator's
+    destructor for up to a minute (TF 2.21), and with ~1 core per node there is little to tune."""
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return options
 
 
 def main_fun(args, ctx):
@@ -76,6 +63,7 @@ def main_fun(args, ctx):
     import shutil
     import tempfile
 
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TF's C++ INFO lines: gRPC, devices
     import tensorflow as tf
 
     # Each node gets about one core; set before TensorFlow creates its thread pools.
@@ -85,26 +73,46 @@ def main_fun(args, ctx):
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     resolver = strategy.cluster_resolver
     chief = _is_chief(resolver)
+    # This worker's place among the workers, in TF's order (chief first), and their number.
+    spec = resolver.cluster_spec().as_dict()
+    workers = [(job, k) for job in ("chief", "worker") for k in range(len(spec.get(job, [])))]
+    worker_index, num_workers = workers.index((resolver.task_type, resolver.task_id)), len(workers)
+    if strategy.num_replicas_in_sync != num_workers:
+        raise ValueError(f"this example feeds one replica per worker; got "
+                         f"{strategy.num_replicas_in_sync} replicas on {num_workers} workers")
     global_batch = args.batch_size
-    steps_per_epoch = args.train_examples // global_batch
+    if global_batch % num_workers:
+        raise ValueError(f"--batch-size {global_batch} is not a multiple of {num_workers} workers")
+    worker_batch = global_batch // num_workers
+
+    # Shard by file: worker i of n reads files i, i+n, i+2n, ..., so the workers read disjoint
+    # parts that together cover the training set, every epoch.
     train_files = data.shard_paths(args.data_dir, "train")
+    shard_sizes = data.shard_examples(args.data_dir, "train")
+    if len(train_files) < num_workers:
+        raise ValueError(f"{len(train_files)} training shards cannot feed {num_workers} "
+                         f"workers; convert with --train-shards {num_workers} or more")
+    my_files = train_files[worker_index::num_workers]
+    # Every worker must run the same number of steps (each one is an all-reduce over all of
+    # them): the one with the fewest examples sets it.
+    steps_per_epoch = min(sum(shard_sizes[i::num_workers]) for i in range(num_workers)) \
+        // worker_batch
+    print(f"{resolver.task_type}:{resolver.task_id} reads {[Path(f).name for f in my_files]}, "
+          f"{steps_per_epoch} steps of {worker_batch} per epoch", flush=True)
 
-    def train_dataset(input_context: tf.distribute.InputContext):
-        # Shard by file, explicitly: pipeline i of n reads files i, i+n, i+2n, ... so the workers
-        # read disjoint parts that together cover the training set, every epoch.
-        n, i = input_context.num_input_pipelines, input_context.input_pipeline_id
-        if len(train_files) < n or len(train_files) % n:
-            raise ValueError(f"{len(train_files)} training shards cannot be split evenly over "
-                             f"{n} workers; convert with --train-shards a multiple of {n}")
-        mine = train_files[i::n]
-        print(f"{resolver.task_type}:{resolver.task_id} reads {[Path(f).name for f in mine]}",
-              flush=True)
-        ds = tf.data.TFRecordDataset(mine, num_parallel_reads=len(mine))
-        ds = ds.map(data.parse_example, num_parallel_calls=tf.data.AUTOTUNE).cache()
-        ds = ds.shuffle(args.shuffle_buffer, seed=args.seed + i, reshuffle_each_iteration=True)
-        ds = ds.batch(input_context.get_per_replica_batch_size(global_batch), drop_remainder=True)
-        return ds.repeat().prefetch(tf.data.AUTOTUNE)
+    # Each worker iterates its own plain tf.data pipeline and hands its batches to strategy.run
+    # (one replica per worker, so a batch is that replica's). Not a distributed dataset: with
+    # one it runs through a MultiDeviceIterator, whose internal pipelines use tf.data's
+    # autotuner, and destroying those at exit blocked the chief for 30-90 s (TF 2.21).
+    train_ds = tf.data.TFRecordDataset(my_files, num_parallel_reads=len(my_files))
+    train_ds = train_ds.map(data.parse_example, num_parallel_calls=2).cache()
+    train_ds = train_ds.shuffle(args.shuffle_buffer, seed=args.seed + worker_index,
+                                reshuffle_each_iteration=True)
+    train_ds = train_ds.batch(worker_batch, drop_remainder=True).take(steps_per_epoch)
+    train_ds = train_ds.repeat(args.epochs).prefetch(2).with_options(_no_autotune(tf))
 
+    # Same initial weights on every run (MWMS copies the chief's to the other workers anyway).
+    tf.keras.utils.set_random_seed(args.seed)
     with strategy.scope():
         model = build_model(tf)
         optimizer = tf.keras.optimizers.Adam(args.learning_rate)
@@ -134,15 +142,13 @@ def main_fun(args, ctx):
             loss, correct = strategy.run(replica_step, args=(next(iterator),))
             local_loss += strategy.experimental_local_results(loss)[0]
             local_correct += strategy.experimental_local_results(correct)[0]
-        # One all-reduce per call instead of two per step.
+        # One all-reduce per call, not two per step.
         totals = strategy.reduce(tf.distribute.ReduceOp.SUM, tf.stack([local_loss, local_correct]),
                                  axis=None)
         steps = tf.cast(num_steps, tf.float32)
         return totals[0] / steps, totals[1] / (steps * global_batch)
 
-    # Every worker runs the same number of steps: each one is an all-reduce across all of them.
-    iterator = iter(strategy.distribute_datasets_from_function(train_dataset))
-    _keep_freed_memory()
+    iterator = iter(train_ds)
     start = time.monotonic()
     step = 0
     for epoch in range(args.epochs):
@@ -152,7 +158,7 @@ def main_fun(args, ctx):
             loss, accuracy = (float(v) for v in train_steps(iterator, tf.constant(n)))
             done, step = done + n, step + n
             loss_sum, acc_sum = loss_sum + loss * n, acc_sum + accuracy * n
-            ctx.report(step=step, loss=loss)
+            ctx.report(step=step, loss=loss, samples=step * worker_batch)
         train_loss, train_accuracy = loss_sum / done, acc_sum / done
         if chief:
             print(f"epoch {epoch + 1}/{args.epochs}: loss={train_loss:.4f} "
@@ -169,7 +175,7 @@ def main_fun(args, ctx):
         metrics = evaluate(tf, model, args)
         metrics.update(train_secs=train_secs, train_loss=train_loss, train_accuracy=train_accuracy,
                        epochs=args.epochs, global_batch_size=global_batch,
-                       num_workers=strategy.num_replicas_in_sync)
+                       num_workers=num_workers)
         tmp = model_dir / (METRICS_FILE + ".tmp")
         tmp.write_text(json.dumps(metrics, indent=1) + "\n")
         os.replace(tmp, model_dir / METRICS_FILE)
@@ -177,9 +183,9 @@ def main_fun(args, ctx):
               f"{metrics['test_examples']} images; trained {train_secs:.1f}s", flush=True)
     else:
         shutil.rmtree(save_dir, ignore_errors=True)
-    # Leave together. A worker that exits while the chief still runs stops heartbeating to TF's
-    # coordination service (hosted by the chief), and the chief's exit then stalls for up to a
-    # minute until the service declares that worker dead.
+    # Leave together: a worker that exits while the chief still evaluates stops heartbeating to
+    # TF's coordination service (hosted by the chief), which then aborts the chief's collectives
+    # and logs that worker as crashed.
     ctx.barrier("fashion_mnist_done", timeout=args.eval_timeout)
 
 
@@ -194,8 +200,9 @@ def evaluate(tf, model, args) -> dict:
     test_ds = (tf.data.TFRecordDataset(data.shard_paths(args.data_dir, "test"))
                # Fails the evaluation if the shards hold more or fewer images than recorded.
                .apply(tf.data.experimental.assert_cardinality(test_examples))
-               .map(data.parse_example, num_parallel_calls=tf.data.AUTOTUNE)
-               .batch(1000))
+               .map(data.parse_example, num_parallel_calls=2)
+               .batch(1000)
+               .with_options(_no_autotune(tf)))
     test_loss, test_accuracy = eval_model.evaluate(test_ds, verbose=0)
     return {"test_accuracy": float(test_accuracy), "test_loss": float(test_loss),
             "test_examples": test_examples}
@@ -205,7 +212,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Fashion-MNIST CNN on Ember (InputMode.TENSORFLOW)")
     p.add_argument("--master", default="local[2]", help="Spark master URL")
     p.add_argument("--num-nodes", type=int, default=2, help="TensorFlow nodes (Spark tasks)")
-    p.add_argument("--epochs", type=int, default=6)
+    p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--batch-size", type=int, default=128, help="global batch size")
     p.add_argument("--learning-rate", type=float, default=1e-3)
     p.add_argument("--data-dir", default=str(data.DEFAULT_DATA_DIR))
@@ -231,7 +238,6 @@ def main(argv: list[str] | None = None) -> float:
     t0 = time.monotonic()
     args = parse_args(argv)
     manifest = data.convert(args.data_dir, train_shards=args.train_shards)
-    args.train_examples = data.num_examples(args.data_dir, "train")
     print(f"data: {args.data_dir} "
           f"({'converted in %.1fs' % manifest['convert_secs'] if manifest['converted'] else 'ready'})",
           flush=True)
@@ -264,6 +270,8 @@ def main(argv: list[str] | None = None) -> float:
     finally:
         spark.stop()
 
+    if not metrics_path.exists():
+        raise RuntimeError(f"the job ended without writing {metrics_path}")
     metrics = json.loads(metrics_path.read_text())
     print(f"test_accuracy={metrics['test_accuracy']:.4f}")
     print(f"wall_secs={time.monotonic() - t0:.1f} (cluster {run_secs:.1f}, "

@@ -91,7 +91,6 @@ def main_fun(args, ctx):
     # (keras-team/keras#20585), so a plain loop: epoch_batches yields the same number of
     # full batches on every node, so every all-reduce has all its peers.
     step, start = 0, time.monotonic()
-    tf_mode._keep_freed_memory()
     for epoch in range(args.epochs):
         total, n = 0.0, 0
         for cols in feed.epoch_batches(per_node_batch):

@@ -4,7 +4,6 @@ no process behind."""
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 
 import pytest
