@@ -164,6 +164,76 @@ def cached_fraction(sc) -> str:
     return "; ".join(parts) or "nothing cached"
 
 
+_CLK = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_cpu(pid: int) -> Optional[tuple]:
+    """(cmdline, cpu seconds incl. reaped children) of a live process, or None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except (OSError, IndexError):
+        return None
+    # fields after ")": state=0 ppid=1 ... utime=11 stime=12 cutime=13 cstime=14
+    return cmd, sum(int(x) for x in stat[11:15]) / _CLK
+
+
+def _kind(cmd: str) -> str:
+    if "CoarseGrainedExecutorBackend" in cmd:
+        return "executor_jvm"
+    if "ember._node_main" in cmd:
+        return "ember_node"
+    if "pyspark.daemon" in cmd or "pyspark.worker" in cmd:
+        return "python_worker"  # TFoS's node and manager processes are forks of these
+    if "deploy.master" in cmd or "deploy.worker" in cmd:
+        return "spark_daemons"
+    return "other"
+
+
+def cpu_snapshot(cluster) -> Dict[str, float]:
+    """CPU seconds used so far by each kind of process of the standalone cluster (executor JVMs,
+    Python workers, Ember nodes, ...) and by the driver (this process and its JVM).
+
+    Differences between two snapshots measure a run's CPU cost, which unlike wall time does not
+    depend on what else the (shared) machine is doing.  Processes that exited in between are
+    counted through their parent's reaped-children time where the parent lives on."""
+    out: Dict[str, float] = {}
+    me = os.getpid()
+    pids = set(cluster.processes())
+    for entry in os.listdir("/proc"):  # the driver JVM: a child of this process
+        if entry.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == me:
+                pids.add(int(entry))
+    for pid in pids:
+        got = _proc_cpu(pid)
+        if got is None:
+            continue
+        cmd, secs = got
+        kind = "driver" if "SparkSubmit" in cmd else _kind(cmd)
+        out[kind] = out.get(kind, 0.0) + secs
+    t = os.times()
+    out["driver"] = out.get("driver", 0.0) + t.user + t.system
+    return out
+
+
+def cpu_delta(before: Dict[str, float], after: Dict[str, float]) -> Dict[str, float]:
+    keys = set(before) | set(after)
+    d = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in keys}
+    d = {k: v for k, v in d.items() if abs(v) >= 0.005}
+    d["total"] = sum(d.values())
+    return d
+
+
+def fmt_cpu(d: Dict[str, float]) -> str:
+    order = ["executor_jvm", "python_worker", "ember_node", "driver", "spark_daemons", "other"]
+    parts = [f"{k} {d[k]:.2f}" for k in order if k in d]
+    return f"cpu {d.get('total', 0):.2f}s ({', '.join(parts)})"
+
+
 def wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not pred():

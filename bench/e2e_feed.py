@@ -15,7 +15,8 @@ inter-op thread per node, on a Spark standalone cluster of 2 workers on this hos
                TFCluster.train; each node trains from a tf.data generator over
                TFNode.DataFeed.next_batch(batch) (chief + worker, so TFoS sets TF_CONFIG).
 
-No shuffling in any mode.  Each node runs --warmup steps (tracing, first all-reduces), then
+Each worker iterates its own plain tf.data pipeline (prefetch 2, autotuner off, as main.py
+does) and hands its batch to strategy.run.  No shuffling in any mode.  Each node runs --warmup steps (tracing, first all-reduces), then
 --repeats timed windows of --steps steps; samples/s = steps x global batch / window seconds,
 measured on worker 0 (chief for TFoS); medians over the windows.  The last line is:
   e2e_samples_per_sec: ember_spark=<v> ember_tf=<v> tfos_spark=<v> ratio_spark_vs_tf=<v> ratio_vs_tfos=<v>
@@ -56,8 +57,26 @@ def _node_common(args):
     return tf, example, data
 
 
-def _train_and_time(args, tf, example, strategy, dataset_fn, is_reporter: bool, out_name: str):
-    """The example's custom synchronous loop; times --repeats windows of --steps steps."""
+def _plain_options(tf):
+    """As examples/fashion_mnist/main.py: no tf.data autotuner (its thread can block an
+    iterator's destructor for up to a minute in TF 2.21; ~1 core per node leaves little to tune)."""
+    options = tf.data.Options()
+    options.autotune.enabled = False
+    return options
+
+
+def _keep_freed_memory() -> None:
+    """--mallopt: undo tf.data's M_TRIM_THRESHOLD patch (pins glibc's mmap threshold at 128 KiB,
+    so each large buffer, e.g. every feed ring read, is a fresh mmap faulted in page by page)."""
+    import ctypes
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallopt(-3, 64 << 20)   # M_MMAP_THRESHOLD
+    libc.mallopt(-1, 256 << 20)  # M_TRIM_THRESHOLD
+
+
+def _train_and_time(args, tf, example, strategy, dataset, is_reporter: bool, out_name: str):
+    """The example's custom synchronous loop (one replica per worker, each worker iterating its
+    own plain tf.data pipeline, one all-reduce per step); times --repeats windows of --steps."""
     import json
     import time
     from pathlib import Path
@@ -86,8 +105,9 @@ def _train_and_time(args, tf, example, strategy, dataset_fn, is_reporter: bool, 
             local += strategy.experimental_local_results(loss)[0]
         return strategy.reduce(tf.distribute.ReduceOp.SUM, local, axis=None) / tf.cast(num_steps, tf.float32)
 
-    iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
-    example._keep_freed_memory()
+    iterator = iter(dataset.with_options(_plain_options(tf)))
+    if args["mallopt"]:
+        _keep_freed_memory()
     t = time.monotonic()
     first_loss = float(train_steps(iterator, tf.constant(args["warmup"])))
     warm_secs = time.monotonic() - t
@@ -101,6 +121,7 @@ def _train_and_time(args, tf, example, strategy, dataset_fn, is_reporter: bool, 
             "global_batch": global_batch, "steps": args["steps"], "windows": windows,
             "warmup_secs": warm_secs, "first_loss": first_loss, "losses": losses,
             "samples_per_sec": [args["steps"] * global_batch / w for w in windows]}))
+    return iterator
 
 
 def _to_xy(np, images, labels):
@@ -114,11 +135,9 @@ def ember_spark_main(args, ctx):
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     feed = ctx.get_data_feed()
 
-    def dataset_fn(input_context):
-        ds = feed.to_tf_dataset(args["batch"], transform=lambda c: _to_xy(np, c["image"], c["label"]))
-        return ds.prefetch(tf.data.AUTOTUNE)
-
-    _train_and_time(args, tf, example, strategy, dataset_fn, ctx.task_index == 0, "ember_spark.json")
+    ds = feed.to_tf_dataset(args["batch"], transform=lambda c: _to_xy(np, c["image"], c["label"]))
+    _train_and_time(args, tf, example, strategy, ds.prefetch(2), ctx.task_index == 0, "ember_spark.json")
+    ctx.barrier("bench_done", timeout=600)  # leave together (TF's coordination service)
 
 
 def ember_tf_main(args, ctx):
@@ -126,14 +145,12 @@ def ember_tf_main(args, ctx):
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     files = data.shard_paths(args["data_dir"], "train")
 
-    def dataset_fn(input_context):
-        n, i = input_context.num_input_pipelines, input_context.input_pipeline_id
-        ds = tf.data.TFRecordDataset(files[i::n], num_parallel_reads=len(files[i::n]))
-        ds = ds.map(data.parse_example, num_parallel_calls=tf.data.AUTOTUNE).cache()
-        ds = ds.batch(args["batch"], drop_remainder=True)
-        return ds.repeat().prefetch(tf.data.AUTOTUNE)
-
-    _train_and_time(args, tf, example, strategy, dataset_fn, ctx.task_index == 0, "ember_tf.json")
+    n, i = ctx.num_workers, ctx.task_index  # worker i of n reads files i, i+n, ... (as main.py)
+    ds = tf.data.TFRecordDataset(files[i::n], num_parallel_reads=len(files[i::n]))
+    ds = ds.map(data.parse_example, num_parallel_calls=2).cache()
+    ds = ds.batch(args["batch"], drop_remainder=True).repeat().prefetch(2)
+    _train_and_time(args, tf, example, strategy, ds, ctx.task_index == 0, "ember_tf.json")
+    ctx.barrier("bench_done", timeout=600)
 
 
 def tfos_spark_main(args, ctx):
@@ -151,11 +168,9 @@ def tfos_spark_main(args, ctx):
             images = np.frombuffer(b"".join(bytes(r[0]) for r in rows), np.uint8)
             yield _to_xy(np, images, np.array([r[1] for r in rows]))
 
-    def dataset_fn(input_context):
-        sig = (tf.TensorSpec((None, 28, 28, 1), tf.float32), tf.TensorSpec((None,), tf.int64))
-        return tf.data.Dataset.from_generator(gen, output_signature=sig).prefetch(tf.data.AUTOTUNE)
-
-    _train_and_time(args, tf, example, strategy, dataset_fn, ctx.job_name == "chief", "tfos_spark.json")
+    sig = (tf.TensorSpec((None, 28, 28, 1), tf.float32), tf.TensorSpec((None,), tf.int64))
+    ds = tf.data.Dataset.from_generator(gen, output_signature=sig).prefetch(2)
+    _train_and_time(args, tf, example, strategy, ds, ctx.job_name == "chief", "tfos_spark.json")
     feed.terminate()  # TFoS's way to skip the rest of the feed (it was fed extra; see run_tfos)
 
 
@@ -252,6 +267,8 @@ def main(argv=None) -> None:
     p.add_argument("--partitions", type=int, default=8)
     p.add_argument("--intra-op-threads", type=int, default=1)
     p.add_argument("--inter-op-threads", type=int, default=1)
+    p.add_argument("--mallopt", action="store_true",
+                   help="in every mode, undo tf.data's malloc patch on the nodes (experiment)")
     p.add_argument("--skip-tfos", action="store_true")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)
@@ -266,7 +283,8 @@ def main(argv=None) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="ember-bench-e2e-data-"))
     node_args = {"batch": args.batch, "warmup": args.warmup, "steps": args.steps, "repeats": args.repeats,
                  "intra_op_threads": args.intra_op_threads, "inter_op_threads": args.inter_op_threads,
-                 "example_dir": str(EXAMPLE_DIR), "data_dir": str(DATA_CACHE), "out": str(out)}
+                 "example_dir": str(EXAMPLE_DIR), "data_dir": str(DATA_CACHE), "out": str(out),
+                 "mallopt": args.mallopt}
     cluster = C.start_standalone(num_workers=2, cores_per_worker=2, memory="3g")
     results = {"args": vars(args), "machine": C.machine_info()}
     try:

@@ -120,40 +120,45 @@ def jvm_partition_counts(data, fallback):
 
 
 # ----------------------------------------------------------------------------- contenders
-def run_bare(df) -> dict:
+def run_bare(df, cluster) -> dict:
+    cpu0 = C.cpu_snapshot(cluster)
     t0 = time.time()
     res = df.mapInArrow(bare_drain, "n long, secs double").collect()
     secs = time.time() - t0
+    cpu = C.cpu_delta(cpu0, C.cpu_snapshot(cluster))
     rows = sum(r.n for r in res)
-    return {"rows": rows, "secs": secs, "rate": rows / secs, "task_secs": sum(r.secs for r in res)}
+    return {"rows": rows, "secs": secs, "rate": rows / secs, "task_secs": sum(r.secs for r in res), "cpu": cpu}
 
 
 class EmberBench:
-    def __init__(self, spark, args, out: Path):
+    def __init__(self, spark, args, out: Path, cluster):
         import ember
         from ember import _feed_driver
 
         self.out = out
-        self.count_secs = []
+        self.spark_cluster = cluster
+        self.count_secs, self.count_cpu = [], []
         orig = _feed_driver.partition_counts
 
         def timed_counts(data):  # time train()'s counting job (bench-side wrapper, no Ember edit)
-            t = time.time()
+            t, cpu0 = time.time(), C.cpu_snapshot(cluster)
             try:
                 return orig(data)
             finally:
                 self.count_secs.append(time.time() - t)
+                self.count_cpu.append(C.cpu_delta(cpu0, C.cpu_snapshot(cluster)))
 
         _feed_driver.partition_counts = timed_counts
         if args.prototype_jvm_count:
             _feed_driver.partition_counts = lambda data: timed_counts_jvm(data)
 
             def timed_counts_jvm(data):
-                t = time.time()
+                t, cpu0 = time.time(), C.cpu_snapshot(cluster)
                 try:
                     return jvm_partition_counts(data, orig)
                 finally:
                     self.count_secs.append(time.time() - t)
+                    self.count_cpu.append(C.cpu_delta(cpu0, C.cpu_snapshot(cluster)))
         if args.profile:  # time splits of the feeding tasks (see bench/_feedprof.py)
             import _feedprof
             shutil.rmtree(_feedprof.PROF_DIR, ignore_errors=True)
@@ -167,6 +172,7 @@ class EmberBench:
         self.epoch = 0
 
     def run(self, df) -> dict:
+        cpu0 = C.cpu_snapshot(self.spark_cluster)
         t0 = time.time()
         self.cluster.train(df, num_epochs=1)
         t1 = time.time()
@@ -174,6 +180,7 @@ class EmberBench:
         C.wait_for(lambda: all(f.exists() for f in files), 600, "both Ember nodes to finish the epoch")
         time.sleep(0.05)
         nodes = [json.loads(f.read_text()) for f in files]
+        cpu = C.cpu_delta(cpu0, C.cpu_snapshot(self.spark_cluster))
         self.epoch += 1
         rows = sum(n["rows"] for n in nodes)
         end = max([t1] + [n["t_end"] for n in nodes])
@@ -182,7 +189,7 @@ class EmberBench:
         return {"rows": rows, "secs": secs, "rate": rows / secs, "train_secs": t1 - t0,
                 "count_secs": count, "feed_only_rate": rows / (secs - count),
                 "consumed_lag_secs": max(n["t_end"] for n in nodes) - t1,
-                "node_rows": [n["rows"] for n in nodes]}
+                "node_rows": [n["rows"] for n in nodes], "cpu": cpu, "count_cpu": self.count_cpu[-1]}
 
     def close(self):
         self.cluster.shutdown(timeout=120)
@@ -194,7 +201,7 @@ def run_tfos(cluster, args, out: Path) -> tuple:
     C.log(f"tfos: {env}")
     spark = C.session(cluster, "bench-feed-tfos", **{
         "spark.executor.cores": "1", "spark.cores.max": "2", "spark.task.cpus": "1",
-        "spark.executorEnv.PYTHONPATH": C.pythonpath_with(C.TFOS_SITE)})
+        "spark.executorEnv.PYTHONPATH": C.pythonpath_with(C.TFOS_SITE), **args.spark_conf})
     sc = spark.sparkContext
     C.wait_executors(sc, 2)
     df = C.synthetic_df(spark, args.tfos_rows, args.partitions)
@@ -213,11 +220,14 @@ def run_tfos(cluster, args, out: Path) -> tuple:
         tcluster.train(df.rdd, num_epochs=1)
         C.log(f"tfos  warm-up {w + 1}: {time.time() - t0:.2f}s (not counted)")
     for r in range(args.repeats):
+        cpu0 = C.cpu_snapshot(cluster)
         t0 = time.time()
         tcluster.train(df.rdd, num_epochs=1)
         secs = time.time() - t0
-        runs.append({"rows": args.tfos_rows, "secs": secs, "rate": args.tfos_rows / secs})
-        C.log(f"tfos  repeat {r + 1}: {args.tfos_rows} rows in {secs:.2f}s = {runs[-1]['rate']:.0f} rows/s")
+        cpu = C.cpu_delta(cpu0, C.cpu_snapshot(cluster))
+        runs.append({"rows": args.tfos_rows, "secs": secs, "rate": args.tfos_rows / secs, "cpu": cpu})
+        C.log(f"tfos  repeat {r + 1}: {args.tfos_rows} rows in {secs:.2f}s = {runs[-1]['rate']:.0f} rows/s "
+              f"({C.fmt_cpu(cpu)})")
     tcluster.shutdown(timeout=600)
     files = [out / f"tfos-{i}.json" for i in range(2)]
     try:
@@ -264,8 +274,11 @@ def main(argv=None) -> None:
                    help="NOT the shipped Ember: count partitions in the JVM (see jvm_partition_counts)")
     p.add_argument("--profile", action="store_true",
                    help="time splits of the feeding tasks and cProfile of the nodes' first timed epoch")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra Spark conf for every application (experiments)")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)
+    args.spark_conf = dict(kv.split("=", 1) for kv in args.conf)
 
     C.log(f"machine: {C.machine_info()}")
     C.log(f"versions: {C.versions()}")
@@ -274,34 +287,35 @@ def main(argv=None) -> None:
     results = {"args": vars(args), "machine": C.machine_info()}
     try:
         C.log(f"standalone cluster {cluster.master_url}: 2 workers x 2 cores")
-        spark = C.session(cluster, "bench-feed-ember")
+        spark = C.session(cluster, "bench-feed-ember", **args.spark_conf)
         sc = spark.sparkContext
         C.wait_executors(sc, 2)
         t = time.time()
         df = C.synthetic_df(spark, args.rows, args.partitions)
         C.log(f"data: {args.rows} rows x ({C.IMAGE_BYTES}-byte image + int label) in {args.partitions} "
               f"partitions, generated+cached in {time.time() - t:.1f}s; {C.cached_fraction(sc)}")
-        bench = EmberBench(spark, args, out)
+        bench = EmberBench(spark, args, out, cluster)
         bare, emb, warm = [], [], {}
         try:
             for w in range(args.warmup):  # untimed: JIT, Python workers, first-use costs
-                warm["bare"], warm["ember"] = run_bare(df), bench.run(df)
+                warm["bare"], warm["ember"] = run_bare(df, cluster), bench.run(df)
                 C.log(f"warm-up {w + 1}: bare {warm['bare']['secs']:.2f}s, ember {warm['ember']['secs']:.2f}s "
                       "(not counted)")
             if args.profile:
                 import _feedprof
                 shutil.rmtree(_feedprof.PROF_DIR, ignore_errors=True)
             for r in range(args.repeats):
-                bare.append(run_bare(df))
+                bare.append(run_bare(df, cluster))
                 b = bare[-1]
                 C.log(f"bare  repeat {r + 1}: {b['rows']} rows in {b['secs']:.2f}s = {b['rate']:.0f} rows/s "
-                      f"(sum of task times {b['task_secs']:.2f}s)")
+                      f"(sum of task times {b['task_secs']:.2f}s; {C.fmt_cpu(b['cpu'])})")
                 emb.append(bench.run(df))
                 e = emb[-1]
                 C.log(f"ember repeat {r + 1}: {e['rows']} rows in {e['secs']:.2f}s = {e['rate']:.0f} rows/s "
                       f"(train() {e['train_secs']:.2f}s of which counting job {e['count_secs']:.2f}s; "
                       f"feed only {e['feed_only_rate']:.0f} rows/s; last row consumed "
-                      f"{e['consumed_lag_secs']:+.2f}s after train() returned; per node {e['node_rows']})")
+                      f"{e['consumed_lag_secs']:+.2f}s after train() returned; per node {e['node_rows']}; "
+                      f"{C.fmt_cpu(e['cpu'])}, of which counting job {C.fmt_cpu(e['count_cpu'])})")
         finally:
             bench.close()
         if args.profile:
@@ -330,6 +344,11 @@ def main(argv=None) -> None:
               f"{results['tfos_env']})")
     if args.prototype_jvm_count or args.profile:
         print("NOTE: run with --prototype-jvm-count/--profile: not the shipped Ember's headline")
+    def cpu_per_m(runs, key="cpu"):
+        return C.median([r[key]["total"] / r["rows"] * 1e6 for r in runs]) if runs else float("nan")
+    print(f"CPU seconds per 1M rows (all cluster + driver processes; medians): ember {cpu_per_m(emb):.1f} "
+          f"(of which counting job {C.median([r['count_cpu']['total'] / r['rows'] * 1e6 for r in emb]):.1f}), "
+          f"bare {cpu_per_m(bare):.1f}, tfos {cpu_per_m(tfos):.1f}")
     results["medians"] = {"ember": e_rate, "ember_feed_only": e_feed, "bare": b_rate, "tfos": t_rate}
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")

@@ -69,18 +69,16 @@ def feed_endpoints(server, nodes, timeout: float = 60.0) -> List[feeding.NodeEnd
 def partition_counts(data: Any) -> List[int]:
     """Rows per partition of a DataFrame or RDD (one Spark job)."""
     if _is_dataframe(data):
-        def count(batches):
-            from pyspark import TaskContext
-            n = sum(b.num_rows for b in batches)
-            yield pa.RecordBatch.from_pydict({"partition": [TaskContext.get().partitionId()], "rows": [n]},
-                                             schema=pa.schema([("partition", pa.int32()), ("rows", pa.int64())]))
-        rows = data.mapInArrow(count, _COUNT_SCHEMA).collect()
+        # Counted in the JVM: reads no column and sends nothing through Python (streaming
+        # every row to Python only to count it cost as much as the whole feed).
+        from pyspark.sql import functions as F
+        rows = data.select(F.spark_partition_id().alias("p")).groupBy("p").count().collect()
         num = data.rdd.getNumPartitions()
-        pairs = [(r["partition"], r["rows"]) for r in rows]
+        pairs = [(r["p"], r["count"]) for r in rows]
     else:
         pairs = data.mapPartitionsWithIndex(lambda i, it: [(i, sum(1 for _ in it))]).collect()
         num = data.getNumPartitions()
-    counts = [0] * num
+    counts = [0] * max([num] + [p + 1 for p, _ in pairs])
     for p, n in pairs:
         counts[p] += n
     return counts

@@ -30,6 +30,26 @@ from ember import errors
 _READ_SLICE_SECS = 1.0
 
 
+def _keep_freed_memory() -> None:
+    """Undoes the malloc setting TensorFlow applies when it builds a generator dataset.
+
+    tf.data sets glibc's M_TRIM_THRESHOLD to 128 KiB, which also freezes the mmap
+    threshold there: every activation, gradient and feed buffer over 128 KiB becomes a
+    fresh mmap, page-faulted in and unmapped per step.  Measured in bench/e2e_feed.py,
+    that halved a node's training speed; raising both thresholds restores it.
+    A no-op where glibc is not the allocator.
+    """
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    mallopt(m_mmap_threshold, 64 << 20)
+    mallopt(m_trim_threshold, 256 << 20)
+
+
 class _Session:
     """One partition being fed to this node (inference: its rows get answers)."""
 
@@ -92,6 +112,8 @@ class DataFeed:
         self._epochs: Dict[int, _Epoch] = {}
         self._end_of_feed = False
         self._terminated = False
+        self._finished_epochs: set = set()    # epochs an epoch_batches() call has claimed
+        self._current_epoch: Optional[int] = None  # the one being yielded now
 
     # ----------------------------------------------------------------- reading
     def _read_message(self) -> bool:
@@ -166,6 +188,8 @@ class DataFeed:
         """Takes up to n rows; stops early at end of feed, at a partition end if
         `stop_at_partition` and rows were taken, and before rows of another epoch
         than `epoch` (when given)."""
+        if epoch is None:
+            self._current_epoch = None  # rows outside epoch_batches(): claimed epochs' rest is dropped
         if not self.train_mode:
             self._check_answered()
         out: List[pa.RecordBatch] = []
@@ -176,6 +200,9 @@ class DataFeed:
                     break
                 continue
             event = self._events[0]
+            if self._stale(event):
+                self._events.popleft()
+                continue
             if event[0] == "end":
                 self._events.popleft()
                 if stop_at_partition and count > 0:
@@ -263,7 +290,7 @@ class DataFeed:
         """True once the feed has ended (the driver called shutdown) and every row was read."""
         if self._terminated:
             return True
-        return self._end_of_feed and not any(e[0] == "rows" for e in self._events)
+        return self._end_of_feed and not any(e[0] == "rows" and not self._stale(e) for e in self._events)
 
     def batch_results(self, results: Any) -> None:
         """Sends one result per input row of the last rows handed out (inference).
@@ -336,9 +363,11 @@ class DataFeed:
 
         With `drop_remainder` (the default, needed by synchronous multi-node training)
         every node yields exactly ``rows this node gets per epoch // batch_size``
-        batches, the same number on every node.  Ends at the epoch's end or the end of
-        the feed.  Raises ValueError if fewer rows arrive than the driver planned (the
-        input changed between its count and the feed: cache the DataFrame).
+        batches, the same number on every node; without it, a last smaller batch too.
+        Ends at the epoch's end or the end of the feed.  A consumer may stop pulling
+        early: the next call starts at the next epoch.  Raises ValueError if fewer rows
+        arrive than the driver planned (the input changed between its count and the
+        feed: cache the DataFrame).
         """
         if batch_size <= 0:
             raise ValueError("batch_size must be positive")
@@ -346,43 +375,42 @@ class DataFeed:
         if epoch is None:
             return
         info = self._epochs[epoch]
-        steps = info.node_rows // batch_size if drop_remainder else None
+        # From now on, whatever this consumer leaves of the epoch is dropped.
+        self._finished_epochs.add(epoch)
+        self._current_epoch = epoch
+        rows_left = info.node_rows
         taken = 0
-        while steps is None or taken < steps:
-            batch = self._concat(self._take(batch_size, stop_at_partition=False, epoch=epoch))
-            if batch is None or (drop_remainder and batch.num_rows < batch_size):
-                if steps is not None and not self._terminated:
-                    raise ValueError(
-                        f"node {self._node}: epoch {epoch} ended after {taken} full batches of {batch_size}, "
-                        f"but the driver planned {info.node_rows} rows ({steps} batches) for this node. The "
-                        "input changed between the driver's count and the feed; cache or checkpoint it")
-                if batch is not None and batch.num_rows:
-                    yield rows_mod.batch_to_columns(batch)
-                return
-            taken += 1
+        while rows_left >= (batch_size if drop_remainder else 1):
+            want = min(batch_size, rows_left)
+            batch = self._concat(self._take(want, stop_at_partition=False, epoch=epoch))
+            got = 0 if batch is None else batch.num_rows
+            if got < want:
+                if self._terminated:
+                    return
+                raise ValueError(
+                    f"node {self._node}: epoch {epoch} ended after {taken} rows, but the driver planned "
+                    f"{info.node_rows} rows for this node. The input changed between the driver's count "
+                    "and the feed; cache or checkpoint it")
+            rows_left -= got
+            taken += got
             yield rows_mod.batch_to_columns(batch)
-        self._skip_epoch(epoch)
+        self._current_epoch = None
+
+    def _stale(self, event) -> bool:
+        """An event of an epoch a consumer already finished (its dropped remainder)."""
+        return event[2] in self._finished_epochs and event[2] != self._current_epoch
 
     def _next_epoch(self) -> Optional[int]:
         """The epoch of the next rows, reading ahead as needed; None at end of feed."""
+        self._current_epoch = None
         while True:
+            while self._events and self._stale(self._events[0]):
+                self._events.popleft()
             for event in self._events:
                 if event[0] == "rows":
                     return event[2]
             if self._terminated or not self._read_message():
                 return None
-
-    def _skip_epoch(self, epoch: int) -> None:
-        """Drops what is left of `epoch` (the remainder below one batch), reading until
-        the epoch is complete so the next epoch starts clean."""
-        info = self._epochs[epoch]
-        while True:
-            while self._events and (self._events[0][0] == "end" or self._events[0][2] == epoch):
-                self._events.popleft()
-            if info.complete or self._end_of_feed or self._events:
-                return
-            if not self._read_message():
-                return
 
     def to_tf_dataset(self, batch_size: int, features: Optional[Union[str, Sequence[str]]] = None,
                       label: Optional[str] = None, drop_remainder: bool = True, transform=None):
@@ -425,6 +453,7 @@ class DataFeed:
         signature = spec(shape_batch(first))
 
         def gen():
+            _keep_freed_memory()  # runs after TF's generator dataset set its malloc options
             for cols in self.epoch_batches(batch_size, drop_remainder):
                 yield shape_batch(cols)
 

@@ -125,6 +125,25 @@ def test_epoch_batches_yield_equal_full_batches_and_drop_the_remainder(ring):
     assert list(feed.epoch_batches(4)) == []
 
 
+def test_epoch_batches_without_drop_remainder_end_at_the_epoch(ring):
+    _feed_rdd_rows(ring, [(float(i),) for i in range(10)], epoch=0, end_feed=False)
+    feed = DataFeed(ring, node="worker:0", timeout=3)
+    assert [len(b["_0"]) for b in feed.epoch_batches(4, drop_remainder=False)] == [4, 4, 2]
+
+
+def test_a_consumer_that_stops_after_the_planned_steps_gets_the_next_epoch(ring):
+    """A tf.function loop pulls exactly `steps` batches and never exhausts the generator."""
+    for epoch in range(2):
+        _feed_rdd_rows(ring, [(float(epoch * 100 + i),) for i in range(10)], epoch=epoch, end_feed=(epoch == 1))
+    feed = DataFeed(ring, node="worker:0", timeout=3)
+    first = []
+    for e in range(2):
+        it = feed.epoch_batches(4)
+        first.append([next(it)["_0"][0] for _ in range(2)][0])  # 2 steps, then stop pulling
+    assert first == [0.0, 100.0]
+    assert feed.next_batch(5) == [] and feed.should_stop()
+
+
 def test_read_deadline_names_the_node(ring):
     feed = DataFeed(ring, node="worker:3", timeout=1.0)
     with pytest.raises(errors.DeadlineExceeded, match="worker:3"):
