@@ -69,11 +69,19 @@ Status ServerHandshake(int fd, const std::string& secret, Deadline deadline,
   Mac expected;
   EMBER_RETURN_NOT_OK(ComputeMac(secret, kClientLabel, nonce_s, nonce_c, &expected));
   if (CRYPTO_memcmp(expected.data(), reply + kNonceBytes, kMacBytes) != 0) {
+    // One constant byte says "rejected", so the client can tell a wrong secret
+    // from a server that went away mid-handshake.  It tells an attacker nothing
+    // the closed connection would not.
+    const unsigned char verdict = kVerdictRejected;
+    (void)WriteAll(fd, &verdict, 1, deadline, "handshake to " + peer);
     return Status::Unauthenticated("bad HMAC");
   }
+  unsigned char accept[1 + kMacBytes];
+  accept[0] = kVerdictAccepted;
   Mac proof;
   EMBER_RETURN_NOT_OK(ComputeMac(secret, kServerLabel, nonce_c, nonce_s, &proof));
-  return WriteAll(fd, proof.data(), proof.size(), deadline, "handshake to " + peer);
+  std::memcpy(accept + 1, proof.data(), kMacBytes);
+  return WriteAll(fd, accept, sizeof(accept), deadline, "handshake to " + peer);
 }
 
 Status ClientHandshake(int fd, const std::string& secret, Deadline deadline,
@@ -101,13 +109,21 @@ Status ClientHandshake(int fd, const std::string& secret, Deadline deadline,
   std::memcpy(reply + kNonceBytes, mac.data(), kMacBytes);
   EMBER_RETURN_NOT_OK(WriteAll(fd, reply, sizeof(reply), deadline, "handshake to " + peer));
 
-  Mac proof;
-  Status read = ReadExactly(fd, proof.data(), proof.size(), deadline, "handshake from " + peer);
+  unsigned char verdict = 0;
+  Status read = ReadExactly(fd, &verdict, 1, deadline, "handshake from " + peer);
   if (read.code() == StatusCode::kUnavailable || read.code() == StatusCode::kIOError) {
-    // The server closes without a word when our HMAC is wrong.
-    return Status::Unauthenticated(peer + " rejected the handshake: the job secret does not match");
+    return Status::Unavailable(peer + " closed the connection during the handshake (is it shutting down?): " +
+                               read.message());
   }
   EMBER_RETURN_NOT_OK(read);
+  if (verdict == kVerdictRejected) {
+    return Status::Unauthenticated(peer + " rejected the handshake: the job secret does not match");
+  }
+  if (verdict != kVerdictAccepted) {
+    return Status::Unavailable(peer + " sent an unknown handshake verdict " + std::to_string(verdict));
+  }
+  Mac proof;
+  EMBER_RETURN_NOT_OK(ReadExactly(fd, proof.data(), proof.size(), deadline, "handshake from " + peer));
   Mac expected;
   EMBER_RETURN_NOT_OK(ComputeMac(secret, kServerLabel, nonce_c, nonce_s, &expected));
   if (CRYPTO_memcmp(expected.data(), proof.data(), kMacBytes) != 0) {

@@ -44,6 +44,24 @@ TEST(HandshakeTest, WrongSecretRejectedBothWays) {
   EXPECT_EQ(o.client.code(), StatusCode::kUnauthenticated);
 }
 
+// Regression: a feed server whose node was exiting closed the connection after
+// the client's HMAC, and the driver reported "the job secret does not match".
+TEST(HandshakeTest, ServerClosingBeforeVerdictIsUnavailableNotUnauthenticated) {
+  auto [s, c] = LoopbackPair();
+  std::thread t([fd = s.get()] {
+    std::string hello(kHandshakeMagic, sizeof(kHandshakeMagic));
+    hello += std::string("\x01\x00", 2) + std::string(kNonceBytes, 'n');
+    ASSERT_TRUE(WriteAll(fd, hello.data(), hello.size(), Deadline::After(Duration(1000)), "w").ok());
+    unsigned char reply[kNonceBytes + kMacBytes];
+    ASSERT_TRUE(ReadExactly(fd, reply, sizeof(reply), Deadline::After(Duration(1000)), "r").ok());
+    ::shutdown(fd, SHUT_RDWR);  // goes away without a verdict
+  });
+  Status st = ClientHandshake(c.get(), kSecret, Deadline::After(Duration(2000)), "server");
+  t.join();
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  EXPECT_NE(st.message().find("closed the connection during the handshake"), std::string::npos);
+}
+
 TEST(HandshakeTest, SilentClientTimesOut) {
   auto [s, c] = LoopbackPair();
   const auto start = Deadline::Clock::now();
