@@ -7,9 +7,8 @@ script), over a cached Fashion-MNIST-shaped DataFrame (image: 784-byte binary, l
 
   ember  Cluster.run(..., input_mode=InputMode.SPARK) + cluster.train(df); each node drains
          feed.epoch_batches(batch) and counts rows.  Headline time: from the call of
-         cluster.train to the later of (train returns, the last node consumed its last row);
-         it includes train()'s row-counting Spark job.  Also printed: the same without that
-         counting job ("feed only").
+         cluster.train to the later of (train returns, the last node consumed its last row).
+         train() runs one Spark job per epoch and no counting pass.
   tfos   TensorFlowOnSpark 2.2.5: TFCluster.run(..., InputMode.SPARK) + cluster.train(df.rdd,
          num_epochs=1); each node drains TFNode.DataFeed(ctx.mgr).next_batch(batch) until
          should_stop.  train() returns once every row was consumed (queue.join).  TFoS needs
@@ -106,19 +105,6 @@ def bare_drain(batches):
                                      schema=pa.schema([("n", pa.int64()), ("secs", pa.float64())]))
 
 
-def jvm_partition_counts(data, fallback):
-    """Prototype for Ember's _feed_driver.partition_counts: rows per partition counted in the
-    JVM (no column is read, nothing goes through Python) instead of a mapInArrow pass that
-    streams every row to Python.  Used only with --prototype-jvm-count."""
-    from pyspark.sql import functions as F
-    if not hasattr(data, "mapInArrow"):
-        return fallback(data)
-    counts = [0] * data.rdd.getNumPartitions()
-    for r in data.select(F.spark_partition_id().alias("p")).groupBy("p").count().collect():
-        counts[r["p"]] += r["count"]
-    return counts
-
-
 # ----------------------------------------------------------------------------- contenders
 def run_bare(df, cluster) -> dict:
     cpu0 = C.cpu_snapshot(cluster)
@@ -137,28 +123,6 @@ class EmberBench:
 
         self.out = out
         self.spark_cluster = cluster
-        self.count_secs, self.count_cpu = [], []
-        orig = _feed_driver.partition_counts
-
-        def timed_counts(data):  # time train()'s counting job (bench-side wrapper, no Ember edit)
-            t, cpu0 = time.time(), C.cpu_snapshot(cluster)
-            try:
-                return orig(data)
-            finally:
-                self.count_secs.append(time.time() - t)
-                self.count_cpu.append(C.cpu_delta(cpu0, C.cpu_snapshot(cluster)))
-
-        _feed_driver.partition_counts = timed_counts
-        if args.prototype_jvm_count:
-            _feed_driver.partition_counts = lambda data: timed_counts_jvm(data)
-
-            def timed_counts_jvm(data):
-                t, cpu0 = time.time(), C.cpu_snapshot(cluster)
-                try:
-                    return jvm_partition_counts(data, orig)
-                finally:
-                    self.count_secs.append(time.time() - t)
-                    self.count_cpu.append(C.cpu_delta(cpu0, C.cpu_snapshot(cluster)))
         if args.profile:  # time splits of the feeding tasks (see bench/_feedprof.py)
             import _feedprof
             shutil.rmtree(_feedprof.PROF_DIR, ignore_errors=True)
@@ -185,11 +149,9 @@ class EmberBench:
         rows = sum(n["rows"] for n in nodes)
         end = max([t1] + [n["t_end"] for n in nodes])
         secs = end - t0
-        count = self.count_secs[-1]
         return {"rows": rows, "secs": secs, "rate": rows / secs, "train_secs": t1 - t0,
-                "count_secs": count, "feed_only_rate": rows / (secs - count),
                 "consumed_lag_secs": max(n["t_end"] for n in nodes) - t1,
-                "node_rows": [n["rows"] for n in nodes], "cpu": cpu, "count_cpu": self.count_cpu[-1]}
+                "node_rows": [n["rows"] for n in nodes], "cpu": cpu}
 
     def close(self):
         self.cluster.shutdown(timeout=120)
@@ -270,8 +232,6 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1, help="untimed runs of each contender first")
     p.add_argument("--skip-tfos", action="store_true")
-    p.add_argument("--prototype-jvm-count", action="store_true",
-                   help="NOT the shipped Ember: count partitions in the JVM (see jvm_partition_counts)")
     p.add_argument("--profile", action="store_true",
                    help="time splits of the feeding tasks and cProfile of the nodes' first timed epoch")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
@@ -312,10 +272,9 @@ def main(argv=None) -> None:
                 emb.append(bench.run(df))
                 e = emb[-1]
                 C.log(f"ember repeat {r + 1}: {e['rows']} rows in {e['secs']:.2f}s = {e['rate']:.0f} rows/s "
-                      f"(train() {e['train_secs']:.2f}s of which counting job {e['count_secs']:.2f}s; "
-                      f"feed only {e['feed_only_rate']:.0f} rows/s; last row consumed "
+                      f"(train() {e['train_secs']:.2f}s; last row consumed "
                       f"{e['consumed_lag_secs']:+.2f}s after train() returned; per node {e['node_rows']}; "
-                      f"{C.fmt_cpu(e['cpu'])}, of which counting job {C.fmt_cpu(e['count_cpu'])})")
+                      f"{C.fmt_cpu(e['cpu'])})")
         finally:
             bench.close()
         if args.profile:
@@ -331,25 +290,22 @@ def main(argv=None) -> None:
         shutil.rmtree(out, ignore_errors=True)
 
     e_rate = C.median([r["rate"] for r in emb])
-    e_feed = C.median([r["feed_only_rate"] for r in emb])
     b_rate = C.median([r["rate"] for r in bare])
     t_rate = C.median([r["rate"] for r in tfos]) if tfos else float("nan")
     print()
     print(f"repeats: {args.repeats}; medians in rows/s")
-    print(f"  ember  {e_rate:12.0f}  ({args.rows} rows; incl. train()'s counting job; "
-          f"feed only {e_feed:.0f}; runs {[round(r['rate']) for r in emb]})")
+    print(f"  ember  {e_rate:12.0f}  ({args.rows} rows; runs {[round(r['rate']) for r in emb]})")
     print(f"  bare   {b_rate:12.0f}  ({args.rows} rows; runs {[round(r['rate']) for r in bare]})")
     if tfos:
         print(f"  tfos   {t_rate:12.0f}  ({args.tfos_rows} rows; runs {[round(r['rate']) for r in tfos]}; "
               f"{results['tfos_env']})")
-    if args.prototype_jvm_count or args.profile:
-        print("NOTE: run with --prototype-jvm-count/--profile: not the shipped Ember's headline")
+    if args.profile:
+        print("NOTE: run with --profile: the timings include the profiler's overhead")
     def cpu_per_m(runs, key="cpu"):
         return C.median([r[key]["total"] / r["rows"] * 1e6 for r in runs]) if runs else float("nan")
-    print(f"CPU seconds per 1M rows (all cluster + driver processes; medians): ember {cpu_per_m(emb):.1f} "
-          f"(of which counting job {C.median([r['count_cpu']['total'] / r['rows'] * 1e6 for r in emb]):.1f}), "
+    print(f"CPU seconds per 1M rows (all cluster + driver processes; medians): ember {cpu_per_m(emb):.1f}, "
           f"bare {cpu_per_m(bare):.1f}, tfos {cpu_per_m(tfos):.1f}")
-    results["medians"] = {"ember": e_rate, "ember_feed_only": e_feed, "bare": b_rate, "tfos": t_rate}
+    results["medians"] = {"ember": e_rate, "bare": b_rate, "tfos": t_rate}
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     C.log(f"machine at end: {C.machine_info()}")

@@ -87,7 +87,7 @@ def main(argv=None) -> None:
     nmsg = args.rows // args.rows_per_message
     rows = nmsg * args.rows_per_message
     batch = make_batch(args.rows_per_message)
-    payload = proto.encode_batch(0, 0, rows, batch)
+    payload = proto.encode_batch(0, 0, batch)
     payload_np = proto.as_uint8(payload)
     print(f"{rows} rows as {nmsg} messages of {args.rows_per_message} rows ({payload.size / 2**20:.2f} MiB); "
           f"consumer batch {args.batch}; {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
@@ -100,21 +100,21 @@ def main(argv=None) -> None:
         return run
 
     res["memcpy"] = timed(each(lambda: np.copy(payload_np)), args.repeats)
-    res["encode"] = timed(each(lambda: proto.encode_batch(0, 0, rows, batch)), args.repeats)
+    res["encode"] = timed(each(lambda: proto.encode_batch(0, 0, batch)), args.repeats)
     res["decode"] = timed(each(lambda: proto.decode_batch(payload_np)), args.repeats)
 
     # One ring for all runs, as a node has one for the whole job (a fresh ring would add its
     # first-touch page faults to the first run).
     name = f"/ember-bench-stages-{os.getpid()}"
     ring = _ember.ShmRing.create(name, args.ring_bytes)
-    end = (proto.END_PARTITION, np.frombuffer(proto.encode_end_partition(0, 0, rows, 1, rows), np.uint8))
+    end = (proto.END_PARTITION, np.frombuffer(proto.encode_end_partition(0, 0, 1, [rows]), np.uint8))
     epoch = [0]
 
     def ring_run(consume: bool):
         e = epoch[0]
         epoch[0] += 1
-        pay = proto.as_uint8(proto.encode_batch(0, e, rows, batch))
-        end_e = (proto.END_PARTITION, np.frombuffer(proto.encode_end_partition(0, e, rows, 1, rows), np.uint8))
+        pay = proto.as_uint8(proto.encode_batch(0, e, batch))
+        end_e = (proto.END_PARTITION, np.frombuffer(proto.encode_end_partition(0, e, 1, [rows]), np.uint8))
         prod = mp.get_context("fork").Process(target=_producer, args=(name, [pay] * nmsg, proto.BATCH, end_e))
         t = time.perf_counter()
         prod.start()

@@ -18,7 +18,7 @@ from ember import errors
 from ember.context import WORKER_ROLES
 
 FEED_ENDPOINT_KEY = "ember/feed/{executor_id}"
-_COUNT_SCHEMA = "partition int, rows long"
+_SENT_SCHEMA = "partition int, node int, rows long"
 
 
 def _is_dataframe(data: Any) -> bool:
@@ -66,60 +66,44 @@ def feed_endpoints(server, nodes, timeout: float = 60.0) -> List[feeding.NodeEnd
 
 
 # ------------------------------------------------------------------------ training
-def partition_counts(data: Any) -> List[int]:
-    """Rows per partition of a DataFrame or RDD (one Spark job)."""
-    if _is_dataframe(data):
-        # Counted in the JVM: reads no column and sends nothing through Python (streaming
-        # every row to Python only to count it cost as much as the whole feed).
-        from pyspark.sql import functions as F
-        rows = data.select(F.spark_partition_id().alias("p")).groupBy("p").count().collect()
-        num = data.rdd.getNumPartitions()
-        pairs = [(r["p"], r["count"]) for r in rows]
-    else:
-        pairs = data.mapPartitionsWithIndex(lambda i, it: [(i, sum(1 for _ in it))]).collect()
-        num = data.getNumPartitions()
-    counts = [0] * max([num] + [p + 1 for p, _ in pairs])
-    for p, n in pairs:
-        counts[p] += n
-    return counts
-
-
 def train(sc, data: Any, num_epochs: int, endpoints: Sequence[feeding.NodeEndpoint],
           options: feeding.FeedOptions, console=None, first_epoch: int = 0) -> int:
     """Feeds `data` to the nodes for `num_epochs` epochs, numbered from `first_epoch`
     (epoch numbers never repeat within a job: nodes tell epochs apart by them);
-    returns rows fed per epoch."""
+    returns the rows the nodes train on in the last epoch (the same number on each)."""
     if not (_is_dataframe(data) or _is_rdd(data)):
         raise TypeError(f"Cluster.train takes a DataFrame or an RDD, got {type(data).__name__}")
     if num_epochs < 1:
         raise ValueError("num_epochs must be at least 1")
-    counts = partition_counts(data)
-    num_nodes = len(endpoints)
-    plan = feeding.plan_rows(counts, num_nodes)
-    node_rows = [sum(p[k] for p in plan) for k in range(num_nodes)]
-    num_partitions = len(counts)
-    if console is not None:
-        dropped = sum(counts) - sum(node_rows)
-        console.info(f"feeding {sum(counts)} rows in {num_partitions} partitions to {num_nodes} nodes: "
-                     f"{node_rows[0]} rows per node per epoch"
-                     + (f" ({dropped} left over each epoch)" if dropped else ""))
     eps, opts = list(endpoints), options
+    num_nodes = len(eps)
+    num_partitions = data.rdd.getNumPartitions() if _is_dataframe(data) else data.getNumPartitions()
+    used = 0
     for epoch in range(first_epoch, first_epoch + num_epochs):
         if _is_dataframe(data):
             def feed_df(batches, epoch=epoch):
                 from pyspark import TaskContext
                 p = TaskContext.get().partitionId()
-                n = feeding.feed_partition(batches, p, epoch, num_partitions, plan[p], node_rows, eps, opts)
-                yield pa.RecordBatch.from_pydict({"partition": [p], "rows": [n]},
-                                                 schema=pa.schema([("partition", pa.int32()), ("rows", pa.int64())]))
-            data.mapInArrow(feed_df, _COUNT_SCHEMA).collect()
+                sent = feeding.feed_partition(batches, p, epoch, num_partitions, eps, opts)
+                yield pa.RecordBatch.from_pydict(
+                    {"partition": [p] * len(sent), "node": list(range(len(sent))), "rows": sent},
+                    schema=pa.schema([("partition", pa.int32()), ("node", pa.int32()), ("rows", pa.int64())]))
+            sent = [tuple(r) for r in data.mapInArrow(feed_df, _SENT_SCHEMA).collect()]
         else:
             def feed_rdd(p, rows, epoch=epoch):
-                n = feeding.feed_partition(feeding.rdd_rows_to_batches(rows), p, epoch, num_partitions,
-                                           plan[p], node_rows, eps, opts)
-                return [(p, n)]
-            data.mapPartitionsWithIndex(feed_rdd).collect()
-    return sum(node_rows)
+                sent = feeding.feed_partition(feeding.rdd_rows_to_batches(rows), p, epoch, num_partitions, eps, opts)
+                return [(p, k, n) for k, n in enumerate(sent)]
+            sent = data.mapPartitionsWithIndex(feed_rdd).collect()
+        per_node = [0] * num_nodes
+        for _, k, n in sent:
+            per_node[k] += n
+        used = min(per_node) * num_nodes
+        if console is not None:
+            total = sum(per_node)
+            console.info(f"epoch {epoch}: fed {total} rows in {num_partitions} partitions to {num_nodes} nodes; "
+                         f"each trains on {min(per_node)}"
+                         + (f" ({total - used} left over)" if total != used else ""))
+    return used
 
 
 # ------------------------------------------------------------------------ inference

@@ -7,7 +7,7 @@ Arrow IPC streams; nothing here pickles or evaluates bytes.
 from __future__ import annotations
 
 import struct
-from typing import Tuple
+from typing import Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -28,8 +28,8 @@ BEGIN_WANTS_RESULTS = 1
 # Epoch number of inference partitions: never one of train()'s epochs, which count from 0.
 INFERENCE_EPOCH = 0xFFFFFFFF
 
-_BATCH_HEAD = struct.Struct("<IIq")         # partition, epoch, node's epoch rows
-_END_PARTITION = struct.Struct("<IIqIq")    # partition, epoch, rows, partitions in epoch, node's epoch rows
+_BATCH_HEAD = struct.Struct("<II")          # partition, epoch
+_END_PARTITION = struct.Struct("<IIII")     # partition, epoch, partitions in epoch, nodes; then i64 rows per node
 _BEGIN_HEAD = struct.Struct("<IIII")        # partition, epoch, flags, name length
 _END_RESULTS = struct.Struct("<q")          # rows answered
 
@@ -61,29 +61,38 @@ def as_buffer(payload) -> pa.Buffer:
     return pa.py_buffer(payload)
 
 
-def encode_batch(partition: int, epoch: int, node_epoch_rows: int, batch: pa.RecordBatch) -> pa.Buffer:
-    return _ipc_bytes(batch, _BATCH_HEAD.pack(partition, epoch, node_epoch_rows))
+def encode_batch(partition: int, epoch: int, batch: pa.RecordBatch) -> pa.Buffer:
+    return _ipc_bytes(batch, _BATCH_HEAD.pack(partition, epoch))
 
 
-def decode_batch(payload) -> Tuple[int, int, int, pa.RecordBatch]:
-    """Returns (partition, epoch, node's epoch rows, record batch)."""
+def decode_batch(payload) -> Tuple[int, int, pa.RecordBatch]:
+    """Returns (partition, epoch, record batch)."""
     buf = as_buffer(payload)
     if buf.size < _BATCH_HEAD.size:
         raise FeedProtocolError(f"BATCH message of {buf.size} bytes is shorter than its header")
-    partition, epoch, node_rows = _BATCH_HEAD.unpack(buf.slice(0, _BATCH_HEAD.size).to_pybytes())
-    return partition, epoch, node_rows, _read_ipc(buf.slice(_BATCH_HEAD.size), f"BATCH of partition {partition}")
+    partition, epoch = _BATCH_HEAD.unpack(buf.slice(0, _BATCH_HEAD.size).to_pybytes())
+    return partition, epoch, _read_ipc(buf.slice(_BATCH_HEAD.size), f"BATCH of partition {partition}")
 
 
-def encode_end_partition(partition: int, epoch: int, rows: int, num_partitions: int,
-                         node_epoch_rows: int) -> bytes:
-    return _END_PARTITION.pack(partition, epoch, rows, num_partitions, node_epoch_rows)
+def encode_end_partition(partition: int, epoch: int, num_partitions: int, node_rows: Sequence[int]) -> bytes:
+    """`node_rows[k]`: the rows of this partition sent to node k (inference: the one node)."""
+    return (_END_PARTITION.pack(partition, epoch, num_partitions, len(node_rows))
+            + struct.pack(f"<{len(node_rows)}q", *node_rows))
 
 
-def decode_end_partition(payload) -> Tuple[int, int, int, int, int]:
+def decode_end_partition(payload) -> Tuple[int, int, int, Tuple[int, ...]]:
+    """Returns (partition, epoch, partitions in the epoch, rows sent to each node)."""
     data = bytes(payload)
-    if len(data) != _END_PARTITION.size:
-        raise FeedProtocolError(f"END_PARTITION message has {len(data)} bytes, expected {_END_PARTITION.size}")
-    return _END_PARTITION.unpack(data)
+    if len(data) < _END_PARTITION.size:
+        raise FeedProtocolError(f"END_PARTITION message of {len(data)} bytes is shorter than its header")
+    partition, epoch, num_partitions, num_nodes = _END_PARTITION.unpack(data[:_END_PARTITION.size])
+    if num_nodes < 1 or len(data) != _END_PARTITION.size + 8 * num_nodes:
+        raise FeedProtocolError(f"END_PARTITION of partition {partition} counts {num_nodes} nodes but carries "
+                                f"{len(data) - _END_PARTITION.size} bytes of row counts")
+    rows = struct.unpack(f"<{num_nodes}q", data[_END_PARTITION.size:])
+    if min(rows) < 0:
+        raise FeedProtocolError(f"END_PARTITION of partition {partition} has a negative row count")
+    return partition, epoch, num_partitions, rows
 
 
 def encode_begin_partition(partition: int, epoch: int, wants_results: bool, result_ring: str) -> bytes:

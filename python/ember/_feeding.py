@@ -1,12 +1,15 @@
 """The Spark side of InputMode.SPARK: what feeding tasks run.
 
-``cluster.train`` first counts the rows of every partition (one cheap Spark
-job), then plans which rows of each partition go to which node so that every
-node gets exactly ``total // num_nodes`` rows per epoch (the fewer than
-num_nodes rows left over are dropped, from the last partitions).  Each epoch
-is one Spark job; a task splits each Arrow batch of its partition into
-contiguous slices, one per node, in proportion to what each node still has
-to receive from it, and ends with an END_PARTITION marker to every node.
+``cluster.train`` feeds each epoch as one Spark job, with no counting pass
+first.  A task splits every Arrow batch of its partition into contiguous
+slices, one per node, keeping the rows each node got from this partition
+within one of each other (``split_rows``; the odd rows of a partition start
+at node ``partition % num_nodes``, so they spread over the nodes).  It ends
+the partition with an END_PARTITION marker to every node that carries what
+every node got from it.  Each node therefore learns every node's epoch total
+once all partitions have ended, and can prove at any moment a lower bound on
+the smallest total (``ember.feed``): every node trains on exactly that many
+rows, so synchronous strategies see the same number of batches everywhere.
 
 ``cluster.inference`` sends partition p wholly to node p % num_nodes under the
 node ring's session lock, so each partition's rows reach the node contiguously
@@ -54,52 +57,20 @@ class FeedOptions:
     job_id: str = ""
 
 
-def plan_rows(counts: Sequence[int], num_nodes: int) -> List[List[int]]:
-    """alloc[p][k]: rows of partition p that go to node k.
+def split_rows(rows: int, sent: Sequence[int], first: int) -> List[int]:
+    """How many of the next `rows` rows of a partition go to each node.
 
-    Every node gets exactly ``sum(counts) // num_nodes`` rows; each partition is
-    spread over the nodes as evenly as the running totals allow (water-filling), so
-    nodes are fed in parallel; the ``sum % num_nodes`` rows left over are dropped
-    from the last partitions.
+    `sent` is what each node already got from this partition; it and the result
+    keep every node within one row of the others.  The odd rows go first to the
+    nodes already ahead (they must stay ahead), then in turn from node `first`.
     """
-    if num_nodes <= 0:
-        raise ValueError("num_nodes must be positive")
-    total = sum(counts)
-    quota = total // num_nodes
-    deficit = [quota] * num_nodes
-    plan: List[List[int]] = []
-    for c in counts:
-        alloc = [0] * num_nodes
-        remaining = min(c, sum(deficit))
-        while remaining > 0:
-            active = [k for k in range(num_nodes) if deficit[k] > alloc[k]]
-            share = max(1, remaining // len(active))
-            for k in sorted(active, key=lambda k: alloc[k] - deficit[k]):
-                give = min(share, deficit[k] - alloc[k], remaining)
-                alloc[k] += give
-                remaining -= give
-                if remaining == 0:
-                    break
-        for k in range(num_nodes):
-            deficit[k] -= alloc[k]
-        plan.append(alloc)
-    return plan
-
-
-def split_counts(rows: int, remaining: Sequence[int]) -> List[int]:
-    """How many of the next `rows` rows go to each node, given what each still needs
-    from this partition: proportional to `remaining` (largest remainder), summing to
-    ``min(rows, sum(remaining))``; rows beyond that are dropped."""
-    need = sum(remaining)
-    use = min(rows, need)
-    if use == 0:
-        return [0] * len(remaining)
-    exact = [use * r / need for r in remaining]
-    out = [int(x) for x in exact]
-    order = sorted(range(len(remaining)), key=lambda k: exact[k] - out[k], reverse=True)
-    for k in order[:use - sum(out)]:
-        out[k] += 1
-    return out
+    n = len(sent)
+    base, extra = divmod(sum(sent) + rows, n)
+    order = sorted(range(n), key=lambda k: (-sent[k], (k - first) % n))
+    target = [base] * n
+    for k in order[:extra]:
+        target[k] += 1
+    return [t - s for t, s in zip(target, sent)]
 
 
 # --------------------------------------------------------------------------- channels
@@ -146,15 +117,15 @@ class _Channel:
         self.ring = self.client = None
 
 
-def _write_batch(ch: _Channel, partition: int, epoch: int, node_rows: int, batch: pa.RecordBatch) -> None:
+def _write_batch(ch: _Channel, partition: int, epoch: int, batch: pa.RecordBatch) -> None:
     """Writes `batch`, split so that each message fits the channel."""
-    payload = proto.encode_batch(partition, epoch, node_rows, batch)
+    payload = proto.encode_batch(partition, epoch, batch)
     if payload.size <= ch.max_payload or batch.num_rows <= 1:
         ch.write(proto.BATCH, payload)
         return
     half = batch.num_rows // 2
-    _write_batch(ch, partition, epoch, node_rows, batch.slice(0, half))
-    _write_batch(ch, partition, epoch, node_rows, batch.slice(half))
+    _write_batch(ch, partition, epoch, batch.slice(0, half))
+    _write_batch(ch, partition, epoch, batch.slice(half))
 
 
 def rdd_rows_to_batches(rows: Iterable, chunk: int = RDD_CHUNK_ROWS) -> Iterator[pa.RecordBatch]:
@@ -171,30 +142,29 @@ def rdd_rows_to_batches(rows: Iterable, chunk: int = RDD_CHUNK_ROWS) -> Iterator
 
 # --------------------------------------------------------------------------- training
 def feed_partition(batches: Iterable[pa.RecordBatch], partition: int, epoch: int, num_partitions: int,
-                   alloc: Sequence[int], node_epoch_rows: Sequence[int], endpoints: Sequence[NodeEndpoint],
-                   options: FeedOptions) -> int:
-    """Feeds one partition of one epoch to the nodes; returns the rows sent.
+                   endpoints: Sequence[NodeEndpoint], options: FeedOptions) -> List[int]:
+    """Feeds one partition of one epoch to the nodes; returns the rows each node got.
 
     Raises the node's error (Aborted naming the node) if a node fails, and
     DeadlineExceeded if a node makes no progress for feed_timeout.
     """
     channels = [_Channel(ep, options) for ep in endpoints]
+    first = partition % len(endpoints)
     try:
         sent = [0] * len(endpoints)
         for batch in batches:
-            counts = split_counts(batch.num_rows, [a - s for a, s in zip(alloc, sent)])
             offset = 0
-            for k, n in enumerate(counts):
+            for k, n in enumerate(split_rows(batch.num_rows, sent, first)):
                 if n:
-                    _write_batch(channels[k], partition, epoch, node_epoch_rows[k], batch.slice(offset, n))
+                    _write_batch(channels[k], partition, epoch, batch.slice(offset, n))
                     offset += n
                     sent[k] += n
             if all(ch.cancelled for ch in channels):
                 break  # every node terminated its feed: skip the rest quietly (TFoS semantics)
-        for k, ch in enumerate(channels):
-            ch.write(proto.END_PARTITION, proto.encode_end_partition(
-                partition, epoch, sent[k], num_partitions, node_epoch_rows[k]))
-        return sum(sent)
+        end = proto.encode_end_partition(partition, epoch, num_partitions, sent)
+        for ch in channels:
+            ch.write(proto.END_PARTITION, end)
+        return sent
     finally:
         for ch in channels:
             ch.close()
@@ -235,10 +205,10 @@ def infer_partition(batches: Iterable[pa.RecordBatch], partition: int, endpoint:
                     if batch.num_rows == 0:
                         continue
                     inputs.put(batch)
-                    _write_batch(ch, partition, proto.INFERENCE_EPOCH, 0, batch)
+                    _write_batch(ch, partition, proto.INFERENCE_EPOCH, batch)
                     sent[0] += batch.num_rows
                 ch.write(proto.END_PARTITION, proto.encode_end_partition(partition, proto.INFERENCE_EPOCH,
-                                                                         sent[0], 1, 0))
+                                                                         1, sent))
             finally:
                 if ch.local:
                     ch.ring.unlock_session()

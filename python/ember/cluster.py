@@ -230,10 +230,12 @@ class Cluster:
         """Feeds a DataFrame or RDD to the training nodes (InputMode.SPARK); returns when all
         of it was delivered.
 
-        Every training node (chief/master/worker) gets the same number of rows per epoch
-        (the fewer than num_nodes rows left over are dropped), so synchronous strategies
-        never wait on a node that ran dry.  Each epoch is one Spark job over `data`
-        (cache it if it is expensive to compute).  Nodes read with ``ctx.get_data_feed()``.
+        Every training node (chief/master/worker) trains on the same number of rows per
+        epoch (each partition is spread evenly over the nodes; the few rows a node gets
+        beyond the smallest node's total are dropped), so synchronous strategies never
+        wait on a node that ran dry.  Each epoch is one Spark job over `data`, with no
+        counting pass (cache `data` if it is expensive to compute).  Nodes read with
+        ``ctx.get_data_feed()``.
 
         Args:
             data: a DataFrame (fed as Arrow batches) or an RDD of tuples, lists, dicts,

@@ -9,9 +9,12 @@ results back in input order (``batch_results``).
 
 Epochs: every feeding task ends each partition with an END_PARTITION marker
 sent to every node, carrying the number of partitions in the epoch and the
-rows this node gets in it.  The driver gave each node the same row count per
-epoch, so ``to_tf_dataset`` yields the same number of full batches per epoch
-on every node and synchronous strategies never wait on a node that ran dry.
+rows every node got from that partition (always within one of each other).
+So each node knows every node's epoch total once the epoch's partitions have
+all ended, and before that a lower bound on the smallest total (``_Epoch``).
+Every node hands out exactly the smallest total, so ``to_tf_dataset`` yields
+the same number of full batches per epoch on every node and synchronous
+strategies never wait on a node that ran dry.  No counting pass is needed.
 """
 from __future__ import annotations
 
@@ -57,6 +60,7 @@ class _Session:
         self.partition = partition
         self.epoch = epoch
         self.result_ring = result_ring
+        self.received = 0    # rows that arrived
         self.handed = 0      # rows given to the user
         self.answered = 0    # results sent back
         self.rows: Optional[int] = None  # total, known at END_PARTITION
@@ -67,16 +71,41 @@ class _Session:
 
 
 class _Epoch:
-    def __init__(self, num_partitions: int, node_rows: int):
-        self.num_partitions = num_partitions
-        self.node_rows = node_rows
+    """What this node knows of one epoch of ``cluster.train``.
+
+    Feeding tasks keep the rows each node gets from a partition within one of each
+    other, so while partition p is still arriving every other node will get at least
+    ``received[p] - 1`` rows of it.  ``usable`` is therefore a lower bound on the
+    smallest epoch total over all nodes, exact once every partition has ended.
+    """
+
+    def __init__(self):
+        self.num_partitions = 0          # known from the first END_PARTITION
         self.ended_partitions: set = set()
-        self.rows_received = 0
+        self.node_totals: List[int] = []  # per node, over the ended partitions
+        self.open_rows: Dict[int, int] = {}  # partition -> rows received, not yet ended
 
     @property
     def complete(self) -> bool:
-        # num_partitions is 0 until the first END_PARTITION of the epoch says it.
         return self.num_partitions > 0 and len(self.ended_partitions) >= self.num_partitions
+
+    @property
+    def usable(self) -> int:
+        ended = min(self.node_totals) if self.node_totals else 0
+        return ended + sum(max(0, r - 1) for r in self.open_rows.values())
+
+    def add_rows(self, partition: int, rows: int) -> None:
+        self.open_rows[partition] = self.open_rows.get(partition, 0) + rows
+
+    def end_partition(self, partition: int, num_partitions: int, node_rows: Sequence[int]) -> None:
+        if partition in self.ended_partitions:
+            return
+        if not self.node_totals:
+            self.node_totals = [0] * len(node_rows)
+        self.num_partitions = num_partitions
+        self.node_totals = [t + r for t, r in zip(self.node_totals, node_rows)]
+        self.ended_partitions.add(partition)
+        self.open_rows.pop(partition, None)
 
 
 class DataFeed:
@@ -142,27 +171,27 @@ class DataFeed:
             session = self._sessions[key] = _Session(partition, epoch)
         return session
 
-    def _epoch(self, epoch: int, num_partitions: int = 0, node_rows: int = -1) -> _Epoch:
+    def _epoch(self, epoch: int) -> _Epoch:
         e = self._epochs.get(epoch)
         if e is None:
-            e = self._epochs[epoch] = _Epoch(num_partitions, node_rows)
-        if num_partitions:
-            e.num_partitions = num_partitions
-        if node_rows >= 0:
-            e.node_rows = node_rows
+            e = self._epochs[epoch] = _Epoch()
         return e
 
     def _handle(self, kind: int, payload) -> None:
         if kind == proto.BATCH:
-            partition, epoch, node_rows, batch = proto.decode_batch(payload)
-            self._epoch(epoch, node_rows=node_rows).rows_received += batch.num_rows
+            partition, epoch, batch = proto.decode_batch(payload)
             if batch.num_rows:
-                self._events.append(("rows", self._session(partition, epoch), epoch, batch))
+                session = self._session(partition, epoch)
+                session.received += batch.num_rows
+                if epoch != proto.INFERENCE_EPOCH:
+                    self._epoch(epoch).add_rows(partition, batch.num_rows)
+                self._events.append(("rows", session, epoch, batch))
         elif kind == proto.END_PARTITION:
-            partition, epoch, rows, num_partitions, node_rows = proto.decode_end_partition(payload)
+            partition, epoch, num_partitions, node_rows = proto.decode_end_partition(payload)
             session = self._session(partition, epoch)
-            session.rows = rows
-            self._epoch(epoch, num_partitions, node_rows).ended_partitions.add(partition)
+            session.rows = session.received
+            if epoch != proto.INFERENCE_EPOCH:
+                self._epoch(epoch).end_partition(partition, num_partitions, node_rows)
             self._events.append(("end", session, epoch))
             if self._sessions.get((partition, epoch)) is session and session.result_ring is None:
                 del self._sessions[(partition, epoch)]
@@ -361,13 +390,14 @@ class DataFeed:
     def epoch_batches(self, batch_size: int, drop_remainder: bool = True) -> Iterator[Dict[str, np.ndarray]]:
         """Yields the next epoch's data as {column: numpy array} batches of `batch_size` rows.
 
+        Every node hands out the same number of rows per epoch: the smallest number
+        any node received (nodes differ by at most a few rows; the extra are dropped).
         With `drop_remainder` (the default, needed by synchronous multi-node training)
-        every node yields exactly ``rows this node gets per epoch // batch_size``
-        batches, the same number on every node; without it, a last smaller batch too.
+        every node yields exactly ``that // batch_size`` batches; without it, a last
+        smaller batch too.  A batch is handed out as soon as this node can prove every
+        node will get its rows, so training starts while Spark is still feeding.
         Ends at the epoch's end or the end of the feed.  A consumer may stop pulling
-        early: the next call starts at the next epoch.  Raises ValueError if fewer rows
-        arrive than the driver planned (the input changed between its count and the
-        feed: cache the DataFrame).
+        early: the next call starts at the next epoch.
         """
         if batch_size <= 0:
             raise ValueError("batch_size must be positive")
@@ -378,20 +408,23 @@ class DataFeed:
         # From now on, whatever this consumer leaves of the epoch is dropped.
         self._finished_epochs.add(epoch)
         self._current_epoch = epoch
-        rows_left = info.node_rows
         taken = 0
-        while rows_left >= (batch_size if drop_remainder else 1):
-            want = min(batch_size, rows_left)
+        while True:
+            while not info.complete and info.usable - taken < batch_size:
+                if self._terminated or not self._read_message():
+                    return  # terminated, or the feed ended in the middle of the epoch
+            left = info.usable - taken
+            if left < (batch_size if drop_remainder else 1):
+                break
+            want = min(batch_size, left)
             batch = self._concat(self._take(want, stop_at_partition=False, epoch=epoch))
             got = 0 if batch is None else batch.num_rows
             if got < want:
                 if self._terminated:
                     return
-                raise ValueError(
-                    f"node {self._node}: epoch {epoch} ended after {taken} rows, but the driver planned "
-                    f"{info.node_rows} rows for this node. The input changed between the driver's count "
-                    "and the feed; cache or checkpoint it")
-            rows_left -= got
+                raise errors.Internal(
+                    f"node {self._node}: epoch {epoch} holds {left} unread rows by its markers but only "
+                    f"{got} arrived (a feed protocol error; please report it)")
             taken += got
             yield rows_mod.batch_to_columns(batch)
         self._current_epoch = None

@@ -50,22 +50,40 @@ def test_spark_style_list_column_becomes_2d():
     assert rows_mod.column_to_numpy(col).tolist() == [[3.0, 4.0], [5.0, 6.0]]
 
 
-# ------------------------------------------------------------------ row plan
+# ------------------------------------------------------------------ row split
 @pytest.mark.parametrize("num_nodes", [1, 2, 3, 4])
-def test_plan_gives_every_node_the_same_rows(num_nodes):
-    counts = [0, 17, 1000, 3, 0, 250, 1]
-    plan = feeding.plan_rows(counts, num_nodes)
-    per_node = [sum(p[k] for p in plan) for k in range(num_nodes)]
-    assert per_node == [sum(counts) // num_nodes] * num_nodes
-    assert all(sum(p) <= c for p, c in zip(plan, counts))
-    # Big partitions are spread over every node, not given to one.
-    assert all(n > 0 for n in plan[2])
+def test_split_rows_keeps_every_node_within_one_row(num_nodes):
+    rng = np.random.default_rng(num_nodes)
+    for partition in range(20):
+        sent = [0] * num_nodes
+        for rows in rng.integers(0, 50, size=12):
+            split = feeding.split_rows(int(rows), sent, partition % num_nodes)
+            assert min(split) >= 0 and sum(split) == rows
+            sent = [s + n for s, n in zip(sent, split)]
+            assert max(sent) - min(sent) <= 1
 
 
-def test_split_counts_is_proportional_and_exact():
-    assert feeding.split_counts(10, [3, 4, 5]) == [3, 3, 4]
-    assert sum(feeding.split_counts(7, [100, 1])) == 7
-    assert feeding.split_counts(10, [2, 1]) == [2, 1]  # the rest is dropped
+def test_split_rows_spreads_the_odd_rows_over_the_nodes():
+    # One odd row per partition: partition p gives it to node p % n, so totals stay even.
+    totals = [0, 0, 0]
+    for p in range(9):
+        for k, n in enumerate(feeding.split_rows(7, [0, 0, 0], p % 3)):
+            totals[k] += n
+    assert totals == [21, 21, 21]
+    assert feeding.split_rows(1, [1, 0, 0], 0) == [0, 1, 0]  # node 0 is ahead: the row goes on
+
+
+def test_epoch_usable_rows_is_a_lower_bound_that_becomes_exact():
+    from ember.feed import _Epoch
+    e = _Epoch()
+    e.add_rows(0, 5)              # partition 0 still arriving: others get at least 4 of it
+    assert e.usable == 4 and not e.complete
+    e.end_partition(0, 2, [5, 4])
+    assert e.usable == 4
+    e.add_rows(1, 1)              # 1 row of partition 1: another node may get none
+    assert e.usable == 4
+    e.end_partition(1, 2, [1, 2])
+    assert e.complete and e.usable == 6
 
 
 # ------------------------------------------------------------------ ring + DataFeed
@@ -87,8 +105,7 @@ def _options(**kw):
 
 def _feed_rdd_rows(ring, rows, epoch=0, num_partitions=1, end_feed=True):
     feeding.feed_partition(feeding.rdd_rows_to_batches(rows, chunk=3), partition=0, epoch=epoch,
-                           num_partitions=num_partitions, alloc=[len(rows)], node_epoch_rows=[len(rows)],
-                           endpoints=[_endpoint(ring)], options=_options())
+                           num_partitions=num_partitions, endpoints=[_endpoint(ring)], options=_options())
     if end_feed:
         from ember import _ember
         producer = _ember.ShmRing.open(ring.name)
@@ -142,6 +159,51 @@ def test_a_consumer_that_stops_after_the_planned_steps_gets_the_next_epoch(ring)
         first.append([next(it)["_0"][0] for _ in range(2)][0])  # 2 steps, then stop pulling
     assert first == [0.0, 100.0]
     assert feed.next_batch(5) == [] and feed.should_stop()
+
+
+def test_every_node_yields_the_same_batches_from_uneven_partitions():
+    """Two nodes fed 7 uneven partitions (one empty, one of 1 row) in one epoch: both yield
+    min(node totals) // batch batches, of disjoint rows, while the feed is still arriving."""
+    from ember import _ember
+    counts = [0, 17, 1000, 3, 0, 250, 1]
+    rings = [_ember.ShmRing.create(f"/ember-test-{secrets.token_hex(6)}", 1 << 20) for _ in range(2)]
+    eps = [feeding.NodeEndpoint(executor_id=k, name=f"worker:{k}", ring=r.name, host="127.0.0.1", port=0)
+           for k, r in enumerate(rings)]
+    sent = []
+
+    def produce():
+        start = 0
+        for p, n in enumerate(counts):
+            rows = [(float(start + i),) for i in range(n)]
+            sent.append(feeding.feed_partition(feeding.rdd_rows_to_batches(rows, chunk=7), p, 0, len(counts),
+                                               eps, _options()))
+            start += n
+        for r in rings:
+            producer = _ember.ShmRing.open(r.name)
+            producer.write(proto.END_FEED, np.zeros(0, np.uint8), 5.0)
+            producer.close()
+
+    got = [[], []]
+
+    def consume(k):
+        feed = DataFeed(rings[k], node=f"worker:{k}", timeout=10)
+        got[k] = [b["_0"].tolist() for b in feed.epoch_batches(8)]
+
+    threads = [threading.Thread(target=produce)] + [threading.Thread(target=consume, args=(k,)) for k in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        totals = [sum(s[k] for s in sent) for k in range(2)]
+        assert sum(totals) == sum(counts) and max(totals) - min(totals) <= 1
+        assert [len(g) for g in got] == [min(totals) // 8] * 2
+        values = [v for g in got for b in g for v in b]
+        assert all(len(b) == 8 for g in got for b in g)
+        assert len(set(values)) == len(values)  # no row went to both nodes
+    finally:
+        for r in rings:
+            r.close()
 
 
 def test_read_deadline_names_the_node(ring):

@@ -73,7 +73,9 @@ std::vector<uint8_t> Batch(uint32_t partition, uint32_t seq, size_t body) {
 std::vector<uint8_t> EndPartition(uint32_t partition, int64_t rows) {
   std::vector<uint8_t> v;
   PutU32(&v, partition);
-  PutU32(&v, 0);
+  PutU32(&v, 0);  // epoch
+  PutU32(&v, 1);  // partitions in the epoch
+  PutU32(&v, 1);  // nodes
   for (int i = 0; i < 8; ++i) v.push_back(static_cast<uint8_t>(static_cast<uint64_t>(rows) >> (8 * i)));
   return v;
 }

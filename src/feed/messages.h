@@ -3,12 +3,11 @@
 // connection (other hosts; kind = frame type).  See docs/wire.md, "Feed".
 //
 // Payload layouts (integers little-endian):
-//   kBatch           u32 partition | u32 epoch | i64 rows this node gets in this epoch |
-//                    Arrow IPC stream (schema + 1 record batch)
-//   kEndPartition    u32 partition | u32 epoch | i64 rows sent to this node |
-//                    u32 partitions in this epoch | i64 rows this node gets in this epoch
+//   kBatch           u32 partition | u32 epoch | Arrow IPC stream (schema + 1 record batch)
+//   kEndPartition    u32 partition | u32 epoch | u32 partitions in this epoch | u32 n |
+//                    n x i64 rows of this partition sent to node 0..n-1
 //                    (every feeding task sends one to every node, even with 0 rows, so a
-//                    node knows when an epoch is complete and how many steps it holds)
+//                    node knows when an epoch is complete and every node's total in it)
 //   kEndFeed         (empty)  no more data for this node, ever
 //   kBeginPartition  u32 partition | u32 epoch | u32 flags | u32 name length | result ring name
 //                    flags bit 0: results wanted (inference).  Over TCP the name is
