@@ -191,7 +191,7 @@ def end_feed(endpoints: Sequence[feeding.NodeEndpoint], secret: bytes, timeout: 
             continue  # the node is gone; nothing to tell it
         try:
             client.write(proto.END_FEED, np.zeros(0, np.uint8), timeout)
-        except (errors.Cancelled, errors.Aborted):
-            pass  # it terminated its feed, or finished
+        except (errors.Cancelled, errors.Aborted, errors.Unavailable, errors.EmberIOError):
+            pass  # it terminated its feed, finished, or is going away (its launcher reports why)
         finally:
             client.close()
