@@ -89,19 +89,10 @@ int CoordinatorServer::port() const { return impl_->port; }
 
 void CoordinatorServer::Impl::AcceptLoop() {
   for (;;) {
-    pollfd fds[2] = {{listen_fd.get(), POLLIN, 0}, {wake_read.get(), POLLIN, 0}};
-    if (::poll(fds, 2, -1) < 0) continue;  // EINTR
-    if (fds[1].revents != 0) return;
-    Result<Fd> fd = net::Accept(listen_fd.get(), Deadline::After(Duration(0)));
-    if (!fd.ok()) {
-      if (fd.status().code() != StatusCode::kDeadlineExceeded) {
-        EMBER_LOG(WARN) << "coordinator accept failed: " << fd.status().message();
-        std::this_thread::sleep_for(Duration(10));  // e.g. EMFILE: do not spin
-      }
-      continue;
-    }
+    Fd fd = net::AcceptUntilWoken(listen_fd.get(), wake_read.get(), "coordinator");
+    if (!fd.valid()) return;  // woken: the server is closing
     auto conn = std::make_shared<Conn>();
-    conn->fd = fd.MoveValueUnsafe();
+    conn->fd = std::move(fd);
     conn->peer = net::PeerAddress(conn->fd.get());
     ReapFinished();
     std::lock_guard<std::mutex> lock(mu);

@@ -451,21 +451,12 @@ bool Connection::SendToProducer(uint32_t kind, std::span<const uint8_t> payload)
 
 void FeedServer::Impl::AcceptLoop() {
   for (;;) {
-    pollfd fds[2] = {{listen_fd.get(), POLLIN, 0}, {wake_read.get(), POLLIN, 0}};
-    if (::poll(fds, 2, -1) < 0) continue;  // EINTR
-    if (fds[1].revents != 0) return;
-    Result<Fd> fd = net::Accept(listen_fd.get(), Deadline::After(Duration(0)));
-    if (!fd.ok()) {
-      if (fd.status().code() != StatusCode::kDeadlineExceeded) {
-        EMBER_LOG(WARN) << "feed server accept failed: " << fd.status().message();
-        std::this_thread::sleep_for(Duration(10));  // e.g. EMFILE: do not spin
-      }
-      continue;
-    }
+    Fd fd = net::AcceptUntilWoken(listen_fd.get(), wake_read.get(), "feed server");
+    if (!fd.valid()) return;  // woken: the server is closing
     ReapFinished();
     std::lock_guard<std::mutex> lock(mu);
     if (closed) return;
-    auto conn = std::make_shared<Connection>(this, next_conn_id++, fd.MoveValueUnsafe());
+    auto conn = std::make_shared<Connection>(this, next_conn_id++, std::move(fd));
     conns.push_back(conn);
     conn->Start();
   }

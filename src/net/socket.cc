@@ -12,6 +12,9 @@
 
 #include <cstring>
 #include <memory>
+#include <thread>
+
+#include "common/logging.h"
 
 namespace ember::net {
 namespace {
@@ -123,6 +126,20 @@ Result<Fd> Accept(int listen_fd, Deadline deadline) {
     if (errno == EINTR || errno == ECONNABORTED) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) return Status::FromErrno(errno, "accept");
     EMBER_RETURN_NOT_OK(WaitFor(listen_fd, POLLIN, deadline, "accept"));
+  }
+}
+
+Fd AcceptUntilWoken(int listen_fd, int wake_fd, const char* what) {
+  for (;;) {
+    pollfd fds[2] = {{listen_fd, POLLIN, 0}, {wake_fd, POLLIN, 0}};
+    if (::poll(fds, 2, -1) < 0) continue;  // EINTR
+    if (fds[1].revents != 0) return Fd();
+    Result<Fd> fd = Accept(listen_fd, Deadline::After(Duration(0)));
+    if (fd.ok()) return fd.MoveValueUnsafe();
+    if (fd.status().code() != StatusCode::kDeadlineExceeded) {
+      EMBER_LOG(WARN) << what << " accept failed: " << fd.status().message();
+      std::this_thread::sleep_for(Duration(10));  // e.g. EMFILE: do not spin
+    }
   }
 }
 

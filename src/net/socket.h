@@ -26,6 +26,13 @@ std::string PeerAddress(int fd);
 // `deadline`; DeadlineExceeded if none arrives.
 Result<Fd> Accept(int listen_fd, Deadline deadline);
 
+// A server's accept loop step: waits until a connection arrives on
+// `listen_fd` or `wake_fd` turns readable (the server is stopping).  Returns
+// the accepted connection, or an invalid Fd once woken.  A failed accept
+// (e.g. EMFILE) is logged as "<what> accept failed: ..." and retried after
+// 10 ms, so the loop never spins.
+Fd AcceptUntilWoken(int listen_fd, int wake_fd, const char* what);
+
 // Connects to host:port, trying each resolved address, within `deadline`
 // (non-blocking connect + poll).  IOError with the errno text on refusal,
 // DeadlineExceeded on timeout.  The socket has TCP_NODELAY set.
