@@ -287,9 +287,17 @@ class Cluster:
         if not getattr(stream_df, "isStreaming", False):
             raise TypeError("train_stream takes a streaming DataFrame; use train() for a static one")
 
+        # Py4J's callback server keeps this function until the JVM gateway closes, so it
+        # holds the cluster only weakly: a shut-down cluster can then be freed.
+        cluster_ref = weakref.ref(self)
+
         def feed_batch(batch_df, batch_id):
+            cluster = cluster_ref()
+            if cluster is None:
+                raise ClusterError("Cluster.train_stream: the cluster was shut down and freed; "
+                                   "stop the streaming query before shutdown()")
             if not batch_df.isEmpty():
-                self.train(batch_df, num_epochs=1, feed_timeout=feed_timeout)
+                cluster.train(batch_df, num_epochs=1, feed_timeout=feed_timeout)
 
         writer = stream_df.writeStream.foreachBatch(feed_batch)
         if checkpoint_location:
