@@ -83,15 +83,18 @@ def train(sc, data: Any, num_epochs: int, endpoints: Sequence[feeding.NodeEndpoi
         if _is_dataframe(data):
             def feed_df(batches, epoch=epoch):
                 from pyspark import TaskContext
-                p = TaskContext.get().partitionId()
-                sent = feeding.feed_partition(batches, p, epoch, num_partitions, eps, opts)
+                task = TaskContext.get()
+                p = task.partitionId()
+                sent = feeding.feed_partition(batches, p, epoch, num_partitions, eps, opts, task.attemptNumber())
                 yield pa.RecordBatch.from_pydict(
                     {"partition": [p] * len(sent), "node": list(range(len(sent))), "rows": sent},
                     schema=pa.schema([("partition", pa.int32()), ("node", pa.int32()), ("rows", pa.int64())]))
             sent = [tuple(r) for r in data.mapInArrow(feed_df, _SENT_SCHEMA).collect()]
         else:
             def feed_rdd(p, rows, epoch=epoch):
-                sent = feeding.feed_partition(feeding.rdd_rows_to_batches(rows), p, epoch, num_partitions, eps, opts)
+                from pyspark import TaskContext
+                sent = feeding.feed_partition(feeding.rdd_rows_to_batches(rows), p, epoch, num_partitions, eps, opts,
+                                              TaskContext.get().attemptNumber())
                 return [(p, k, n) for k, n in enumerate(sent)]
             sent = data.mapPartitionsWithIndex(feed_rdd).collect()
         per_node = [0] * num_nodes

@@ -28,7 +28,7 @@ BEGIN_WANTS_RESULTS = 1
 # Epoch number of inference partitions: never one of train()'s epochs, which count from 0.
 INFERENCE_EPOCH = 0xFFFFFFFF
 
-_BATCH_HEAD = struct.Struct("<II")          # partition, epoch
+_BATCH_HEAD = struct.Struct("<III")         # partition, epoch, task attempt
 _END_PARTITION = struct.Struct("<IIII")     # partition, epoch, partitions in epoch, nodes; then i64 rows per node
 _BEGIN_HEAD = struct.Struct("<IIII")        # partition, epoch, flags, name length
 _END_RESULTS = struct.Struct("<q")          # rows answered
@@ -61,17 +61,18 @@ def as_buffer(payload) -> pa.Buffer:
     return pa.py_buffer(payload)
 
 
-def encode_batch(partition: int, epoch: int, batch: pa.RecordBatch) -> pa.Buffer:
-    return _ipc_bytes(batch, _BATCH_HEAD.pack(partition, epoch))
+def encode_batch(partition: int, epoch: int, batch: pa.RecordBatch, attempt: int = 0) -> pa.Buffer:
+    """`attempt`: the Spark task attempt feeding the partition (a retried task sends it again)."""
+    return _ipc_bytes(batch, _BATCH_HEAD.pack(partition, epoch, attempt))
 
 
-def decode_batch(payload) -> Tuple[int, int, pa.RecordBatch]:
-    """Returns (partition, epoch, record batch)."""
+def decode_batch(payload) -> Tuple[int, int, int, pa.RecordBatch]:
+    """Returns (partition, epoch, task attempt, record batch)."""
     buf = as_buffer(payload)
     if buf.size < _BATCH_HEAD.size:
         raise FeedProtocolError(f"BATCH message of {buf.size} bytes is shorter than its header")
-    partition, epoch = _BATCH_HEAD.unpack(buf.slice(0, _BATCH_HEAD.size).to_pybytes())
-    return partition, epoch, _read_ipc(buf.slice(_BATCH_HEAD.size), f"BATCH of partition {partition}")
+    partition, epoch, attempt = _BATCH_HEAD.unpack(buf.slice(0, _BATCH_HEAD.size).to_pybytes())
+    return partition, epoch, attempt, _read_ipc(buf.slice(_BATCH_HEAD.size), f"BATCH of partition {partition}")
 
 
 def encode_end_partition(partition: int, epoch: int, num_partitions: int, node_rows: Sequence[int]) -> bytes:

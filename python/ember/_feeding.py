@@ -117,15 +117,15 @@ class _Channel:
         self.ring = self.client = None
 
 
-def _write_batch(ch: _Channel, partition: int, epoch: int, batch: pa.RecordBatch) -> None:
+def _write_batch(ch: _Channel, partition: int, epoch: int, batch: pa.RecordBatch, attempt: int = 0) -> None:
     """Writes `batch`, split so that each message fits the channel."""
-    payload = proto.encode_batch(partition, epoch, batch)
+    payload = proto.encode_batch(partition, epoch, batch, attempt)
     if payload.size <= ch.max_payload or batch.num_rows <= 1:
         ch.write(proto.BATCH, payload)
         return
     half = batch.num_rows // 2
-    _write_batch(ch, partition, epoch, batch.slice(0, half))
-    _write_batch(ch, partition, epoch, batch.slice(half))
+    _write_batch(ch, partition, epoch, batch.slice(0, half), attempt)
+    _write_batch(ch, partition, epoch, batch.slice(half), attempt)
 
 
 def rdd_rows_to_batches(rows: Iterable, chunk: int = RDD_CHUNK_ROWS) -> Iterator[pa.RecordBatch]:
@@ -142,8 +142,12 @@ def rdd_rows_to_batches(rows: Iterable, chunk: int = RDD_CHUNK_ROWS) -> Iterator
 
 # --------------------------------------------------------------------------- training
 def feed_partition(batches: Iterable[pa.RecordBatch], partition: int, epoch: int, num_partitions: int,
-                   endpoints: Sequence[NodeEndpoint], options: FeedOptions) -> List[int]:
+                   endpoints: Sequence[NodeEndpoint], options: FeedOptions, attempt: int = 0) -> List[int]:
     """Feeds one partition of one epoch to the nodes; returns the rows each node got.
+
+    `attempt` is the Spark task attempt: when Spark retries a failed feeding task, the
+    nodes keep what the failed attempt delivered (training sees those rows twice) and
+    count each attempt's rows apart, so every node still hands out the same total.
 
     Raises the node's error (Aborted naming the node) if a node fails, and
     DeadlineExceeded if a node makes no progress for feed_timeout.
@@ -156,7 +160,7 @@ def feed_partition(batches: Iterable[pa.RecordBatch], partition: int, epoch: int
             offset = 0
             for k, n in enumerate(split_rows(batch.num_rows, sent, first)):
                 if n:
-                    _write_batch(channels[k], partition, epoch, batch.slice(offset, n))
+                    _write_batch(channels[k], partition, epoch, batch.slice(offset, n), attempt)
                     offset += n
                     sent[k] += n
             if all(ch.cancelled for ch in channels):

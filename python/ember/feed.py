@@ -77,13 +77,20 @@ class _Epoch:
     other, so while partition p is still arriving every other node will get at least
     ``received[p] - 1`` rows of it.  ``usable`` is therefore a lower bound on the
     smallest epoch total over all nodes, exact once every partition has ended.
+
+    A retried feeding task (Spark task attempt) sends its partition again from the
+    start; its rows are counted apart from the failed attempt's, and the partition
+    is credited with its largest attempt.  Any attempt gives every node at least
+    ``floor(rows / nodes)`` rows of the partition, so the bound still holds as long
+    as the partition has the same rows on every attempt (cache non-deterministic
+    input).
     """
 
     def __init__(self):
         self.num_partitions = 0          # known from the first END_PARTITION
         self.ended_partitions: set = set()
         self.node_totals: List[int] = []  # per node, over the ended partitions
-        self.open_rows: Dict[int, int] = {}  # partition -> rows received, not yet ended
+        self.open_rows: Dict[int, Dict[int, int]] = {}  # partition -> {attempt: rows}, not yet ended
 
     @property
     def complete(self) -> bool:
@@ -92,10 +99,13 @@ class _Epoch:
     @property
     def usable(self) -> int:
         ended = min(self.node_totals) if self.node_totals else 0
-        return ended + sum(max(0, r - 1) for r in self.open_rows.values())
+        return ended + sum(max(0, max(a.values()) - 1) for a in self.open_rows.values())
 
-    def add_rows(self, partition: int, rows: int) -> None:
-        self.open_rows[partition] = self.open_rows.get(partition, 0) + rows
+    def add_rows(self, partition: int, rows: int, attempt: int = 0) -> None:
+        if partition in self.ended_partitions:
+            return  # a late duplicate attempt: its rows are extra, never counted
+        attempts = self.open_rows.setdefault(partition, {})
+        attempts[attempt] = attempts.get(attempt, 0) + rows
 
     def end_partition(self, partition: int, num_partitions: int, node_rows: Sequence[int]) -> None:
         if partition in self.ended_partitions:
@@ -179,12 +189,12 @@ class DataFeed:
 
     def _handle(self, kind: int, payload) -> None:
         if kind == proto.BATCH:
-            partition, epoch, batch = proto.decode_batch(payload)
+            partition, epoch, attempt, batch = proto.decode_batch(payload)
             if batch.num_rows:
                 session = self._session(partition, epoch)
                 session.received += batch.num_rows
                 if epoch != proto.INFERENCE_EPOCH:
-                    self._epoch(epoch).add_rows(partition, batch.num_rows)
+                    self._epoch(epoch).add_rows(partition, batch.num_rows, attempt)
                 self._events.append(("rows", session, epoch, batch))
         elif kind == proto.END_PARTITION:
             partition, epoch, num_partitions, node_rows = proto.decode_end_partition(payload)

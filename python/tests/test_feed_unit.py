@@ -86,6 +86,17 @@ def test_epoch_usable_rows_is_a_lower_bound_that_becomes_exact():
     assert e.complete and e.usable == 6
 
 
+def test_epoch_credits_a_retried_partition_with_its_largest_attempt():
+    from ember.feed import _Epoch
+    e = _Epoch()
+    e.add_rows(0, 50, attempt=0)  # a failed attempt delivered this node's whole share (of 100 rows)
+    e.add_rows(0, 30, attempt=1)  # the retry is under way: the other node still gets only 50
+    assert e.usable == 49
+    e.end_partition(0, 1, [50, 50])
+    e.add_rows(0, 20, attempt=1)  # a late speculative duplicate changes nothing
+    assert e.complete and e.usable == 50
+
+
 # ------------------------------------------------------------------ ring + DataFeed
 @pytest.fixture
 def ring():
@@ -201,6 +212,35 @@ def test_every_node_yields_the_same_batches_from_uneven_partitions():
         values = [v for g in got for b in g for v in b]
         assert all(len(b) == 8 for g in got for b in g)
         assert len(set(values)) == len(values)  # no row went to both nodes
+    finally:
+        for r in rings:
+            r.close()
+
+
+def test_a_retried_feeding_task_does_not_unbalance_the_nodes():
+    """Attempt 0 of partition 0 dies after writing only to node 0; Spark's attempt 1 sends the
+    whole partition again.  Both nodes still yield the same batches, and node 0 trains on the
+    failed attempt's rows too (at least once)."""
+    from ember import _ember
+    rings = [_ember.ShmRing.create(f"/ember-test-{secrets.token_hex(6)}", 1 << 20) for _ in range(2)]
+    eps = [feeding.NodeEndpoint(executor_id=k, name=f"worker:{k}", ring=r.name, host="127.0.0.1", port=0)
+           for k, r in enumerate(rings)]
+    try:
+        first = [_ember.ShmRing.open(r.name) for r in rings]
+        failed = rows_mod.rows_to_batch([(float(i),) for i in range(40)])
+        first[0].write(proto.BATCH, proto.as_uint8(proto.encode_batch(0, 0, failed, attempt=0)), 5.0)
+        for p_ in first:
+            p_.close()
+        rows = [(float(i),) for i in range(100)]
+        feeding.feed_partition(feeding.rdd_rows_to_batches(rows, chunk=10), 0, 0, 1, eps, _options(), attempt=1)
+        for r in rings:
+            producer = _ember.ShmRing.open(r.name)
+            producer.write(proto.END_FEED, np.zeros(0, np.uint8), 5.0)
+            producer.close()
+        feeds = [DataFeed(r, node=f"worker:{k}", timeout=5) for k, r in enumerate(rings)]
+        got = [[b["_0"].tolist() for b in f.epoch_batches(8)] for f in feeds]
+        assert [len(g) for g in got] == [50 // 8] * 2
+        assert got[0][0] == [float(i) for i in range(8)]  # the failed attempt's rows come first
     finally:
         for r in rings:
             r.close()

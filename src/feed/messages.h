@@ -3,7 +3,8 @@
 // connection (other hosts; kind = frame type).  See docs/wire.md, "Feed".
 //
 // Payload layouts (integers little-endian):
-//   kBatch           u32 partition | u32 epoch | Arrow IPC stream (schema + 1 record batch)
+//   kBatch           u32 partition | u32 epoch | u32 task attempt |
+//                    Arrow IPC stream (schema + 1 record batch)
 //   kEndPartition    u32 partition | u32 epoch | u32 partitions in this epoch | u32 n |
 //                    n x i64 rows of this partition sent to node 0..n-1
 //                    (every feeding task sends one to every node, even with 0 rows, so a
