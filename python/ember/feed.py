@@ -444,13 +444,15 @@ class DataFeed:
         return event[2] in self._finished_epochs and event[2] != self._current_epoch
 
     def _next_epoch(self) -> Optional[int]:
-        """The epoch of the next rows, reading ahead as needed; None at end of feed."""
+        """The next training epoch this node has news of (rows or a partition's end: a node
+        may get no rows of a tiny epoch, yet must step through it like its peers), reading
+        ahead as needed; None at end of feed."""
         self._current_epoch = None
         while True:
             while self._events and self._stale(self._events[0]):
                 self._events.popleft()
             for event in self._events:
-                if event[0] == "rows":
+                if event[2] != proto.INFERENCE_EPOCH and not self._stale(event):
                     return event[2]
             if self._terminated or not self._read_message():
                 return None
@@ -507,11 +509,12 @@ class DataFeed:
 
     def _peek_columns(self) -> Optional[Dict[str, np.ndarray]]:
         """The first queued rows' columns (one row), reading ahead; None at end of feed."""
-        if self._next_epoch() is None:
-            return None
-        for event in self._events:
-            if event[0] == "rows":
-                return rows_mod.batch_to_columns(event[3].slice(0, 1))
+        while self._next_epoch() is not None:
+            for event in self._events:
+                if event[0] == "rows" and not self._stale(event):
+                    return rows_mod.batch_to_columns(event[3].slice(0, 1))
+            if self._terminated or not self._read_message():
+                break
         return None
 
     def to_torch_dataset(self, batch_size: int, drop_remainder: bool = True, transform=None):

@@ -217,6 +217,29 @@ def test_every_node_yields_the_same_batches_from_uneven_partitions():
             r.close()
 
 
+def test_a_node_that_gets_no_rows_of_a_tiny_epoch_still_steps_through_it():
+    """1 row in epoch 0 (a streaming micro-batch, say) reaches only one of 2 nodes; both
+    must see epoch 0 as empty and meet again in epoch 1."""
+    from ember import _ember
+    rings = [_ember.ShmRing.create(f"/ember-test-{secrets.token_hex(6)}", 1 << 20) for _ in range(2)]
+    eps = [feeding.NodeEndpoint(executor_id=k, name=f"worker:{k}", ring=r.name, host="127.0.0.1", port=0)
+           for k, r in enumerate(rings)]
+    try:
+        feeding.feed_partition(iter([rows_mod.rows_to_batch([(1.0,)])]), 0, 0, 1, eps, _options())
+        rows = [(float(i),) for i in range(10)]
+        feeding.feed_partition(feeding.rdd_rows_to_batches(rows), 0, 1, 1, eps, _options())
+        for r in rings:
+            producer = _ember.ShmRing.open(r.name)
+            producer.write(proto.END_FEED, np.zeros(0, np.uint8), 5.0)
+            producer.close()
+        for k, r in enumerate(rings):
+            feed = DataFeed(r, node=f"worker:{k}", timeout=5)
+            assert [len(list(feed.epoch_batches(2))) for _ in range(3)] == [0, 2, 0], f"worker:{k}"
+    finally:
+        for r in rings:
+            r.close()
+
+
 def test_a_retried_feeding_task_does_not_unbalance_the_nodes():
     """Attempt 0 of partition 0 dies after writing only to node 0; Spark's attempt 1 sends the
     whole partition again.  Both nodes still yield the same batches, and node 0 trains on the
