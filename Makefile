@@ -10,7 +10,10 @@ JOBS ?= 2
 CORE_SOURCES := $(shell find include src python/src -name '*.h' -o -name '*.cc' -o -name 'CMakeLists.txt') CMakeLists.txt
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-cpp test-asan test-py clean
+FUZZERS := codec_fuzz feed_wire_fuzz protocol_fuzz
+FUZZ_SECS ?= 10
+
+.PHONY: setup run test test-cpp test-asan test-py fuzz clean
 
 setup: $(STAMPS)/ember
 
@@ -50,10 +53,24 @@ test-asan: build/asan/build.ninja
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --test-dir build/asan --output-on-failure -j $(JOBS)
 
+# libFuzzer targets for the parsers of untrusted bytes (clang); each runs FUZZ_SECS seconds
+# on its corpus in build/fuzz/corpus/, so the targets build and stay clean.  Crashes land in build/fuzz/.
+build/fuzz/build.ninja: $(STAMPS)/system
+	cmake -S . -B build/fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DEMBER_BUILD_TESTS=OFF -DEMBER_BUILD_FUZZERS=ON
+
+fuzz: build/fuzz/build.ninja
+	cmake --build build/fuzz -j $(JOBS) --target $(FUZZERS)
+	for f in $(FUZZERS); do \
+	  mkdir -p build/fuzz/corpus/$$f && \
+	  build/fuzz/src/$$f -max_total_time=$(FUZZ_SECS) -print_final_stats=1 -artifact_prefix=build/fuzz/ \
+	    build/fuzz/corpus/$$f 2>&1 | grep -E '^(Done|stat::number_of_executed_units)|ERROR|SUMMARY'; \
+	  test $${PIPESTATUS[0]} -eq 0 || exit 1; \
+	done
+
 test-py: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test: setup test-cpp test-asan test-py
+test: setup test-cpp test-asan fuzz test-py
 
 clean:
 	rm -rf build $(STAMPS)

@@ -6,6 +6,7 @@ pkgs=(
   cmake ninja-build g++ make          # build
   libssl-dev                          # HMAC-SHA256 + CSPRNG for the authenticated handshake
   libgtest-dev                        # C++ unit tests
+  clang libclang-rt-14-dev            # libFuzzer targets (make fuzz)
   dataset-fashion-mnist               # the main job's data (IDX gzip files)
 )
 command -v java >/dev/null 2>&1 || pkgs+=(openjdk-17-jre-headless)   # Spark 4 needs Java 17
