@@ -11,6 +11,10 @@ inter-op thread per node, on a Spark standalone cluster of 2 workers on this hos
                feed.to_tf_dataset(batch, transform=bytes -> float32 [28,28,1] / 255).
   ember_tf     Ember InputMode.TENSORFLOW: each node reads its own TFRecord shards (made from the
                same IDX files by examples/fashion_mnist/data.py) with tf.data (parse, cache, batch).
+  compute_only the ceiling, not a contender: Ember InputMode.TENSORFLOW where each node trains on
+               one batch held in memory (tf.data from_tensors(...).repeat()): the model's own
+               speed here, with no input pipeline at all.  No feed can beat it, so
+               compute_only / tfos_spark bounds what any ratio vs TFoS can be on this machine.
   tfos_spark   TensorFlowOnSpark 2.2.5 InputMode.SPARK: the same DataFrame as df.rdd,
                TFCluster.train; each node trains from a tf.data generator over
                TFNode.DataFeed.next_batch(batch) (chief + worker, so TFoS sets TF_CONFIG).
@@ -19,7 +23,8 @@ Each worker iterates its own plain tf.data pipeline (prefetch 2, autotuner off, 
 does) and hands its batch to strategy.run.  No shuffling in any mode.  Each node runs --warmup steps (tracing, first all-reduces), then
 --repeats timed windows of --steps steps; samples/s = steps x global batch / window seconds,
 measured on worker 0 (chief for TFoS); medians over the windows.  The last line is:
-  e2e_samples_per_sec: ember_spark=<v> ember_tf=<v> tfos_spark=<v> ratio_spark_vs_tf=<v> ratio_vs_tfos=<v>
+  e2e_samples_per_sec: ember_spark=<v> ember_tf=<v> compute_only=<v> tfos_spark=<v> ratio_spark_vs_tf=<v>
+                       ratio_vs_tfos=<v> ceiling_ratio_vs_tfos=<v>
 
   .venv/bin/python bench/e2e_feed.py            # defaults: batch 64 per node, 20 + 3 x 100 steps
 """
@@ -153,6 +158,17 @@ def ember_tf_main(args, ctx):
     ctx.barrier("bench_done", timeout=600)
 
 
+def compute_only_main(args, ctx):
+    tf, example, data = _node_common(args)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    files = data.shard_paths(args["data_dir"], "train")
+    n, i = ctx.num_workers, ctx.task_index
+    batch = next(iter(tf.data.TFRecordDataset(files[i::n]).map(data.parse_example).batch(args["batch"])))
+    ds = tf.data.Dataset.from_tensors(batch).repeat()  # one batch, in memory: no input pipeline
+    _train_and_time(args, tf, example, strategy, ds, ctx.task_index == 0, "compute_only.json")
+    ctx.barrier("bench_done", timeout=600)
+
+
 def tfos_spark_main(args, ctx):
     import numpy as np
     tf, example, _ = _node_common(args)
@@ -209,6 +225,13 @@ def run_ember(cluster, args, node_args, out: Path, tmp: Path) -> dict:
     c.shutdown(timeout=1200)
     res["ember_tf"] = json.loads((out / "ember_tf.json").read_text())
     C.log(f"ember_tf: done in {time.time() - t:.1f}s: {fmt(res['ember_tf'])}")
+    # The ceiling: the same training step on one in-memory batch.
+    t = time.time()
+    c = ember.Cluster.run(spark, compute_only_main, node_args, num_executors=2,
+                          input_mode=ember.InputMode.TENSORFLOW, reservation_timeout=180)
+    c.shutdown(timeout=1200)
+    res["compute_only"] = json.loads((out / "compute_only.json").read_text())
+    C.log(f"compute_only: done in {time.time() - t:.1f}s: {fmt(res['compute_only'])}")
     # SPARK mode: the same images as a cached DataFrame, exactly the rows the steps consume.
     rows = 2 * args.batch * (args.warmup + args.repeats * args.steps)
     df = fashion_df(spark, rows, args.partitions, tmp)
@@ -298,7 +321,7 @@ def main(argv=None) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
     med = {k: C.median(results[k]["samples_per_sec"]) if k in results else float("nan")
-           for k in ("ember_spark", "ember_tf", "tfos_spark")}
+           for k in ("ember_spark", "ember_tf", "compute_only", "tfos_spark")}
     results["medians"] = med
     print()
     print(f"medians over {args.repeats} windows of {args.steps} steps, samples/s (global batch {2 * args.batch}):")
@@ -308,8 +331,10 @@ def main(argv=None) -> None:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     C.log(f"machine at end: {C.machine_info()}")
     print(f"e2e_samples_per_sec: ember_spark={C.fmt_rate(med['ember_spark'])} ember_tf={C.fmt_rate(med['ember_tf'])} "
-          f"tfos_spark={C.fmt_rate(med['tfos_spark'])} ratio_spark_vs_tf={med['ember_spark'] / med['ember_tf']:.2f} "
-          f"ratio_vs_tfos={med['ember_spark'] / med['tfos_spark']:.2f}")
+          f"compute_only={C.fmt_rate(med['compute_only'])} tfos_spark={C.fmt_rate(med['tfos_spark'])} "
+          f"ratio_spark_vs_tf={med['ember_spark'] / med['ember_tf']:.2f} "
+          f"ratio_vs_tfos={med['ember_spark'] / med['tfos_spark']:.2f} "
+          f"ceiling_ratio_vs_tfos={med['compute_only'] / med['tfos_spark']:.2f}")
 
 
 if __name__ == "__main__":
