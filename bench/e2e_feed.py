@@ -218,31 +218,26 @@ def run_ember(cluster, args, node_args, out: Path, tmp: Path) -> dict:
     sc = spark.sparkContext
     C.wait_executors(sc, 2)
     res = {}
+
+    def run_mode(name, main_fun, input_mode, data=None):
+        t = time.time()
+        c = ember.Cluster.run(spark, main_fun, node_args, num_executors=2, input_mode=input_mode,
+                              reservation_timeout=180)
+        if data is not None:
+            c.train(data, num_epochs=1)
+        c.shutdown(timeout=1200)
+        res[name] = json.loads((out / f"{name}.json").read_text())
+        C.log(f"{name}: done in {time.time() - t:.1f}s: {fmt(res[name])}")
+
     # TENSORFLOW mode: nodes read TFRecords themselves.
-    t = time.time()
-    c = ember.Cluster.run(spark, ember_tf_main, node_args, num_executors=2,
-                          input_mode=ember.InputMode.TENSORFLOW, reservation_timeout=180)
-    c.shutdown(timeout=1200)
-    res["ember_tf"] = json.loads((out / "ember_tf.json").read_text())
-    C.log(f"ember_tf: done in {time.time() - t:.1f}s: {fmt(res['ember_tf'])}")
+    run_mode("ember_tf", ember_tf_main, ember.InputMode.TENSORFLOW)
     # The ceiling: the same training step on one in-memory batch.
-    t = time.time()
-    c = ember.Cluster.run(spark, compute_only_main, node_args, num_executors=2,
-                          input_mode=ember.InputMode.TENSORFLOW, reservation_timeout=180)
-    c.shutdown(timeout=1200)
-    res["compute_only"] = json.loads((out / "compute_only.json").read_text())
-    C.log(f"compute_only: done in {time.time() - t:.1f}s: {fmt(res['compute_only'])}")
+    run_mode("compute_only", compute_only_main, ember.InputMode.TENSORFLOW)
     # SPARK mode: the same images as a cached DataFrame, exactly the rows the steps consume.
     rows = 2 * args.batch * (args.warmup + args.repeats * args.steps)
     df = fashion_df(spark, rows, args.partitions, tmp)
     C.log(f"ember_spark data: {rows} rows in {args.partitions} partitions; {C.cached_fraction(sc)}")
-    t = time.time()
-    c = ember.Cluster.run(spark, ember_spark_main, node_args, num_executors=2,
-                          input_mode=ember.InputMode.SPARK, reservation_timeout=180)
-    c.train(df, num_epochs=1)
-    c.shutdown(timeout=1200)
-    res["ember_spark"] = json.loads((out / "ember_spark.json").read_text())
-    C.log(f"ember_spark: done in {time.time() - t:.1f}s: {fmt(res['ember_spark'])}")
+    run_mode("ember_spark", ember_spark_main, ember.InputMode.SPARK, df)
     spark.stop()
     return res
 
