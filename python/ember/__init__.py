@@ -8,9 +8,10 @@ from ember import errors
 from ember.cluster import Cluster
 from ember.context import Context
 from ember.errors import ClusterError, EmberError, NodeError
+from ember.feed import DataFeed
 from ember.input_mode import InputMode
 
-__all__ = ["Cluster", "Context", "InputMode", "errors", "EmberError", "ClusterError",
+__all__ = ["Cluster", "Context", "DataFeed", "InputMode", "errors", "EmberError", "ClusterError",
            "NodeError"]
 __version__ = "0.1.0"
 
