@@ -13,6 +13,7 @@ from typing import Any, List, Optional, Sequence, Union
 
 import pyarrow as pa
 
+from ember import _feed_protocol as proto
 from ember import _feeding as feeding
 from ember import errors
 from ember.context import WORKER_ROLES
@@ -77,7 +78,6 @@ def train(sc, data: Any, num_epochs: int, endpoints: Sequence[feeding.NodeEndpoi
         raise ValueError("num_epochs must be at least 1")
     eps, opts = list(endpoints), options
     num_nodes = len(eps)
-    num_partitions = data.rdd.getNumPartitions() if _is_dataframe(data) else data.getNumPartitions()
     used = 0
     for epoch in range(first_epoch, first_epoch + num_epochs):
         if _is_dataframe(data):
@@ -85,7 +85,7 @@ def train(sc, data: Any, num_epochs: int, endpoints: Sequence[feeding.NodeEndpoi
                 from pyspark import TaskContext
                 task = TaskContext.get()
                 p = task.partitionId()
-                sent = feeding.feed_partition(batches, p, epoch, num_partitions, eps, opts, task.attemptNumber())
+                sent = feeding.feed_partition(batches, p, epoch, eps, opts, task.attemptNumber())
                 yield pa.RecordBatch.from_pydict(
                     {"partition": [p] * len(sent), "node": list(range(len(sent))), "rows": sent},
                     schema=pa.schema([("partition", pa.int32()), ("node", pa.int32()), ("rows", pa.int64())]))
@@ -93,10 +93,15 @@ def train(sc, data: Any, num_epochs: int, endpoints: Sequence[feeding.NodeEndpoi
         else:
             def feed_rdd(p, rows, epoch=epoch):
                 from pyspark import TaskContext
-                sent = feeding.feed_partition(feeding.rdd_rows_to_batches(rows), p, epoch, num_partitions, eps, opts,
+                sent = feeding.feed_partition(feeding.rdd_rows_to_batches(rows), p, epoch, eps, opts,
                                               TaskContext.get().attemptNumber())
                 return [(p, k, n) for k, n in enumerate(sent)]
             sent = data.mapPartitionsWithIndex(feed_rdd).collect()
+        # The job ran every partition it had (each reported once per node): only now is the
+        # count certain (AQE may coalesce), so the driver, not the tasks, closes the epoch.
+        num_partitions = len({p for p, _, _ in sent})
+        _tell_nodes(eps, opts.secret, proto.END_EPOCH, proto.encode_end_epoch(epoch, num_partitions),
+                    opts.feed_timeout, skip_gone=False)
         per_node = [0] * num_nodes
         for _, k, n in sent:
             per_node[k] += n
@@ -178,22 +183,26 @@ def inference(sc, data: Any, endpoints: Sequence[feeding.NodeEndpoint], options:
 
 
 def end_feed(endpoints: Sequence[feeding.NodeEndpoint], secret: bytes, timeout: float) -> None:
-    """Tells every fed node that no more data will come (its DataFeed.should_stop() turns True).
+    """Tells every fed node that no more data will come (its DataFeed.should_stop() turns True)."""
+    _tell_nodes(endpoints, secret, proto.END_FEED, b"", timeout, skip_gone=True)
 
-    Goes through each node's TCP feed server, so it works wherever the driver runs.
-    A node that already exited is skipped.
-    """
-    import numpy as np
 
+def _tell_nodes(endpoints: Sequence[feeding.NodeEndpoint], secret: bytes, kind: int, payload: bytes,
+                timeout: float, skip_gone: bool) -> None:
+    """Sends one message to every node, through its TCP feed server (so it works wherever
+    the driver runs).  A node that cannot be reached is skipped if `skip_gone` (it exited:
+    its launcher reports why), else Unavailable names it.  A node that terminated its feed,
+    finished, or goes away while being told is skipped."""
     from ember import _ember
-    from ember import _feed_protocol as proto
     for ep in endpoints:
         try:
             client = _ember.FeedClient.connect(ep.host, ep.port, secret, timeout)
         except errors.Unavailable:
-            continue  # the node is gone; nothing to tell it
+            if skip_gone:
+                continue
+            raise
         try:
-            client.write(proto.END_FEED, np.zeros(0, np.uint8), timeout)
+            client.write(kind, proto.as_uint8(payload), timeout)
         except (errors.Cancelled, errors.Aborted, errors.Unavailable, errors.EmberIOError):
             pass  # it terminated its feed, finished, or is going away (its launcher reports why)
         finally:

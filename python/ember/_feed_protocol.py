@@ -19,17 +19,19 @@ BEGIN_PARTITION = 4
 RESULTS = 5
 END_RESULTS = 6
 ERROR = 7
+END_EPOCH = 8
 
 KIND_NAMES = {BATCH: "BATCH", END_PARTITION: "END_PARTITION", END_FEED: "END_FEED",
               BEGIN_PARTITION: "BEGIN_PARTITION", RESULTS: "RESULTS", END_RESULTS: "END_RESULTS",
-              ERROR: "ERROR"}
+              ERROR: "ERROR", END_EPOCH: "END_EPOCH"}
 
 BEGIN_WANTS_RESULTS = 1
 # Epoch number of inference partitions: never one of train()'s epochs, which count from 0.
 INFERENCE_EPOCH = 0xFFFFFFFF
 
 _BATCH_HEAD = struct.Struct("<III")         # partition, epoch, task attempt
-_END_PARTITION = struct.Struct("<IIII")     # partition, epoch, partitions in epoch, nodes; then i64 rows per node
+_END_PARTITION = struct.Struct("<III")      # partition, epoch, nodes; then i64 rows per node
+_END_EPOCH = struct.Struct("<II")           # epoch, partitions the epoch had
 _BEGIN_HEAD = struct.Struct("<IIII")        # partition, epoch, flags, name length
 _END_RESULTS = struct.Struct("<q")          # rows answered
 
@@ -75,25 +77,36 @@ def decode_batch(payload) -> Tuple[int, int, int, pa.RecordBatch]:
     return partition, epoch, attempt, _read_ipc(buf.slice(_BATCH_HEAD.size), f"BATCH of partition {partition}")
 
 
-def encode_end_partition(partition: int, epoch: int, num_partitions: int, node_rows: Sequence[int]) -> bytes:
+def encode_end_partition(partition: int, epoch: int, node_rows: Sequence[int]) -> bytes:
     """`node_rows[k]`: the rows of this partition sent to node k (inference: the one node)."""
-    return (_END_PARTITION.pack(partition, epoch, num_partitions, len(node_rows))
-            + struct.pack(f"<{len(node_rows)}q", *node_rows))
+    return _END_PARTITION.pack(partition, epoch, len(node_rows)) + struct.pack(f"<{len(node_rows)}q", *node_rows)
 
 
-def decode_end_partition(payload) -> Tuple[int, int, int, Tuple[int, ...]]:
-    """Returns (partition, epoch, partitions in the epoch, rows sent to each node)."""
+def decode_end_partition(payload) -> Tuple[int, int, Tuple[int, ...]]:
+    """Returns (partition, epoch, rows sent to each node)."""
     data = bytes(payload)
     if len(data) < _END_PARTITION.size:
         raise FeedProtocolError(f"END_PARTITION message of {len(data)} bytes is shorter than its header")
-    partition, epoch, num_partitions, num_nodes = _END_PARTITION.unpack(data[:_END_PARTITION.size])
+    partition, epoch, num_nodes = _END_PARTITION.unpack(data[:_END_PARTITION.size])
     if num_nodes < 1 or len(data) != _END_PARTITION.size + 8 * num_nodes:
         raise FeedProtocolError(f"END_PARTITION of partition {partition} counts {num_nodes} nodes but carries "
                                 f"{len(data) - _END_PARTITION.size} bytes of row counts")
     rows = struct.unpack(f"<{num_nodes}q", data[_END_PARTITION.size:])
     if min(rows) < 0:
         raise FeedProtocolError(f"END_PARTITION of partition {partition} has a negative row count")
-    return partition, epoch, num_partitions, rows
+    return partition, epoch, rows
+
+
+def encode_end_epoch(epoch: int, num_partitions: int) -> bytes:
+    return _END_EPOCH.pack(epoch, num_partitions)
+
+
+def decode_end_epoch(payload) -> Tuple[int, int]:
+    """Returns (epoch, partitions the epoch had)."""
+    data = bytes(payload)
+    if len(data) != _END_EPOCH.size:
+        raise FeedProtocolError(f"END_EPOCH message has {len(data)} bytes, expected {_END_EPOCH.size}")
+    return _END_EPOCH.unpack(data)
 
 
 def encode_begin_partition(partition: int, epoch: int, wants_results: bool, result_ring: str) -> bytes:

@@ -6,10 +6,12 @@ slices, one per node, keeping the rows each node got from this partition
 within one of each other (``split_rows``; the odd rows of a partition start
 at node ``partition % num_nodes``, so they spread over the nodes).  It ends
 the partition with an END_PARTITION marker to every node that carries what
-every node got from it.  Each node therefore learns every node's epoch total
-once all partitions have ended, and can prove at any moment a lower bound on
-the smallest total (``ember.feed``): every node trains on exactly that many
-rows, so synchronous strategies see the same number of batches everywhere.
+every node got from it.  When the epoch's Spark job has ended, the driver tells
+every node how many partitions it had (END_EPOCH).  Each node therefore learns
+every node's epoch total, and can prove at any moment before that a lower
+bound on the smallest total (``ember.feed``): every node trains on exactly
+that many rows, so synchronous strategies see the same number of batches
+everywhere.
 
 ``cluster.inference`` sends partition p wholly to node p % num_nodes under the
 node ring's session lock, so each partition's rows reach the node contiguously
@@ -141,7 +143,7 @@ def rdd_rows_to_batches(rows: Iterable, chunk: int = RDD_CHUNK_ROWS) -> Iterator
 
 
 # --------------------------------------------------------------------------- training
-def feed_partition(batches: Iterable[pa.RecordBatch], partition: int, epoch: int, num_partitions: int,
+def feed_partition(batches: Iterable[pa.RecordBatch], partition: int, epoch: int,
                    endpoints: Sequence[NodeEndpoint], options: FeedOptions, attempt: int = 0) -> List[int]:
     """Feeds one partition of one epoch to the nodes; returns the rows each node got.
 
@@ -165,7 +167,7 @@ def feed_partition(batches: Iterable[pa.RecordBatch], partition: int, epoch: int
                     sent[k] += n
             if all(ch.cancelled for ch in channels):
                 break  # every node terminated its feed: skip the rest quietly (TFoS semantics)
-        end = proto.encode_end_partition(partition, epoch, num_partitions, sent)
+        end = proto.encode_end_partition(partition, epoch, sent)
         for ch in channels:
             ch.write(proto.END_PARTITION, end)
         return sent
@@ -211,8 +213,7 @@ def infer_partition(batches: Iterable[pa.RecordBatch], partition: int, endpoint:
                     inputs.put(batch)
                     _write_batch(ch, partition, proto.INFERENCE_EPOCH, batch)
                     sent[0] += batch.num_rows
-                ch.write(proto.END_PARTITION, proto.encode_end_partition(partition, proto.INFERENCE_EPOCH,
-                                                                         1, sent))
+                ch.write(proto.END_PARTITION, proto.encode_end_partition(partition, proto.INFERENCE_EPOCH, sent))
             finally:
                 if ch.local:
                     ch.ring.unlock_session()

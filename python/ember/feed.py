@@ -8,10 +8,11 @@ columns (``next_batch_columns``, zero-copy where Arrow allows), as a
 results back in input order (``batch_results``).
 
 Epochs: every feeding task ends each partition with an END_PARTITION marker
-sent to every node, carrying the number of partitions in the epoch and the
-rows every node got from that partition (always within one of each other).
-So each node knows every node's epoch total once the epoch's partitions have
-all ended, and before that a lower bound on the smallest total (``_Epoch``).
+sent to every node, carrying the rows every node got from that partition
+(always within one of each other); once the epoch's Spark job has ended the
+driver sends END_EPOCH with the number of partitions it had.  So each node
+knows every node's epoch total at the end of the epoch, and before that a
+lower bound on the smallest total (``_Epoch``).
 Every node hands out exactly the smallest total, so ``to_tf_dataset`` yields
 the same number of full batches per epoch on every node and synchronous
 strategies never wait on a node that ran dry.  No counting pass is needed.
@@ -87,14 +88,14 @@ class _Epoch:
     """
 
     def __init__(self):
-        self.num_partitions = 0          # known from the first END_PARTITION
+        self.num_partitions: Optional[int] = None  # from the driver's END_EPOCH
         self.ended_partitions: set = set()
         self.node_totals: List[int] = []  # per node, over the ended partitions
         self.open_rows: Dict[int, Dict[int, int]] = {}  # partition -> {attempt: rows}, not yet ended
 
     @property
     def complete(self) -> bool:
-        return self.num_partitions > 0 and len(self.ended_partitions) >= self.num_partitions
+        return self.num_partitions is not None and len(self.ended_partitions) >= self.num_partitions
 
     @property
     def usable(self) -> int:
@@ -107,12 +108,11 @@ class _Epoch:
         attempts = self.open_rows.setdefault(partition, {})
         attempts[attempt] = attempts.get(attempt, 0) + rows
 
-    def end_partition(self, partition: int, num_partitions: int, node_rows: Sequence[int]) -> None:
+    def end_partition(self, partition: int, node_rows: Sequence[int]) -> None:
         if partition in self.ended_partitions:
             return
         if not self.node_totals:
             self.node_totals = [0] * len(node_rows)
-        self.num_partitions = num_partitions
         self.node_totals = [t + r for t, r in zip(self.node_totals, node_rows)]
         self.ended_partitions.add(partition)
         self.open_rows.pop(partition, None)
@@ -197,11 +197,11 @@ class DataFeed:
                     self._epoch(epoch).add_rows(partition, batch.num_rows, attempt)
                 self._events.append(("rows", session, epoch, batch))
         elif kind == proto.END_PARTITION:
-            partition, epoch, num_partitions, node_rows = proto.decode_end_partition(payload)
+            partition, epoch, node_rows = proto.decode_end_partition(payload)
             session = self._session(partition, epoch)
             session.rows = session.received
             if epoch != proto.INFERENCE_EPOCH:
-                self._epoch(epoch).end_partition(partition, num_partitions, node_rows)
+                self._epoch(epoch).end_partition(partition, node_rows)
             self._events.append(("end", session, epoch))
             if self._sessions.get((partition, epoch)) is session and session.result_ring is None:
                 del self._sessions[(partition, epoch)]
@@ -216,6 +216,9 @@ class DataFeed:
             self._sessions[(partition, epoch)] = session
             if ring is not None:
                 self._open_sessions.append(session)
+        elif kind == proto.END_EPOCH:
+            epoch, num_partitions = proto.decode_end_epoch(payload)
+            self._epoch(epoch).num_partitions = num_partitions
         elif kind == proto.END_FEED:
             self._end_of_feed = True
         else:

@@ -78,12 +78,14 @@ def test_epoch_usable_rows_is_a_lower_bound_that_becomes_exact():
     e = _Epoch()
     e.add_rows(0, 5)              # partition 0 still arriving: others get at least 4 of it
     assert e.usable == 4 and not e.complete
-    e.end_partition(0, 2, [5, 4])
+    e.end_partition(0, [5, 4])
     assert e.usable == 4
     e.add_rows(1, 1)              # 1 row of partition 1: another node may get none
     assert e.usable == 4
-    e.end_partition(1, 2, [1, 2])
-    assert e.complete and e.usable == 6
+    e.end_partition(1, [1, 2])
+    assert e.usable == 6 and not e.complete
+    e.num_partitions = 2          # the driver's END_EPOCH
+    assert e.complete
 
 
 def test_epoch_credits_a_retried_partition_with_its_largest_attempt():
@@ -92,12 +94,23 @@ def test_epoch_credits_a_retried_partition_with_its_largest_attempt():
     e.add_rows(0, 50, attempt=0)  # a failed attempt delivered this node's whole share (of 100 rows)
     e.add_rows(0, 30, attempt=1)  # the retry is under way: the other node still gets only 50
     assert e.usable == 49
-    e.end_partition(0, 1, [50, 50])
+    e.end_partition(0, [50, 50])
     e.add_rows(0, 20, attempt=1)  # a late speculative duplicate changes nothing
-    assert e.complete and e.usable == 50
+    assert e.usable == 50
 
 
 # ------------------------------------------------------------------ ring + DataFeed
+@pytest.fixture
+def two_nodes():
+    """Two nodes' rings and their endpoints."""
+    from ember import _ember
+    rings = [_ember.ShmRing.create(f"/ember-test-{secrets.token_hex(6)}", 1 << 20) for _ in range(2)]
+    eps = [feeding.NodeEndpoint(executor_id=k, name=f"worker:{k}", ring=r.name, host="127.0.0.1", port=0)
+           for k, r in enumerate(rings)]
+    yield rings, eps
+    for r in rings:
+        r.close()
+
 @pytest.fixture
 def ring():
     from ember import _ember
@@ -114,14 +127,25 @@ def _options(**kw):
     return feeding.FeedOptions(secret=b"s" * 32, feed_timeout=10.0, job_id="t" + secrets.token_hex(3), **kw)
 
 
-def _feed_rdd_rows(ring, rows, epoch=0, num_partitions=1, end_feed=True):
-    feeding.feed_partition(feeding.rdd_rows_to_batches(rows, chunk=3), partition=0, epoch=epoch,
-                           num_partitions=num_partitions, endpoints=[_endpoint(ring)], options=_options())
-    if end_feed:
-        from ember import _ember
-        producer = _ember.ShmRing.open(ring.name)
-        producer.write(proto.END_FEED, np.zeros(0, np.uint8), 5.0)
+def _tell(rings, kind, payload=b""):
+    """What the driver sends each node after a feeding job (END_EPOCH) or at shutdown (END_FEED)."""
+    from ember import _ember
+    for r in rings:
+        producer = _ember.ShmRing.open(r.name)
+        producer.write(kind, proto.as_uint8(payload), 5.0)
         producer.close()
+
+
+def _end_epoch(rings, epoch, num_partitions):
+    _tell(rings, proto.END_EPOCH, proto.encode_end_epoch(epoch, num_partitions))
+
+
+def _feed_rdd_rows(ring, rows, epoch=0, end_feed=True):
+    feeding.feed_partition(feeding.rdd_rows_to_batches(rows, chunk=3), partition=0, epoch=epoch,
+                           endpoints=[_endpoint(ring)], options=_options())
+    _end_epoch([ring], epoch, 1)
+    if end_feed:
+        _tell([ring], proto.END_FEED)
 
 
 def test_next_batch_matches_tfos(ring):
@@ -172,27 +196,21 @@ def test_a_consumer_that_stops_after_the_planned_steps_gets_the_next_epoch(ring)
     assert feed.next_batch(5) == [] and feed.should_stop()
 
 
-def test_every_node_yields_the_same_batches_from_uneven_partitions():
+def test_every_node_yields_the_same_batches_from_uneven_partitions(two_nodes):
     """Two nodes fed 7 uneven partitions (one empty, one of 1 row) in one epoch: both yield
     min(node totals) // batch batches, of disjoint rows, while the feed is still arriving."""
-    from ember import _ember
+    rings, eps = two_nodes
     counts = [0, 17, 1000, 3, 0, 250, 1]
-    rings = [_ember.ShmRing.create(f"/ember-test-{secrets.token_hex(6)}", 1 << 20) for _ in range(2)]
-    eps = [feeding.NodeEndpoint(executor_id=k, name=f"worker:{k}", ring=r.name, host="127.0.0.1", port=0)
-           for k, r in enumerate(rings)]
     sent = []
 
     def produce():
         start = 0
         for p, n in enumerate(counts):
             rows = [(float(start + i),) for i in range(n)]
-            sent.append(feeding.feed_partition(feeding.rdd_rows_to_batches(rows, chunk=7), p, 0, len(counts),
-                                               eps, _options()))
+            sent.append(feeding.feed_partition(feeding.rdd_rows_to_batches(rows, chunk=7), p, 0, eps, _options()))
             start += n
-        for r in rings:
-            producer = _ember.ShmRing.open(r.name)
-            producer.write(proto.END_FEED, np.zeros(0, np.uint8), 5.0)
-            producer.close()
+        _end_epoch(rings, 0, len(counts))
+        _tell(rings, proto.END_FEED)
 
     got = [[], []]
 
@@ -201,72 +219,62 @@ def test_every_node_yields_the_same_batches_from_uneven_partitions():
         got[k] = [b["_0"].tolist() for b in feed.epoch_batches(8)]
 
     threads = [threading.Thread(target=produce)] + [threading.Thread(target=consume, args=(k,)) for k in range(2)]
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=30)
-        totals = [sum(s[k] for s in sent) for k in range(2)]
-        assert sum(totals) == sum(counts) and max(totals) - min(totals) <= 1
-        assert [len(g) for g in got] == [min(totals) // 8] * 2
-        values = [v for g in got for b in g for v in b]
-        assert all(len(b) == 8 for g in got for b in g)
-        assert len(set(values)) == len(values)  # no row went to both nodes
-    finally:
-        for r in rings:
-            r.close()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    totals = [sum(s[k] for s in sent) for k in range(2)]
+    assert sum(totals) == sum(counts) and max(totals) - min(totals) <= 1
+    assert [len(g) for g in got] == [min(totals) // 8] * 2
+    values = [v for g in got for b in g for v in b]
+    assert all(len(b) == 8 for g in got for b in g)
+    assert len(set(values)) == len(values)  # no row went to both nodes
 
 
-def test_a_node_that_gets_no_rows_of_a_tiny_epoch_still_steps_through_it():
+def test_an_epoch_ends_only_when_the_driver_says_how_many_partitions_it_had(two_nodes):
+    """The tasks' markers alone never end an epoch (AQE may run fewer or more partitions than
+    planned): a node waits for END_EPOCH, and stops at the count it gives."""
+    rings, eps = two_nodes
+    feeding.feed_partition(feeding.rdd_rows_to_batches([(float(i),) for i in range(12)]), 0, 0, eps, _options())
+    feed = DataFeed(rings[0], node="worker:0", timeout=1.5)
+    it = feed.epoch_batches(4)
+    assert len(next(it)["_0"]) == 4   # 5 of its 6 rows are provably usable before the epoch ends
+    with pytest.raises(errors.DeadlineExceeded, match="worker:0"):
+        next(it)                      # the last batch needs the epoch's end
+    _end_epoch(rings, 0, 1)
+    feed = DataFeed(rings[1], node="worker:1", timeout=5)
+    assert [len(b["_0"]) for b in feed.epoch_batches(4, drop_remainder=False)] == [4, 2]
+
+
+def test_a_node_that_gets_no_rows_of_a_tiny_epoch_still_steps_through_it(two_nodes):
     """1 row in epoch 0 (a streaming micro-batch, say) reaches only one of 2 nodes; both
     must see epoch 0 as empty and meet again in epoch 1."""
-    from ember import _ember
-    rings = [_ember.ShmRing.create(f"/ember-test-{secrets.token_hex(6)}", 1 << 20) for _ in range(2)]
-    eps = [feeding.NodeEndpoint(executor_id=k, name=f"worker:{k}", ring=r.name, host="127.0.0.1", port=0)
-           for k, r in enumerate(rings)]
-    try:
-        feeding.feed_partition(iter([rows_mod.rows_to_batch([(1.0,)])]), 0, 0, 1, eps, _options())
-        rows = [(float(i),) for i in range(10)]
-        feeding.feed_partition(feeding.rdd_rows_to_batches(rows), 0, 1, 1, eps, _options())
-        for r in rings:
-            producer = _ember.ShmRing.open(r.name)
-            producer.write(proto.END_FEED, np.zeros(0, np.uint8), 5.0)
-            producer.close()
-        for k, r in enumerate(rings):
-            feed = DataFeed(r, node=f"worker:{k}", timeout=5)
-            assert [len(list(feed.epoch_batches(2))) for _ in range(3)] == [0, 2, 0], f"worker:{k}"
-    finally:
-        for r in rings:
-            r.close()
+    rings, eps = two_nodes
+    feeding.feed_partition(iter([rows_mod.rows_to_batch([(1.0,)])]), 0, 0, eps, _options())
+    _end_epoch(rings, 0, 1)
+    feeding.feed_partition(feeding.rdd_rows_to_batches([(float(i),) for i in range(10)]), 0, 1, eps, _options())
+    _end_epoch(rings, 1, 1)
+    _tell(rings, proto.END_FEED)
+    for k, r in enumerate(rings):
+        feed = DataFeed(r, node=f"worker:{k}", timeout=5)
+        assert [len(list(feed.epoch_batches(2))) for _ in range(3)] == [0, 2, 0], f"worker:{k}"
 
 
-def test_a_retried_feeding_task_does_not_unbalance_the_nodes():
+def test_a_retried_feeding_task_does_not_unbalance_the_nodes(two_nodes):
     """Attempt 0 of partition 0 dies after writing only to node 0; Spark's attempt 1 sends the
     whole partition again.  Both nodes still yield the same batches, and node 0 trains on the
     failed attempt's rows too (at least once)."""
-    from ember import _ember
-    rings = [_ember.ShmRing.create(f"/ember-test-{secrets.token_hex(6)}", 1 << 20) for _ in range(2)]
-    eps = [feeding.NodeEndpoint(executor_id=k, name=f"worker:{k}", ring=r.name, host="127.0.0.1", port=0)
-           for k, r in enumerate(rings)]
-    try:
-        first = [_ember.ShmRing.open(r.name) for r in rings]
-        failed = rows_mod.rows_to_batch([(float(i),) for i in range(40)])
-        first[0].write(proto.BATCH, proto.as_uint8(proto.encode_batch(0, 0, failed, attempt=0)), 5.0)
-        for p_ in first:
-            p_.close()
-        rows = [(float(i),) for i in range(100)]
-        feeding.feed_partition(feeding.rdd_rows_to_batches(rows, chunk=10), 0, 0, 1, eps, _options(), attempt=1)
-        for r in rings:
-            producer = _ember.ShmRing.open(r.name)
-            producer.write(proto.END_FEED, np.zeros(0, np.uint8), 5.0)
-            producer.close()
-        feeds = [DataFeed(r, node=f"worker:{k}", timeout=5) for k, r in enumerate(rings)]
-        got = [[b["_0"].tolist() for b in f.epoch_batches(8)] for f in feeds]
-        assert [len(g) for g in got] == [50 // 8] * 2
-        assert got[0][0] == [float(i) for i in range(8)]  # the failed attempt's rows come first
-    finally:
-        for r in rings:
-            r.close()
+    rings, eps = two_nodes
+    failed = rows_mod.rows_to_batch([(float(i),) for i in range(40)])
+    _tell(rings[:1], proto.BATCH, proto.encode_batch(0, 0, failed, attempt=0))
+    rows = [(float(i),) for i in range(100)]
+    feeding.feed_partition(feeding.rdd_rows_to_batches(rows, chunk=10), 0, 0, eps, _options(), attempt=1)
+    _end_epoch(rings, 0, 1)
+    _tell(rings, proto.END_FEED)
+    feeds = [DataFeed(r, node=f"worker:{k}", timeout=5) for k, r in enumerate(rings)]
+    got = [[b["_0"].tolist() for b in f.epoch_batches(8)] for f in feeds]
+    assert [len(g) for g in got] == [50 // 8] * 2
+    assert got[0][0] == [float(i) for i in range(8)]  # the failed attempt's rows come first
 
 
 def test_read_deadline_names_the_node(ring):

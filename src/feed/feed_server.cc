@@ -52,6 +52,7 @@ const char* KindName(uint32_t kind) {
     case FeedKind::kResults: return "kResults";
     case FeedKind::kEndResults: return "kEndResults";
     case FeedKind::kError: return "kError";
+    case FeedKind::kEndEpoch: return "kEndEpoch";
   }
   return "unknown";
 }
@@ -158,10 +159,10 @@ class Connection {
 void Connection::Serve() {
   Status hs = net::ServerHandshake(fd_.get(), options_.secret, Deadline::After(options_.handshake_timeout), peer_);
   if (!hs.ok()) {
-    ++server_->rejected;
     if (!stop_) {
       EMBER_LOG(WARN) << "feed server: rejected connection from " << peer_ << ": " << hs.ToString();
     }
+    ++server_->rejected;  // after the log line: a caller that sees the count finds the line too
     ::shutdown(fd_.get(), SHUT_RDWR);
     finished_ = true;
     return;
@@ -238,6 +239,7 @@ Status Connection::Handle(uint32_t kind, std::vector<uint8_t>* payload) {
       return EndPartition(*payload);
     case FeedKind::kBatch:
     case FeedKind::kEndFeed:
+    case FeedKind::kEndEpoch:
       return Forward(static_cast<FeedKind>(kind), *payload);
     default:
       return Status::InvalidArgument("feed message of kind " + std::to_string(kind) + " (" + KindName(kind) +

@@ -13,7 +13,7 @@
 //                    connection's pump, which sends everything the node
 //                    writes there (kResults, kEndResults, kError) back over
 //                    the socket, one partition after another, in order.
-//   kBatch, kEndPartition, kEndFeed   forwarded unchanged.
+//   kBatch, kEndPartition, kEndEpoch, kEndFeed   forwarded unchanged.
 //   anything else    a protocol error.
 // A failure (the node aborted its ring or died, a ring write or session wait
 // made no progress for idle_timeout, a malformed frame) goes back to the

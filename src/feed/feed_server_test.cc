@@ -74,7 +74,6 @@ std::vector<uint8_t> EndPartition(uint32_t partition, int64_t rows) {
   std::vector<uint8_t> v;
   PutU32(&v, partition);
   PutU32(&v, 0);  // epoch
-  PutU32(&v, 1);  // partitions in the epoch
   PutU32(&v, 1);  // nodes
   for (int i = 0; i < 8; ++i) v.push_back(static_cast<uint8_t>(static_cast<uint64_t>(rows) >> (8 * i)));
   return v;
@@ -173,6 +172,9 @@ TEST_F(FeedServerTest, TrainingRelayKeepsOrderKindsAndBytes) {
     EXPECT_EQ(kind, static_cast<uint32_t>(FeedKind::kEndPartition));
     EXPECT_EQ(payload, EndPartition(1, kMessages));
     ASSERT_TRUE(ring_->Read(&kind, &payload, Soon()).ok());
+    EXPECT_EQ(kind, static_cast<uint32_t>(FeedKind::kEndEpoch));
+    EXPECT_EQ(payload, std::vector<uint8_t>(8, 1));
+    ASSERT_TRUE(ring_->Read(&kind, &payload, Soon()).ok());
     EXPECT_EQ(kind, static_cast<uint32_t>(FeedKind::kEndFeed));
     EXPECT_TRUE(payload.empty());
   });
@@ -182,10 +184,11 @@ TEST_F(FeedServerTest, TrainingRelayKeepsOrderKindsAndBytes) {
     ASSERT_TRUE(client->Write(FeedKind::kBatch, Batch(1, seq, size_of(seq)), Soon()).ok());
   }
   ASSERT_TRUE(client->Write(FeedKind::kEndPartition, EndPartition(1, kMessages), Soon()).ok());
+  ASSERT_TRUE(client->Write(FeedKind::kEndEpoch, std::vector<uint8_t>(8, 1), Soon()).ok());
   ASSERT_TRUE(client->Write(FeedKind::kEndFeed, {}, Soon()).ok());
   consumer.join();
   // The consumer can read a message before the relaying thread counts it.
-  EXPECT_TRUE(WaitUntil([&] { return server_->stats().messages_relayed == kMessages + 2; }))
+  EXPECT_TRUE(WaitUntil([&] { return server_->stats().messages_relayed == kMessages + 3; }))
       << server_->stats().messages_relayed;
   EXPECT_EQ(server_->stats().connections_accepted, 1u);
 }

@@ -5,10 +5,12 @@
 // Payload layouts (integers little-endian):
 //   kBatch           u32 partition | u32 epoch | u32 task attempt |
 //                    Arrow IPC stream (schema + 1 record batch)
-//   kEndPartition    u32 partition | u32 epoch | u32 partitions in this epoch | u32 n |
-//                    n x i64 rows of this partition sent to node 0..n-1
-//                    (every feeding task sends one to every node, even with 0 rows, so a
-//                    node knows when an epoch is complete and every node's total in it)
+//   kEndPartition    u32 partition | u32 epoch | u32 n | n x i64 rows of this partition sent
+//                    to node 0..n-1 (every feeding task sends one to every node, even with
+//                    0 rows, so every node learns every node's total)
+//   kEndEpoch        u32 epoch | u32 partitions the epoch had  (driver -> node, after the
+//                    epoch's Spark job ended: the epoch is complete once that many
+//                    kEndPartition markers of it have arrived)
 //   kEndFeed         (empty)  no more data for this node, ever
 //   kBeginPartition  u32 partition | u32 epoch | u32 flags | u32 name length | result ring name
 //                    flags bit 0: results wanted (inference).  Over TCP the name is
@@ -30,6 +32,7 @@ enum class FeedKind : uint32_t {
   kResults = 5,
   kEndResults = 6,
   kError = 7,
+  kEndEpoch = 8,
 };
 
 inline constexpr uint32_t kBeginWantsResults = 1u;
