@@ -60,13 +60,14 @@ def timed(fn, repeats: int) -> float:
     return statistics.median(out)
 
 
-def _producer(ring_name: str, payloads, kind: int, end_payload) -> None:
+def _producer(ring_name: str, payloads, kind: int, ends) -> None:
+    """Writes the payloads, then the (kind, payload) markers in `ends`."""
     from ember import _ember
     ring = _ember.ShmRing.open(ring_name)
     for p in payloads:
         ring.write(kind, p, 60.0)
-    if end_payload is not None:
-        ring.write(end_payload[0], end_payload[1], 60.0)
+    for end_kind, end_payload in ends:
+        ring.write(end_kind, end_payload, 60.0)
     ring.close()
 
 
@@ -107,15 +108,15 @@ def main(argv=None) -> None:
     # first-touch page faults to the first run).
     name = f"/ember-bench-stages-{os.getpid()}"
     ring = _ember.ShmRing.create(name, args.ring_bytes)
-    end = (proto.END_PARTITION, np.frombuffer(proto.encode_end_partition(0, 0, 1, [rows]), np.uint8))
     epoch = [0]
 
     def ring_run(consume: bool):
         e = epoch[0]
         epoch[0] += 1
         pay = proto.as_uint8(proto.encode_batch(0, e, batch))
-        end_e = (proto.END_PARTITION, np.frombuffer(proto.encode_end_partition(0, e, 1, [rows]), np.uint8))
-        prod = mp.get_context("fork").Process(target=_producer, args=(name, [pay] * nmsg, proto.BATCH, end_e))
+        ends = [(proto.END_PARTITION, proto.as_uint8(proto.encode_end_partition(0, e, [rows]))),
+                (proto.END_EPOCH, proto.as_uint8(proto.encode_end_epoch(e, 1)))]  # what the driver sends
+        prod = mp.get_context("fork").Process(target=_producer, args=(name, [pay] * nmsg, proto.BATCH, ends))
         t = time.perf_counter()
         prod.start()
         if consume:
@@ -124,7 +125,7 @@ def main(argv=None) -> None:
                 n += len(cols["label"])
             assert n == rows, (n, rows)
         else:
-            for _ in range(nmsg + 1):
+            for _ in range(nmsg + len(ends)):
                 ring.read(10.0)
         secs = time.perf_counter() - t
         prod.join()
