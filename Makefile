@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 FUZZERS := codec_fuzz feed_wire_fuzz protocol_fuzz
 FUZZ_SECS ?= 10
 
-.PHONY: setup run test test-cpp test-asan test-py fuzz clean
+.PHONY: setup run test test-cpp test-asan test-py test-torch fuzz clean
 
 setup: $(STAMPS)/ember
 
@@ -71,6 +71,16 @@ test-py: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test: setup test-cpp test-asan fuzz test-py
+
+# DataFeed.to_torch_dataset with real PyTorch.  Not in `make test`: PyPI's torch brings ~5 GB
+# of CUDA wheels (there is no CPU-only torch on PyPI), installed here into .torch-site/ once.
+TORCH_VERSION := 2.15.0
+.torch-site/.installed: $(STAMPS)/venv
+	$(PY) -m pip install -q --disable-pip-version-check --target .torch-site torch==$(TORCH_VERSION)
+	@touch $@
+
+test-torch: setup .torch-site/.installed
+	$(PY) -m pytest python/tests_torch
 
 clean:
 	rm -rf build $(STAMPS)

@@ -524,19 +524,25 @@ class DataFeed:
         """A ``torch.utils.data.IterableDataset``; each pass is one epoch (see epoch_batches).
 
         Yields dicts of tensors (or whatever `transform` returns from a dict of numpy
-        columns).  Use it with ``DataLoader(ds, batch_size=None)``.
+        columns).  Use it with ``DataLoader(ds, batch_size=None)`` in the node's own
+        process (``num_workers=0``: the feed is one reader).  The tensors share the
+        feed's read-only Arrow memory (no copy): do not write into them in place.
         """
+        import warnings
+
         import torch
 
         feed = self
 
+        def to_tensors(cols):
+            with warnings.catch_warnings():  # read-only on purpose: zero-copy from the feed
+                warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+                return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in cols.items()
+                        if v.dtype != object}
+
         class _FeedDataset(torch.utils.data.IterableDataset):
             def __iter__(self):
                 for cols in feed.epoch_batches(batch_size, drop_remainder):
-                    if transform is not None:
-                        yield transform(cols)
-                    else:
-                        yield {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in cols.items()
-                               if v.dtype != object}
+                    yield transform(cols) if transform is not None else to_tensors(cols)
 
         return _FeedDataset()
