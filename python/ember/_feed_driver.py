@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, List, Optional, Sequence, Union
+from typing import Any, Callable, List, Optional, Sequence, Union
 
 import pyarrow as pa
 
@@ -19,7 +19,7 @@ from ember import errors
 from ember.context import WORKER_ROLES
 
 FEED_ENDPOINT_KEY = "ember/feed/{executor_id}"
-_SENT_SCHEMA = "partition int, node int, rows long"
+_SENT_SCHEMA = "partition int, node int, rows long, gone boolean"
 
 
 def _is_dataframe(data: Any) -> bool:
@@ -68,10 +68,14 @@ def feed_endpoints(server, nodes, timeout: float = 60.0) -> List[feeding.NodeEnd
 
 # ------------------------------------------------------------------------ training
 def train(sc, data: Any, num_epochs: int, endpoints: Sequence[feeding.NodeEndpoint],
-          options: feeding.FeedOptions, console=None, first_epoch: int = 0) -> int:
+          options: feeding.FeedOptions, console=None, first_epoch: int = 0,
+          node_gone: Optional[Callable[[feeding.NodeEndpoint], bool]] = None) -> int:
     """Feeds `data` to the nodes for `num_epochs` epochs, numbered from `first_epoch`
     (epoch numbers never repeat within a job: nodes tell epochs apart by them);
-    returns the rows the nodes train on in the last epoch (the same number on each)."""
+    returns the rows the nodes train on in the last epoch (the same number on each).
+
+    `node_gone(endpoint)` says whether a node whose feed server cannot be reached has
+    ended (it returned from main_fun early, as TFoS allows): it is then skipped."""
     if not (_is_dataframe(data) or _is_rdd(data)):
         raise TypeError(f"Cluster.train takes a DataFrame or an RDD, got {type(data).__name__}")
     if num_epochs < 1:
@@ -85,25 +89,33 @@ def train(sc, data: Any, num_epochs: int, endpoints: Sequence[feeding.NodeEndpoi
                 from pyspark import TaskContext
                 task = TaskContext.get()
                 p = task.partitionId()
-                sent = feeding.feed_partition(batches, p, epoch, eps, opts, task.attemptNumber())
+                sent, gone = feeding.feed_partition(batches, p, epoch, eps, opts, task.attemptNumber())
                 yield pa.RecordBatch.from_pydict(
-                    {"partition": [p] * len(sent), "node": list(range(len(sent))), "rows": sent},
-                    schema=pa.schema([("partition", pa.int32()), ("node", pa.int32()), ("rows", pa.int64())]))
+                    {"partition": [p] * len(sent), "node": list(range(len(sent))), "rows": sent, "gone": gone},
+                    schema=pa.schema([("partition", pa.int32()), ("node", pa.int32()), ("rows", pa.int64()),
+                                      ("gone", pa.bool_())]))
             sent = [tuple(r) for r in data.mapInArrow(feed_df, _SENT_SCHEMA).collect()]
         else:
             def feed_rdd(p, rows, epoch=epoch):
                 from pyspark import TaskContext
-                sent = feeding.feed_partition(feeding.rdd_rows_to_batches(rows), p, epoch, eps, opts,
-                                              TaskContext.get().attemptNumber())
-                return [(p, k, n) for k, n in enumerate(sent)]
+                sent, gone = feeding.feed_partition(feeding.rdd_rows_to_batches(rows), p, epoch, eps, opts,
+                                                    TaskContext.get().attemptNumber())
+                return [(p, k, n, g) for k, (n, g) in enumerate(zip(sent, gone))]
             sent = data.mapPartitionsWithIndex(feed_rdd).collect()
         # The job ran every partition it had (each reported once per node): only now is the
         # count certain (AQE may coalesce), so the driver, not the tasks, closes the epoch.
-        num_partitions = len({p for p, _, _ in sent})
+        num_partitions = len({p for p, _, _, _ in sent})
+        ended = node_gone or (lambda ep: False)
+        for k in sorted({k for _, k, _, gone in sent if gone}):
+            if not ended(eps[k]):
+                raise errors.Unavailable(
+                    f"feeding tasks could not reach node {eps[k].name} (its ring {eps[k].ring} is not on their "
+                    f"host and its feed server {eps[k].host}:{eps[k].port} refused), yet the node is still "
+                    "running; check that executors can reach each other (firewall, bind address)")
         _tell_nodes(eps, opts.secret, proto.END_EPOCH, proto.encode_end_epoch(epoch, num_partitions),
-                    opts.feed_timeout, skip_gone=False)
+                    opts.feed_timeout, skip=ended)
         per_node = [0] * num_nodes
-        for _, k, n in sent:
+        for _, k, n, _ in sent:
             per_node[k] += n
         used = min(per_node) * num_nodes
         if console is not None:
@@ -184,21 +196,21 @@ def inference(sc, data: Any, endpoints: Sequence[feeding.NodeEndpoint], options:
 
 def end_feed(endpoints: Sequence[feeding.NodeEndpoint], secret: bytes, timeout: float) -> None:
     """Tells every fed node that no more data will come (its DataFeed.should_stop() turns True)."""
-    _tell_nodes(endpoints, secret, proto.END_FEED, b"", timeout, skip_gone=True)
+    _tell_nodes(endpoints, secret, proto.END_FEED, b"", timeout, skip=lambda ep: True)
 
 
 def _tell_nodes(endpoints: Sequence[feeding.NodeEndpoint], secret: bytes, kind: int, payload: bytes,
-                timeout: float, skip_gone: bool) -> None:
+                timeout: float, skip: Callable[[feeding.NodeEndpoint], bool]) -> None:
     """Sends one message to every node, through its TCP feed server (so it works wherever
-    the driver runs).  A node that cannot be reached is skipped if `skip_gone` (it exited:
-    its launcher reports why), else Unavailable names it.  A node that terminated its feed,
-    finished, or goes away while being told is skipped."""
+    the driver runs).  A node that cannot be reached is skipped if `skip(endpoint)` says
+    so (it has ended: its launcher reports how), else Unavailable names it.  A node that
+    terminated its feed, finished, or goes away while being told is skipped."""
     from ember import _ember
     for ep in endpoints:
         try:
             client = _ember.FeedClient.connect(ep.host, ep.port, secret, timeout)
         except errors.Unavailable:
-            if skip_gone:
+            if skip(ep):
                 continue
             raise
         try:

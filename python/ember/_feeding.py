@@ -27,7 +27,7 @@ import queue
 import secrets as _secrets
 import threading
 from dataclasses import dataclass
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import pyarrow as pa
 
@@ -79,12 +79,17 @@ def split_rows(rows: int, sent: Sequence[int], first: int) -> List[int]:
 class _Channel:
     """A producer's connection to one node: its ring, or its TCP feed server."""
 
-    def __init__(self, endpoint: NodeEndpoint, options: FeedOptions):
+    def __init__(self, endpoint: NodeEndpoint, options: FeedOptions, may_be_gone: bool = False):
+        """`may_be_gone`: a node that cannot be reached at all (its ring is gone and its feed
+        server refuses) has ended; skip it quietly and set `gone` (training only: the driver
+        then checks with the coordinator that it did end)."""
         from ember import _ember
         self.endpoint = endpoint
         self.options = options
         self.ring = None
         self.client = None
+        self.cancelled = False  # the node terminated its feed: writes are skipped
+        self.gone = False       # the node could not be reached at all
         if options.transport in ("auto", "shm"):
             try:
                 self.ring = _ember.ShmRing.open(endpoint.ring)
@@ -92,11 +97,15 @@ class _Channel:
                 if options.transport == "shm":
                     raise
         if self.ring is None:
-            self.client = _ember.FeedClient.connect(endpoint.host, endpoint.port, options.secret,
-                                                    options.feed_timeout)
+            try:
+                self.client = _ember.FeedClient.connect(endpoint.host, endpoint.port, options.secret,
+                                                        options.feed_timeout)
+            except errors.Unavailable:
+                if not may_be_gone:
+                    raise
+                self.gone = self.cancelled = True
         self.max_payload = _ember.ShmRing.max_payload(
             self.ring.capacity if self.ring is not None else endpoint.capacity)
-        self.cancelled = False  # the node terminated its feed
 
     @property
     def local(self) -> bool:
@@ -144,8 +153,11 @@ def rdd_rows_to_batches(rows: Iterable, chunk: int = RDD_CHUNK_ROWS) -> Iterator
 
 # --------------------------------------------------------------------------- training
 def feed_partition(batches: Iterable[pa.RecordBatch], partition: int, epoch: int,
-                   endpoints: Sequence[NodeEndpoint], options: FeedOptions, attempt: int = 0) -> List[int]:
-    """Feeds one partition of one epoch to the nodes; returns the rows each node got.
+                   endpoints: Sequence[NodeEndpoint], options: FeedOptions,
+                   attempt: int = 0) -> Tuple[List[int], List[bool]]:
+    """Feeds one partition of one epoch to the nodes; returns the rows each node got, and
+    which nodes could not be reached at all (ended early, as TFoS allows: they are skipped,
+    and the driver checks with the coordinator that they did end).
 
     `attempt` is the Spark task attempt: when Spark retries a failed feeding task, the
     nodes keep what the failed attempt delivered (training sees those rows twice) and
@@ -154,7 +166,7 @@ def feed_partition(batches: Iterable[pa.RecordBatch], partition: int, epoch: int
     Raises the node's error (Aborted naming the node) if a node fails, and
     DeadlineExceeded if a node makes no progress for feed_timeout.
     """
-    channels = [_Channel(ep, options) for ep in endpoints]
+    channels = [_Channel(ep, options, may_be_gone=True) for ep in endpoints]
     first = partition % len(endpoints)
     try:
         sent = [0] * len(endpoints)
@@ -170,7 +182,7 @@ def feed_partition(batches: Iterable[pa.RecordBatch], partition: int, epoch: int
         end = proto.encode_end_partition(partition, epoch, sent)
         for ch in channels:
             ch.write(proto.END_PARTITION, end)
-        return sent
+        return sent, [ch.gone for ch in channels]
     finally:
         for ch in channels:
             ch.close()

@@ -217,6 +217,22 @@ class Cluster:
         if self._closed or self._shutting_down:
             raise ClusterError(f"Cluster.{verb}: the cluster is shut down")
 
+    def _node_ended(self, endpoint: _feeding.NodeEndpoint, wait: float = 5.0) -> bool:
+        """Whether the node behind `endpoint` returned from main_fun, waiting up to `wait`
+        seconds for the coordinator to hear of it (a launcher closes its feed server and
+        reports the end at about the same time).  A failed node is not "ended": the caller
+        raises, and train() turns that into the node's NodeError."""
+        deadline = time.monotonic() + wait
+        while True:
+            info = next((n for n in self.nodes() if n.address.executor_id == endpoint.executor_id), None)
+            if info is not None and info.state == _ember.NodeInfo.State.DONE:
+                return True
+            if info is None or info.state not in (_ember.NodeInfo.State.REGISTERED, _ember.NodeInfo.State.RUNNING):
+                return False
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+
     def _endpoints(self) -> List[_feeding.NodeEndpoint]:
         if self._feed_endpoints is None:
             self._feed_endpoints = _feed_driver.feed_endpoints(self._server, self.nodes())
@@ -257,7 +273,7 @@ class Cluster:
                 first = self._epochs_fed
                 self._epochs_fed += num_epochs
                 _feed_driver.train(self._sc, data, num_epochs, endpoints, self._feed_options(feed_timeout),
-                                   console=self._console, first_epoch=first)
+                                   console=self._console, first_epoch=first, node_gone=self._node_ended)
         except Exception as e:  # noqa: BLE001 - a node's failure explains a failed feed best
             failure = self._known_failure(wait=2.0)
             if failure is not None:

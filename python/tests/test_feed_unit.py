@@ -207,7 +207,7 @@ def test_every_node_yields_the_same_batches_from_uneven_partitions(two_nodes):
         start = 0
         for p, n in enumerate(counts):
             rows = [(float(start + i),) for i in range(n)]
-            sent.append(feeding.feed_partition(feeding.rdd_rows_to_batches(rows, chunk=7), p, 0, eps, _options()))
+            sent.append(feeding.feed_partition(feeding.rdd_rows_to_batches(rows, chunk=7), p, 0, eps, _options())[0])
             start += n
         _end_epoch(rings, 0, len(counts))
         _tell(rings, proto.END_FEED)
@@ -258,6 +258,24 @@ def test_a_node_that_gets_no_rows_of_a_tiny_epoch_still_steps_through_it(two_nod
     for k, r in enumerate(rings):
         feed = DataFeed(r, node=f"worker:{k}", timeout=5)
         assert [len(list(feed.epoch_batches(2))) for _ in range(3)] == [0, 2, 0], f"worker:{k}"
+
+
+def test_a_node_that_ended_is_skipped_and_reported_gone(two_nodes):
+    """Node 1's ring is gone and nothing listens on its port (it returned from main_fun):
+    training feeds node 0 its share and reports node 1 gone, for the driver to check."""
+    import socket
+    rings, eps = two_nodes
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+    ended = feeding.NodeEndpoint(executor_id=1, name="worker:1", ring="/ember-test-gone-" + secrets.token_hex(4),
+                                 host="127.0.0.1", port=closed_port)
+    rows = [(float(i),) for i in range(10)]
+    sent, gone = feeding.feed_partition(feeding.rdd_rows_to_batches(rows), 0, 0, [eps[0], ended], _options())
+    assert sent == [5, 5] and gone == [False, True]
+    # Inference needs its node's answers: there, a node that cannot be reached is an error.
+    with pytest.raises(errors.Unavailable, match="cannot reach"):
+        list(feeding.infer_partition(feeding.rdd_rows_to_batches(rows), 0, ended, _options()))
 
 
 def test_a_retried_feeding_task_does_not_unbalance_the_nodes(two_nodes):

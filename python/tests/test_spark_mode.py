@@ -118,6 +118,11 @@ def train_keras_from_feed(args, ctx):
     Path(args["out"], "keras.json").write_text(json.dumps({"loss": hist.history["loss"], "w": w}))
 
 
+def read_one_batch_and_return(args, ctx):
+    """A node that stops early (TFoS allows it): one batch, then main_fun returns."""
+    ctx.get_data_feed().next_batch(10)
+
+
 # -- tests --------------------------------------------------------------------------
 
 
@@ -201,6 +206,23 @@ def test_keras_fit_on_the_feed(spark, tmp_path):
     cluster.shutdown(timeout=120)
     got = json.loads((tmp_path / "keras.json").read_text())
     assert len(got["loss"]) == 3 and got["loss"][-1] < got["loss"][0]
+
+
+def test_a_node_that_returns_early_does_not_fail_train(spark):
+    """The node ends after one batch; the rest of the feed is skipped quietly, and the end of
+    the epoch, sent by the driver to a node that is gone, is skipped too."""
+    cluster = _run(spark, read_one_batch_and_return, {}, n=1)
+
+    def slow(i, rows):
+        if i > 0:
+            time.sleep(3)  # the node has ended before these partitions are fed
+        return rows
+
+    start = time.monotonic()
+    cluster.train(spark.sparkContext.parallelize(range(4000), 4).mapPartitionsWithIndex(slow), feed_timeout=30)
+    assert time.monotonic() - start < 25
+    cluster.shutdown(timeout=60)
+    no_leftovers(cluster.job_id)
 
 
 def test_exception_during_feeding_reaches_the_driver(spark):
