@@ -27,7 +27,7 @@ import queue
 import secrets as _secrets
 import threading
 from dataclasses import dataclass
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import pyarrow as pa
 

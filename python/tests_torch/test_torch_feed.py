@@ -4,7 +4,6 @@ Not part of `make test`: PyPI's torch wheels bring ~5 GB of CUDA libraries, so
 `make test-torch` installs them into .torch-site/ on demand.  Runs the node's end
 of the feed over a real shared-memory ring, as test_feed_unit.py does.
 """
-import os
 import secrets
 import sys
 from pathlib import Path
@@ -17,7 +16,6 @@ sys.path.append(str(TORCH_SITE))  # after the venv: its packages win where both 
 
 import torch  # noqa: E402
 
-from ember import _arrow_rows as rows_mod  # noqa: E402
 from ember import _feed_protocol as proto  # noqa: E402
 from ember import _feeding as feeding  # noqa: E402
 from ember.feed import DataFeed  # noqa: E402
