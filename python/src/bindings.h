@@ -66,7 +66,7 @@ void RegisterStatusErrors(nb::module_& m);
 // Binds ClusterLayout, AssignRole, CoordinatorServer, CoordinatorClient and
 // the value types they use.  Defined in coordinator_binding.cc.
 void BindCoordinator(nb::module_& m);
-// Defined in feed_binding.cc: ShmRing, FeedServer, FeedClient.
+// Defined in feed_binding.cc: shm::Ring, FeedServer, FeedClient.
 void BindFeed(nb::module_& m);
 
 }  // namespace ember::python

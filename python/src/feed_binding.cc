@@ -1,4 +1,4 @@
-// Bindings of the data feed: ShmRing (same host), FeedServer and FeedClient
+// Bindings of the data feed: shm::Ring (same host), FeedServer and FeedClient
 // (other hosts).  Type conversion only: payloads go in as any buffer-protocol
 // object (bytes, memoryview, numpy, pyarrow.Buffer) without a copy and come
 // out as uint8 numpy arrays that own the received bytes (no copy either);
@@ -22,7 +22,7 @@
 #include "feed/feed_client.h"
 #include "feed/feed_server.h"
 #include "feed/messages.h"
-#include "feed/shm_ring.h"
+#include "transport/shm/ring.h"
 
 namespace ember::python {
 namespace {
@@ -32,7 +32,7 @@ using feed::FeedClient;
 using feed::FeedKind;
 using feed::FeedServer;
 using feed::FeedServerOptions;
-using feed::ShmRing;
+using shm::Ring;
 using Release = nb::call_guard<nb::gil_scoped_release>;
 
 std::string BytesToString(const nb::bytes& b) { return std::string(b.c_str(), b.size()); }
@@ -68,14 +68,14 @@ nb::object OwnedArray(std::vector<uint8_t> bytes) {
   return nb::cast(nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>(data, {size}, owner));
 }
 
-// ShmRing as Python holds it.  Python code may close() a ring while another
+// shm::Ring as Python holds it.  Python code may close() a ring while another
 // thread is blocked in read()/write() on it (the GIL is released there), and
-// ShmRing::Close() must not unmap under them: calls hold `mu_` shared,
+// shm::Ring::Close() must not unmap under them: calls hold `mu_` shared,
 // close() exclusively, after aborting a consumer's ring so that its blocked
 // reader returns.
 class PyShmRing {
  public:
-  PyShmRing(std::unique_ptr<ShmRing> ring, bool consumer)
+  PyShmRing(std::unique_ptr<shm::Ring> ring, bool consumer)
       : name_(ring->name()), capacity_(ring->capacity()), consumer_(consumer), ring_(std::move(ring)) {}
 
   // Runs f(ring) under the shared lock; Aborted if closed.  Call without the GIL.
@@ -105,7 +105,7 @@ class PyShmRing {
   const size_t capacity_;
   const bool consumer_;
   std::shared_mutex mu_;
-  std::unique_ptr<ShmRing> ring_;
+  std::unique_ptr<shm::Ring> ring_;
 };
 
 void BindShmRing(nb::module_& m) {
@@ -115,7 +115,7 @@ void BindShmRing(nb::module_& m) {
       .def_static(
           "create",
           [](const std::string& name, size_t capacity) {
-            return std::make_unique<PyShmRing>(ValueOrThrow(ShmRing::Create(name, capacity)), /*consumer=*/true);
+            return std::make_unique<PyShmRing>(ValueOrThrow(shm::Ring::Create(name, capacity)), /*consumer=*/true);
           },
           "name"_a, "capacity"_a, Release(),
           "Creates ring `name` (\"/ember-...\") of `capacity` bytes; the caller is its consumer.\n"
@@ -123,10 +123,10 @@ void BindShmRing(nb::module_& m) {
       .def_static(
           "open",
           [](const std::string& name) {
-            return std::make_unique<PyShmRing>(ValueOrThrow(ShmRing::Open(name)), /*consumer=*/false);
+            return std::make_unique<PyShmRing>(ValueOrThrow(shm::Ring::Open(name)), /*consumer=*/false);
           },
           "name"_a, Release(), "Opens an existing ring as a producer.  NotFound if there is none.")
-      .def_static("max_payload", &ShmRing::MaxPayload, "capacity"_a,
+      .def_static("max_payload", &shm::Ring::MaxPayload, "capacity"_a,
                   "Largest payload one message may carry in a ring of `capacity` bytes.")
       .def_prop_ro("name", &PyShmRing::name)
       .def_prop_ro("capacity", &PyShmRing::capacity)
@@ -137,7 +137,7 @@ void BindShmRing(nb::module_& m) {
             Status st;
             {
               nb::gil_scoped_release release;
-              st = self.Use([&](ShmRing& r) {
+              st = self.Use([&](shm::Ring& r) {
                 return r.Write(kind, view.bytes(), Deadline::After(SecondsToDuration(timeout)));
               });
             }
@@ -155,7 +155,7 @@ void BindShmRing(nb::module_& m) {
             Status st;
             {
               nb::gil_scoped_release release;
-              st = self.Use([&](ShmRing& r) {
+              st = self.Use([&](shm::Ring& r) {
                 return r.Read(&kind, &payload, Deadline::After(SecondsToDuration(timeout)));
               });
             }
@@ -168,22 +168,22 @@ void BindShmRing(nb::module_& m) {
       .def(
           "lock_session",
           [](PyShmRing& self, double idle_timeout) {
-            ThrowIfError(self.Use([&](ShmRing& r) { return r.LockSession(SecondsToDuration(idle_timeout)); }));
+            ThrowIfError(self.Use([&](shm::Ring& r) { return r.LockSession(SecondsToDuration(idle_timeout)); }));
           },
           "idle_timeout"_a, Release(),
           "Producer: takes the ring's session lock (keeps this producer's messages contiguous).\n"
           "Must be released by unlock_session() on the same thread.")
       .def(
-          "unlock_session", [](PyShmRing& self) { self.Use([](ShmRing& r) { r.UnlockSession(); }); }, Release(),
+          "unlock_session", [](PyShmRing& self) { self.Use([](shm::Ring& r) { r.UnlockSession(); }); }, Release(),
           "Releases the session lock taken by lock_session() on this thread; no-op if not held.")
       .def(
-          "health", [](PyShmRing& self) { ThrowIfError(self.Use([](ShmRing& r) { return r.Health(); })); },
+          "health", [](PyShmRing& self) { ThrowIfError(self.Use([](shm::Ring& r) { return r.Health(); })); },
           Release(), "Producer: raises Aborted/Cancelled as write() would now, else returns None.")
       .def(
-          "abort", [](PyShmRing& self, const std::string& reason) { self.Use([&](ShmRing& r) { r.Abort(reason); }); },
+          "abort", [](PyShmRing& self, const std::string& reason) { self.Use([&](shm::Ring& r) { r.Abort(reason); }); },
           "reason"_a, Release(), "Consumer: fails blocked and future writes with Aborted(`reason`).")
       .def(
-          "terminate", [](PyShmRing& self) { self.Use([](ShmRing& r) { r.Terminate(); }); }, Release(),
+          "terminate", [](PyShmRing& self) { self.Use([](shm::Ring& r) { r.Terminate(); }); }, Release(),
           "Consumer: drops queued data; producers' writes then raise Cancelled (stop quietly).")
       .def("close", &PyShmRing::Close, Release(),
            "Releases the ring (a consumer also aborts and unlinks it).  Idempotent.");

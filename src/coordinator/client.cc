@@ -19,9 +19,9 @@
 #include "common/thread_annotations.h"
 #include "coordinator/protocol.h"
 #include "ember/coordinator.h"
-#include "net/frame.h"
-#include "net/handshake.h"
-#include "net/socket.h"
+#include "transport/tcp/frame.h"
+#include "transport/tcp/handshake.h"
+#include "transport/tcp/socket.h"
 
 namespace ember {
 namespace {
@@ -67,24 +67,24 @@ struct CoordinatorClient::Impl {
 
   Status Write(MsgType type, std::string_view payload) {
     std::lock_guard<std::mutex> lock(write_mu);
-    return net::WriteFrame(fd.get(), static_cast<uint16_t>(type), payload,
+    return tcp::WriteFrame(fd.get(), static_cast<uint16_t>(type), payload,
                            Deadline::After(kWriteTimeout), address);
   }
 
-  Status SendOneWay(MsgType type, const net::Writer& fields) {
+  Status SendOneWay(MsgType type, const codec::Writer& fields) {
     {
       std::lock_guard<std::mutex> lock(mu);
       if (lost) return Status::Unavailable(lost_reason);
       if (closed) return Status::Cancelled("the coordinator client was closed");
     }
-    net::Writer w;
+    codec::Writer w;
     w.PutU32(0);
     w.PutRaw(fields.data());
     return Write(type, w.data());
   }
 
   // Sends a request and waits up to `wait` for its reply; returns the body.
-  Result<std::string> Call(MsgType type, const net::Writer& fields, Duration wait) {
+  Result<std::string> Call(MsgType type, const codec::Writer& fields, Duration wait) {
     auto slot = std::make_shared<Pending>();
     uint32_t id;
     {
@@ -95,7 +95,7 @@ struct CoordinatorClient::Impl {
       if (next_id == 0) next_id = 1;  // 0 marks one-way messages and pushes
       pending[id] = slot;
     }
-    net::Writer w;
+    codec::Writer w;
     w.PutU32(id);
     w.PutRaw(fields.data());
     Status sent = Write(type, w.data());
@@ -135,8 +135,8 @@ struct CoordinatorClient::Impl {
 
   void ReaderLoop() {
     for (;;) {
-      Result<net::Frame> frame =
-          net::ReadFrame(fd.get(), options.max_message_bytes, Deadline::Infinite(), address);
+      Result<tcp::Frame> frame =
+          tcp::ReadFrame(fd.get(), options.max_message_bytes, Deadline::Infinite(), address);
       if (!frame.ok()) return FailAll(frame.status());
       const auto type = static_cast<MsgType>(frame->type);
       if (type == MsgType::kReply) {
@@ -154,7 +154,7 @@ struct CoordinatorClient::Impl {
         pending.erase(it);
         cv.notify_all();
       } else if (type == MsgType::kAbort || type == MsgType::kStop) {
-        net::Reader r(frame->payload);
+        codec::Reader r(frame->payload);
         uint32_t id = 0;
         Push push{type == MsgType::kAbort ? Push::Kind::kAbort : Push::Kind::kStop, {}};
         Status parsed = r.GetU32(&id);
@@ -176,7 +176,7 @@ struct CoordinatorClient::Impl {
     while (!hb_cv.wait_for(lock, stop, interval, [] { return false; }) &&
            !stop.stop_requested()) {
       lock.unlock();
-      (void)SendOneWay(MsgType::kHeartbeat, net::Writer());  // a dead link shows in the reader
+      (void)SendOneWay(MsgType::kHeartbeat, codec::Writer());  // a dead link shows in the reader
       lock.lock();
     }
   }
@@ -190,7 +190,7 @@ Result<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Connect(
   const std::string address = host + ":" + std::to_string(port);
   const Deadline deadline = Deadline::After(options.connect_timeout);
   const std::string within = " within " + FormatDuration(options.connect_timeout) + ": ";
-  Result<Fd> fd = net::Connect(host, port, deadline);
+  Result<Fd> fd = tcp::Connect(host, port, deadline);
   if (!fd.ok()) {
     std::string why = fd.status().message();
     const std::string prefix = "connect to " + address + ": ";
@@ -199,7 +199,7 @@ Result<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Connect(
                                ". Is the driver running and reachable from this executor "
                                "(firewall, spark.driver.host)?");
   }
-  Status hs = net::ClientHandshake(fd->get(), secret, deadline, address);
+  Status hs = tcp::ClientHandshake(fd->get(), secret, deadline, address);
   if (hs.code() == StatusCode::kUnauthenticated) return hs;
   if (!hs.ok()) {
     return Status::Unavailable("cannot complete the handshake with the Ember coordinator at " +
@@ -232,7 +232,7 @@ void CoordinatorClient::Close() {
 }
 
 Result<Registration> CoordinatorClient::Register(const NodeAddress& self, Duration timeout) {
-  net::Writer w;
+  codec::Writer w;
   w.PutI32(self.executor_id);
   w.PutString(self.host);
   w.PutI32(self.port);
@@ -240,7 +240,7 @@ Result<Registration> CoordinatorClient::Register(const NodeAddress& self, Durati
   w.PutI64(timeout.count());
   EMBER_ASSIGN_OR_RAISE(std::string body, impl_->Call(MsgType::kRegister, w, WithGrace(timeout)));
   Registration reg;
-  net::Reader r(body);
+  codec::Reader r(body);
   EMBER_RETURN_NOT_OK(coord::DecodeRegistration(r, &reg).WithContext(
       "registration reply from the Ember coordinator at " + impl_->address));
   if (!impl_->heartbeat.joinable()) {
@@ -252,31 +252,31 @@ Result<Registration> CoordinatorClient::Register(const NodeAddress& self, Durati
 }
 
 Status CoordinatorClient::Attach(int executor_id) {
-  net::Writer w;
+  codec::Writer w;
   w.PutI32(executor_id);
   return impl_->Call(MsgType::kAttach, w, kRequestTimeout).status();
 }
 
 Status CoordinatorClient::Barrier(const std::string& name, Duration timeout) {
-  net::Writer w;
+  codec::Writer w;
   w.PutString(name);
   w.PutI64(timeout.count());
   return impl_->Call(MsgType::kBarrier, w, WithGrace(timeout)).status();
 }
 
 Status CoordinatorClient::KvSet(const std::string& key, const std::string& value) {
-  net::Writer w;
+  codec::Writer w;
   w.PutString(key);
   w.PutString(value);
   return impl_->Call(MsgType::kKvSet, w, kRequestTimeout).status();
 }
 
 Result<std::string> CoordinatorClient::KvGet(const std::string& key, Duration timeout) {
-  net::Writer w;
+  codec::Writer w;
   w.PutString(key);
   w.PutI64(timeout.count());
   EMBER_ASSIGN_OR_RAISE(std::string body, impl_->Call(MsgType::kKvGet, w, WithGrace(timeout)));
-  net::Reader r(body);
+  codec::Reader r(body);
   std::string value;
   EMBER_RETURN_NOT_OK(r.GetString(&value));
   EMBER_RETURN_NOT_OK(r.ExpectEnd());
@@ -284,24 +284,24 @@ Result<std::string> CoordinatorClient::KvGet(const std::string& key, Duration ti
 }
 
 Status CoordinatorClient::Log(const std::string& stream, const std::string& line) {
-  net::Writer w;
+  codec::Writer w;
   w.PutString(stream);
   w.PutString(line);
   return impl_->SendOneWay(MsgType::kLog, w);
 }
 
 Status CoordinatorClient::Report(const std::map<std::string, double>& metrics) {
-  net::Writer w;
+  codec::Writer w;
   w.PutMap(metrics);
   return impl_->SendOneWay(MsgType::kReport, w);
 }
 
 Status CoordinatorClient::Done() {
-  return impl_->Call(MsgType::kDone, net::Writer(), kRequestTimeout).status();
+  return impl_->Call(MsgType::kDone, codec::Writer(), kRequestTimeout).status();
 }
 
 Status CoordinatorClient::Fail(const std::string& error) {
-  net::Writer w;
+  codec::Writer w;
   w.PutString(error);
   return impl_->Call(MsgType::kFail, w, kRequestTimeout).status();
 }

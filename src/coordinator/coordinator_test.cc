@@ -12,10 +12,10 @@
 #include "common/logging.h"
 #include "coordinator/protocol.h"
 #include "ember/coordinator.h"
-#include "net/codec.h"
-#include "net/frame.h"
-#include "net/handshake.h"
-#include "net/socket.h"
+#include "common/codec.h"
+#include "transport/tcp/frame.h"
+#include "transport/tcp/handshake.h"
+#include "transport/tcp/socket.h"
 
 namespace ember {
 namespace {
@@ -477,11 +477,11 @@ TEST(CoordinatorTest, GarbagePeerIsRejectedAndJobContinues) {
   LogCapture logs;
   auto server = StartServer(Options(Layout(2, 0)));
   ASSERT_TRUE(server);
-  auto raw = net::Connect("127.0.0.1", server->port(), Deadline::After(kLong));
+  auto raw = tcp::Connect("127.0.0.1", server->port(), Deadline::After(kLong));
   ASSERT_TRUE(raw.ok());
   const std::string junk(64, '\x5a');
-  ASSERT_TRUE(net::WriteAll(raw->get(), junk.data(), junk.size(), Deadline::After(kLong), "w").ok());
-  const std::string self = "127.0.0.1:" + std::to_string(*net::LocalPort(raw->get()));
+  ASSERT_TRUE(tcp::WriteAll(raw->get(), junk.data(), junk.size(), Deadline::After(kLong), "w").ok());
+  const std::string self = "127.0.0.1:" + std::to_string(*tcp::LocalPort(raw->get()));
   EXPECT_NE(logs.WaitFor("rejected unauthenticated connection from " + self + ": bad HMAC"), "");
   RunSmallJob(*server);
 }
@@ -502,16 +502,16 @@ TEST(CoordinatorTest, SilentPeerTimesOutWithoutBlockingTheJob) {
   o.handshake_timeout = Duration(300);
   auto server = StartServer(o);
   ASSERT_TRUE(server);
-  auto raw = net::Connect("127.0.0.1", server->port(), Deadline::After(kLong));
+  auto raw = tcp::Connect("127.0.0.1", server->port(), Deadline::After(kLong));
   ASSERT_TRUE(raw.ok());
   RunSmallJob(*server);  // runs while the silent peer holds its connection
   EXPECT_NE(logs.WaitFor("did not complete the handshake"), "");
   char byte;  // the server hung up on us
-  Status st = net::ReadExactly(raw->get(), &byte, 1, Deadline::After(kLong), "r");
+  Status st = tcp::ReadExactly(raw->get(), &byte, 1, Deadline::After(kLong), "r");
   // The 38-byte server hello arrives first; then EOF.
   char hello[37];
-  if (st.ok()) st = net::ReadExactly(raw->get(), hello, sizeof(hello), Deadline::After(kLong), "r");
-  if (st.ok()) st = net::ReadExactly(raw->get(), &byte, 1, Deadline::After(kLong), "r");
+  if (st.ok()) st = tcp::ReadExactly(raw->get(), hello, sizeof(hello), Deadline::After(kLong), "r");
+  if (st.ok()) st = tcp::ReadExactly(raw->get(), &byte, 1, Deadline::After(kLong), "r");
   EXPECT_FALSE(st.ok());
 }
 
@@ -521,14 +521,14 @@ TEST(CoordinatorTest, OversizedFrameIsRejectedAndJobContinues) {
   o.max_message_bytes = 1024;
   auto server = StartServer(o);
   ASSERT_TRUE(server);
-  auto raw = net::Connect("127.0.0.1", server->port(), Deadline::After(kLong));
+  auto raw = tcp::Connect("127.0.0.1", server->port(), Deadline::After(kLong));
   ASSERT_TRUE(raw.ok());
-  ASSERT_TRUE(net::ClientHandshake(raw->get(), kSecret, Deadline::After(kLong), "server").ok());
-  net::Writer header;
+  ASSERT_TRUE(tcp::ClientHandshake(raw->get(), kSecret, Deadline::After(kLong), "server").ok());
+  codec::Writer header;
   header.PutU32(1 << 30);
   header.PutU16(static_cast<uint16_t>(coord::MsgType::kLog));
-  header.PutU16(net::kProtocolVersion);
-  ASSERT_TRUE(net::WriteAll(raw->get(), header.data().data(), header.data().size(),
+  header.PutU16(tcp::kProtocolVersion);
+  ASSERT_TRUE(tcp::WriteAll(raw->get(), header.data().data(), header.data().size(),
                             Deadline::After(kLong), "w").ok());
   EXPECT_NE(logs.WaitFor("frame of 1073741824 bytes from 127.0.0.1:"), "");
   RunSmallJob(*server);
@@ -538,9 +538,9 @@ TEST(CoordinatorTest, OversizedFrameIsRejectedAndJobContinues) {
 TEST(CoordinatorTest, ConnectWithoutListenerIsUnavailable) {
   int port;
   {
-    auto l = net::Listen("127.0.0.1", 0);
+    auto l = tcp::Listen("127.0.0.1", 0);
     ASSERT_TRUE(l.ok());
-    port = *net::LocalPort(l->get());
+    port = *tcp::LocalPort(l->get());
   }
   ClientOptions co;
   co.connect_timeout = Duration(1000);
@@ -577,16 +577,16 @@ TEST(ProtocolTest, RegistrationRoundTripAndTruncation) {
   reg.nodes[0].address = {0, "h", 5, 77};
   reg.nodes[0].role = {"chief", 0};
   reg.nodes[0].state = NodeInfo::State::kRunning;
-  net::Writer w;
+  codec::Writer w;
   coord::EncodeRegistration(w, reg);
   Registration back;
-  net::Reader r(w.data());
+  codec::Reader r(w.data());
   ASSERT_TRUE(coord::DecodeRegistration(r, &back).ok());
   EXPECT_EQ(back.role.job_name, "chief");
   EXPECT_EQ(back.nodes[0].address.pid, 77);
   EXPECT_EQ(back.nodes[0].state, NodeInfo::State::kRunning);
   for (size_t cut = 0; cut < w.data().size(); ++cut) {
-    net::Reader t(std::string_view(w.data()).substr(0, cut));
+    codec::Reader t(std::string_view(w.data()).substr(0, cut));
     Registration junk;
     EXPECT_EQ(coord::DecodeRegistration(t, &junk).code(), StatusCode::kCorruption) << cut;
   }

@@ -32,7 +32,7 @@ void AppendJsonString(std::string* out, std::string_view s) {
   out->push_back('"');
 }
 
-void EncodeNode(net::Writer& w, const NodeInfo& n) {
+void EncodeNode(codec::Writer& w, const NodeInfo& n) {
   w.PutI32(n.address.executor_id);
   w.PutString(n.address.host);
   w.PutI32(n.address.port);
@@ -43,7 +43,7 @@ void EncodeNode(net::Writer& w, const NodeInfo& n) {
   w.PutString(n.error);
 }
 
-Status DecodeNode(net::Reader& r, NodeInfo* n) {
+Status DecodeNode(codec::Reader& r, NodeInfo* n) {
   int32_t id = 0, port = 0, task = 0;
   uint8_t state = 0;
   EMBER_RETURN_NOT_OK(r.GetI32(&id));
@@ -92,7 +92,7 @@ std::string DescribeNode(const NodeInfo& n) {
 }
 
 std::string EncodeReply(uint32_t request_id, const Status& status, std::string_view body) {
-  net::Writer w;
+  codec::Writer w;
   w.PutU32(request_id);
   w.PutU8(static_cast<uint8_t>(status.code()));
   w.PutString(status.message());
@@ -102,7 +102,7 @@ std::string EncodeReply(uint32_t request_id, const Status& status, std::string_v
 
 Status DecodeReply(std::string_view payload, uint32_t* request_id, Status* status,
                    std::string* body) {
-  net::Reader r(payload);
+  codec::Reader r(payload);
   uint8_t code = 0;
   std::string message;
   EMBER_RETURN_NOT_OK(r.GetU32(request_id));
@@ -116,7 +116,7 @@ Status DecodeReply(std::string_view payload, uint32_t* request_id, Status* statu
   return Status::OK();
 }
 
-void EncodeRegistration(net::Writer& w, const Registration& reg) {
+void EncodeRegistration(codec::Writer& w, const Registration& reg) {
   w.PutString(reg.role.job_name);
   w.PutI32(reg.role.task_index);
   w.PutString(reg.cluster_spec_json);
@@ -125,7 +125,7 @@ void EncodeRegistration(net::Writer& w, const Registration& reg) {
   for (const NodeInfo& n : reg.nodes) EncodeNode(w, n);
 }
 
-Status DecodeRegistration(net::Reader& r, Registration* reg) {
+Status DecodeRegistration(codec::Reader& r, Registration* reg) {
   int32_t task = 0, num_nodes = 0;
   uint32_t count = 0;
   EMBER_RETURN_NOT_OK(r.GetString(&reg->role.job_name));

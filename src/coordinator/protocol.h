@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "ember/coordinator.h"
-#include "net/codec.h"
+#include "common/codec.h"
 
 namespace ember::coord {
 
@@ -45,8 +45,8 @@ std::string EncodeReply(uint32_t request_id, const Status& status, std::string_v
 Status DecodeReply(std::string_view payload, uint32_t* request_id, Status* status,
                    std::string* body);
 
-void EncodeRegistration(net::Writer& w, const Registration& reg);
-Status DecodeRegistration(net::Reader& r, Registration* reg);
+void EncodeRegistration(codec::Writer& w, const Registration& reg);
+Status DecodeRegistration(codec::Reader& r, Registration* reg);
 
 // TF cluster spec JSON for `nodes`: keys in TFoS role order (ps, chief,
 // master, evaluator, worker), only roles present, each list by task_index.

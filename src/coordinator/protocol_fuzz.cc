@@ -9,7 +9,7 @@
 #include <string>
 
 #include "coordinator/protocol.h"
-#include "net/codec.h"
+#include "common/codec.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view bytes(reinterpret_cast<const char*>(data), size);
@@ -29,10 +29,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
 
-  ember::net::Reader r(bytes);
+  ember::codec::Reader r(bytes);
   ember::Registration reg;
   if (ember::coord::DecodeRegistration(r, &reg).ok()) {
-    ember::net::Writer w;
+    ember::codec::Writer w;
     ember::coord::EncodeRegistration(w, reg);
     if (w.data() != bytes) std::abort();
   }

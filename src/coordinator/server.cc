@@ -8,8 +8,8 @@
 
 #include "common/logging.h"
 #include "coordinator/server_impl.h"
-#include "net/frame.h"
-#include "net/socket.h"
+#include "transport/tcp/frame.h"
+#include "transport/tcp/socket.h"
 
 namespace ember {
 namespace {
@@ -40,8 +40,8 @@ Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   if (options.max_message_bytes < 64) {
     return Status::InvalidArgument("CoordinatorOptions.max_message_bytes must be >= 64");
   }
-  EMBER_ASSIGN_OR_RAISE(Fd listener, net::Listen(options.bind_host, options.port));
-  EMBER_ASSIGN_OR_RAISE(int port, net::LocalPort(listener.get()));
+  EMBER_ASSIGN_OR_RAISE(Fd listener, tcp::Listen(options.bind_host, options.port));
+  EMBER_ASSIGN_OR_RAISE(int port, tcp::LocalPort(listener.get()));
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC | O_NONBLOCK) != 0) return Status::FromErrno(errno, "pipe2");
 
@@ -89,11 +89,11 @@ int CoordinatorServer::port() const { return impl_->port; }
 
 void CoordinatorServer::Impl::AcceptLoop() {
   for (;;) {
-    Fd fd = net::AcceptUntilWoken(listen_fd.get(), wake_read.get(), "coordinator");
+    Fd fd = tcp::AcceptUntilWoken(listen_fd.get(), wake_read.get(), "coordinator");
     if (!fd.valid()) return;  // woken: the server is closing
     auto conn = std::make_shared<Conn>();
     conn->fd = std::move(fd);
-    conn->peer = net::PeerAddress(conn->fd.get());
+    conn->peer = tcp::PeerAddress(conn->fd.get());
     ReapFinished();
     std::lock_guard<std::mutex> lock(mu);
     if (closed) return;
@@ -134,7 +134,7 @@ void CoordinatorServer::Impl::MonitorLoop() {
 void CoordinatorServer::Impl::Send(Outbox& out) {
   for (Outgoing& o : out) {
     std::lock_guard<std::mutex> lock(o.conn->write_mu);
-    Status st = net::WriteFrame(o.conn->fd.get(), static_cast<uint16_t>(o.type), o.payload,
+    Status st = tcp::WriteFrame(o.conn->fd.get(), static_cast<uint16_t>(o.type), o.payload,
                                 Deadline::After(kWriteTimeout), o.conn->peer);
     if (!st.ok()) {
       EMBER_LOG(INFO) << "dropping connection from " << o.conn->peer << ": " << st.message();
@@ -236,7 +236,7 @@ void CoordinatorServer::Impl::AbortLocked(const std::string& reason, Outbox& out
   AddEvent(std::move(e));
   for (const Waiter& w : waiters) Reply(w.conn, w.request_id, Status::Aborted(reason), {}, out);
   waiters.clear();
-  net::Writer push;
+  codec::Writer push;
   push.PutU32(0);
   push.PutString(reason);
   for (const auto& c : conns) {
@@ -362,7 +362,7 @@ void CoordinatorServer::StopNodes(const std::vector<std::string>& job_names) {
   Outbox out;
   {
     std::lock_guard<std::mutex> lock(impl.mu);
-    net::Writer push;
+    codec::Writer push;
     push.PutU32(0);
     push.PutString("stopped by the driver");
     for (const auto& c : impl.conns) {

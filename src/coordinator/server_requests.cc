@@ -4,9 +4,9 @@
 
 #include "common/logging.h"
 #include "coordinator/server_impl.h"
-#include "net/frame.h"
-#include "net/handshake.h"
-#include "net/socket.h"
+#include "transport/tcp/frame.h"
+#include "transport/tcp/handshake.h"
+#include "transport/tcp/socket.h"
 
 namespace ember {
 namespace {
@@ -19,7 +19,7 @@ Duration ClampTimeout(int64_t ms) { return Duration(std::clamp<int64_t>(ms, 0, k
 }  // namespace
 
 void CoordinatorServer::Impl::ServeConnection(std::shared_ptr<Conn> conn) {
-  Status hs = net::ServerHandshake(conn->fd.get(), options.secret,
+  Status hs = tcp::ServerHandshake(conn->fd.get(), options.secret,
                                    Deadline::After(options.handshake_timeout), conn->peer);
   if (!hs.ok()) {
     EMBER_LOG(WARN) << "rejected unauthenticated connection from " << conn->peer << ": "
@@ -33,7 +33,7 @@ void CoordinatorServer::Impl::ServeConnection(std::shared_ptr<Conn> conn) {
     conn->authenticated = true;
   }
   for (;;) {
-    Result<net::Frame> frame = net::ReadFrame(conn->fd.get(), options.max_message_bytes,
+    Result<tcp::Frame> frame = tcp::ReadFrame(conn->fd.get(), options.max_message_bytes,
                                               Deadline::Infinite(), conn->peer);
     if (!frame.ok()) {
       if (frame.status().code() == StatusCode::kCorruption) {
@@ -84,7 +84,7 @@ void CoordinatorServer::Impl::OnDisconnect(const std::shared_ptr<Conn>& conn, Ou
 
 Status CoordinatorServer::Impl::HandleFrame(const std::shared_ptr<Conn>& conn, uint16_t type,
                                             std::string_view payload, Outbox& out) {
-  net::Reader r(payload);
+  codec::Reader r(payload);
   uint32_t rid = 0;
   EMBER_RETURN_NOT_OK(r.GetU32(&rid));
   const auto now = Clock::now();
@@ -167,7 +167,7 @@ Status CoordinatorServer::Impl::HandleFrame(const std::shared_ptr<Conn>& conn, u
           ++it;
           continue;
         }
-        net::Writer body;
+        codec::Writer body;
         coord::EncodeRegistration(body, RegistrationFor(it->conn->executor_id));
         Reply(it->conn, it->request_id, Status::OK(), body.data(), out);
         it = waiters.erase(it);
@@ -226,7 +226,7 @@ Status CoordinatorServer::Impl::HandleFrame(const std::shared_ptr<Conn>& conn, u
       EMBER_RETURN_NOT_OK(r.GetString(&key));
       EMBER_RETURN_NOT_OK(r.GetString(&value));
       EMBER_RETURN_NOT_OK(r.ExpectEnd());
-      net::Writer body;
+      codec::Writer body;
       body.PutString(value);
       for (auto it = waiters.begin(); it != waiters.end();) {
         if (it->kind == Waiter::Kind::kKvGet && it->name == key) {
@@ -247,7 +247,7 @@ Status CoordinatorServer::Impl::HandleFrame(const std::shared_ptr<Conn>& conn, u
       EMBER_RETURN_NOT_OK(r.GetI64(&timeout_ms));
       EMBER_RETURN_NOT_OK(r.ExpectEnd());
       if (auto it = kv.find(key); it != kv.end()) {
-        net::Writer body;
+        codec::Writer body;
         body.PutString(it->second);
         Reply(conn, rid, Status::OK(), body.data(), out);
       } else if (aborted) {

@@ -6,9 +6,9 @@
 #include <cerrno>
 
 #include "feed/feed_wire.h"
-#include "net/frame.h"
-#include "net/handshake.h"
-#include "net/socket.h"
+#include "transport/tcp/frame.h"
+#include "transport/tcp/handshake.h"
+#include "transport/tcp/socket.h"
 
 namespace ember::feed {
 namespace {
@@ -33,13 +33,13 @@ Result<std::unique_ptr<FeedClient>> FeedClient::Connect(const std::string& host,
                                                         Duration timeout, size_t max_message_bytes) {
   const std::string peer = host + ":" + std::to_string(port);
   const Deadline deadline = Deadline::After(timeout);
-  Result<Fd> fd = net::Connect(host, port, deadline);
+  Result<Fd> fd = tcp::Connect(host, port, deadline);
   if (!fd.ok()) {
     return Status::Unavailable("cannot reach the node's feed server at " + peer + ": " + fd.status().message() +
                                "; check that the node is still running and that this host can reach " + peer +
                                " (firewall, bind address)");
   }
-  Status hs = net::ClientHandshake(fd->get(), secret, deadline, "feed server " + peer);
+  Status hs = tcp::ClientHandshake(fd->get(), secret, deadline, "feed server " + peer);
   if (hs.code() == StatusCode::kUnauthenticated) {
     return Status::Unauthenticated("feed server at " + peer + " rejected the handshake: " + hs.message() +
                                    "; does this task carry the job's secret?");
@@ -98,7 +98,7 @@ Status FeedClient::TakePendingError(Duration wait) {
   if (!reading.owns_lock()) return Status::OK();  // the reader will see it
   const Deadline deadline = Deadline::After(wait);
   for (;;) {
-    uint8_t header[net::kFrameHeaderBytes];
+    uint8_t header[tcp::kFrameHeaderBytes];
     const ssize_t n = ::recv(fd_.get(), header, sizeof(header), MSG_PEEK | MSG_DONTWAIT);
     if (n == static_cast<ssize_t>(sizeof(header))) {
       const uint32_t type = header[4] | (uint32_t{header[5]} << 8);

@@ -1,6 +1,6 @@
 // FeedClient: a feeding task's connection to the feed server of a node on
 // another host (feed_server.h).  It carries the same (kind, payload)
-// messages a local producer writes into the node's ShmRing; for inference
+// messages a local producer writes into the node's shm::Ring; for inference
 // the node's answers (kResults, kEndResults, kError) come back on it.
 //
 // Thread-compatible with one exception: one writer thread and one reader

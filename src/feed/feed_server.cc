@@ -21,9 +21,9 @@
 #include "common/thread_annotations.h"
 #include "feed/feed_wire.h"
 #include "feed/messages.h"
-#include "feed/shm_ring.h"
-#include "net/handshake.h"
-#include "net/socket.h"
+#include "transport/shm/ring.h"
+#include "transport/tcp/handshake.h"
+#include "transport/tcp/socket.h"
 
 namespace ember::feed {
 namespace {
@@ -90,7 +90,7 @@ class Connection {
  public:
   Connection(FeedServer::Impl* server, uint64_t id, Fd fd)
       : server_(server), options_(server->options), id_(id), fd_(std::move(fd)),
-        peer_(net::PeerAddress(fd_.get())) {}
+        peer_(tcp::PeerAddress(fd_.get())) {}
 
   ~Connection() { (void)fd_.Close(); }
 
@@ -122,11 +122,11 @@ class Connection {
   void Fail(const Status& status);
   void Linger();
 
-  void QueueResultRing(std::unique_ptr<ShmRing> ring);
+  void QueueResultRing(std::unique_ptr<shm::Ring> ring);
   void WakePump();
   void StopPump();
   void PumpLoop();
-  bool DrainResultRing(ShmRing* results);  // true when the partition's answers all went out
+  bool DrainResultRing(shm::Ring* results);  // true when the partition's answers all went out
   bool SendToProducer(uint32_t kind, std::span<const uint8_t> payload);
 
   FeedServer::Impl* const server_;
@@ -138,9 +138,9 @@ class Connection {
   std::atomic<bool> stop_{false};
   std::atomic<bool> finished_{false};
 
-  // The node's ring, opened by this connection (a ShmRing tracks the session
+  // The node's ring, opened by this connection (a shm::Ring tracks the session
   // lock per object and thread).  Set before, and reset after, the pump runs.
-  std::unique_ptr<ShmRing> ring_;
+  std::unique_ptr<shm::Ring> ring_;
   // Connection thread only.
   bool session_held_ = false;
   uint32_t session_partition_ = 0;
@@ -152,12 +152,12 @@ class Connection {
 
   std::mutex pump_mu_;
   std::condition_variable pump_cv_;
-  std::deque<std::unique_ptr<ShmRing>> pending_results_ GUARDED_BY(pump_mu_);
+  std::deque<std::unique_ptr<shm::Ring>> pending_results_ GUARDED_BY(pump_mu_);
   std::thread pump_;
 };
 
 void Connection::Serve() {
-  Status hs = net::ServerHandshake(fd_.get(), options_.secret, Deadline::After(options_.handshake_timeout), peer_);
+  Status hs = tcp::ServerHandshake(fd_.get(), options_.secret, Deadline::After(options_.handshake_timeout), peer_);
   if (!hs.ok()) {
     if (!stop_) {
       EMBER_LOG(WARN) << "feed server: rejected connection from " << peer_ << ": " << hs.ToString();
@@ -170,7 +170,7 @@ void Connection::Serve() {
   ++server_->accepted;
   EMBER_LOG(DEBUG) << "feed server: producer connected from " << peer_;
 
-  Result<std::unique_ptr<ShmRing>> ring = ShmRing::Open(options_.ring_name);
+  Result<std::unique_ptr<shm::Ring>> ring = shm::Ring::Open(options_.ring_name);
   Status st = ring.status();
   if (ring.ok()) {
     ring_ = ring.MoveValueUnsafe();
@@ -266,8 +266,8 @@ Status Connection::Begin(std::vector<uint8_t>* payload) {
     begin.result_ring = options_.result_ring_prefix + "-" + std::to_string(getpid()) + "-" +
                         std::to_string(server_->server_id) + "-" + std::to_string(id_) + "-" +
                         std::to_string(begin.partition) + "-" + std::to_string(next_result_seq_++);
-    EMBER_ASSIGN_OR_RAISE(std::unique_ptr<ShmRing> results,
-                          ShmRing::Create(begin.result_ring, options_.result_ring_capacity));
+    EMBER_ASSIGN_OR_RAISE(std::unique_ptr<shm::Ring> results,
+                          shm::Ring::Create(begin.result_ring, options_.result_ring_capacity));
     QueueResultRing(std::move(results));
     *payload = EncodeBeginPartition(begin);
   }
@@ -306,7 +306,7 @@ Status Connection::Forward(FeedKind kind, std::span<const uint8_t> payload) {
   }
 }
 
-// ShmRing::LockSession(idle_timeout) in ticks, so Close() is noticed.  A tick
+// shm::Ring::LockSession(idle_timeout) in ticks, so Close() is noticed.  A tick
 // only times out when the node consumed nothing during it; a call that ran
 // longer saw the node consume, which restarts the idle clock.
 Status Connection::LockSession() {
@@ -362,7 +362,7 @@ void Connection::Linger() {
   }
 }
 
-void Connection::QueueResultRing(std::unique_ptr<ShmRing> ring) {
+void Connection::QueueResultRing(std::unique_ptr<shm::Ring> ring) {
   {
     std::lock_guard<std::mutex> lock(pump_mu_);
     pending_results_.push_back(std::move(ring));
@@ -388,7 +388,7 @@ void Connection::StopPump() {
 // Sends the node's answers back, one result ring (partition) after another.
 void Connection::PumpLoop() {
   for (;;) {
-    std::unique_ptr<ShmRing> results;
+    std::unique_ptr<shm::Ring> results;
     {
       std::unique_lock<std::mutex> lock(pump_mu_);
       pump_cv_.wait(lock, [&] { return stop_ || !pending_results_.empty(); });
@@ -403,7 +403,7 @@ void Connection::PumpLoop() {
   }
 }
 
-bool Connection::DrainResultRing(ShmRing* results) {
+bool Connection::DrainResultRing(shm::Ring* results) {
   uint32_t kind = 0;
   std::vector<uint8_t> payload;
   for (;;) {
@@ -453,7 +453,7 @@ bool Connection::SendToProducer(uint32_t kind, std::span<const uint8_t> payload)
 
 void FeedServer::Impl::AcceptLoop() {
   for (;;) {
-    Fd fd = net::AcceptUntilWoken(listen_fd.get(), wake_read.get(), "feed server");
+    Fd fd = tcp::AcceptUntilWoken(listen_fd.get(), wake_read.get(), "feed server");
     if (!fd.valid()) return;  // woken: the server is closing
     ReapFinished();
     std::lock_guard<std::mutex> lock(mu);
@@ -497,9 +497,9 @@ Result<std::unique_ptr<FeedServer>> FeedServer::Start(const FeedServerOptions& o
     return Status::InvalidArgument("FeedServerOptions: idle_timeout and handshake_timeout must be positive");
   }
   // Fail early if the node's ring is missing; each connection opens its own.
-  EMBER_RETURN_NOT_OK(ShmRing::Open(options.ring_name).status());
-  EMBER_ASSIGN_OR_RAISE(Fd listener, net::Listen(options.bind_host, options.port));
-  EMBER_ASSIGN_OR_RAISE(int port, net::LocalPort(listener.get()));
+  EMBER_RETURN_NOT_OK(shm::Ring::Open(options.ring_name).status());
+  EMBER_ASSIGN_OR_RAISE(Fd listener, tcp::Listen(options.bind_host, options.port));
+  EMBER_ASSIGN_OR_RAISE(int port, tcp::LocalPort(listener.get()));
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC | O_NONBLOCK) != 0) return Status::FromErrno(errno, "pipe2");
 

@@ -1,6 +1,6 @@
 // FeedServer: the TCP end of a node's data feed, for feeding tasks on other
 // hosts.  Each node's launcher runs one; it relays every message a remote
-// producer (FeedClient) sends into the node's ShmRing, exactly as a local
+// producer (FeedClient) sends into the node's shm::Ring, exactly as a local
 // producer would write it, and for inference pumps the node's answers back.
 //
 // Per connection: the authenticated handshake (net/handshake.h) comes first,
@@ -19,12 +19,12 @@
 // made no progress for idle_timeout, a malformed frame) goes back to the
 // producer as one kError frame carrying "<status code name>: <message>";
 // then the connection is closed.  "Cancelled: ..." means the node
-// terminated its feed (ShmRing::Terminate), which producers treat as "stop
+// terminated its feed (shm::Ring::Terminate), which producers treat as "stop
 // quietly".  A node failure or terminate is noticed within ~100 ms even
 // while the producer sends nothing.
 //
 // Each connection opens the node's ring itself, so the session lock is held
-// by that connection's thread, as ShmRing requires.
+// by that connection's thread, as shm::Ring requires.
 #pragma once
 
 #include <cstddef>
@@ -41,7 +41,7 @@ struct FeedServerOptions {
   std::string bind_host = "0.0.0.0";
   int port = 0;  // 0 picks a free port; see FeedServer::port()
   std::string secret;  // the job's secret, >= 16 bytes
-  // The node's ring (ShmRing::Create'd by the node); opened as a producer.
+  // The node's ring (shm::Ring::Create'd by the node); opened as a producer.
   std::string ring_name;
   // Result rings are named <prefix>-<pid>-<server>-<connection>-<partition>-<seq>.
   std::string result_ring_prefix = "/ember-results";
@@ -80,7 +80,7 @@ class FeedServer {
   // Stops accepting, drops every connection (releasing their session locks
   // and result rings) and joins all threads.  A connection blocked on a full
   // ring notices within ~100 ms; one waiting for the session lock within
-  // ~100 ms of the node last consuming (ShmRing::LockSession keeps waiting
+  // ~100 ms of the node last consuming (shm::Ring::LockSession keeps waiting
   // while the holder makes progress).  Idempotent and thread-safe.
   void Close();
 

@@ -1,4 +1,4 @@
-// FeedServer + FeedClient over loopback TCP into a real ShmRing: the
+// FeedServer + FeedClient over loopback TCP into a real shm::Ring: the
 // consumer thread in each test plays the node.
 #include "feed/feed_server.h"
 
@@ -21,8 +21,8 @@
 #include "feed/feed_client.h"
 #include "feed/feed_wire.h"
 #include "feed/messages.h"
-#include "feed/shm_ring.h"
-#include "net/socket.h"
+#include "transport/shm/ring.h"
+#include "transport/tcp/socket.h"
 
 namespace ember::feed {
 namespace {
@@ -123,7 +123,7 @@ bool WaitUntil(Pred pred, Duration limit = Duration(3000)) {
 class FeedServerTest : public ::testing::Test {
  protected:
   void StartNode(size_t ring_capacity, Duration idle_timeout = Duration(3000)) {
-    auto ring = ShmRing::Create(UniqueRingName(), ring_capacity);
+    auto ring = shm::Ring::Create(UniqueRingName(), ring_capacity);
     ASSERT_TRUE(ring.ok()) << ring.status().ToString();
     ring_ = ring.MoveValueUnsafe();
     FeedServerOptions o;
@@ -152,7 +152,7 @@ class FeedServerTest : public ::testing::Test {
     EXPECT_TRUE(OurShmSegments().empty()) << "leaked shm segment: " << OurShmSegments()[0];
   }
 
-  std::unique_ptr<ShmRing> ring_;  // the node's, read by the test's consumer
+  std::unique_ptr<shm::Ring> ring_;  // the node's, read by the test's consumer
   std::unique_ptr<FeedServer> server_;
 };
 
@@ -232,8 +232,8 @@ TEST_F(FeedServerTest, FullRingBlocksTheClientUntilTheNodeReads) {
 // The node's side of inference: answers each batch with a kResults naming
 // (partition, seq) and each partition with kEndResults.  Checks that the
 // messages of one partition are contiguous in the node's ring.
-void RunNode(ShmRing* ring, int partitions, std::atomic<int>* interleavings) {
-  std::unique_ptr<ShmRing> results;
+void RunNode(shm::Ring* ring, int partitions, std::atomic<int>* interleavings) {
+  std::unique_ptr<shm::Ring> results;
   int open_partition = -1;
   int64_t rows = 0;
   uint32_t kind;
@@ -248,7 +248,7 @@ void RunNode(ShmRing* ring, int partitions, std::atomic<int>* interleavings) {
         open_partition = static_cast<int>(begin->partition);
         ASSERT_TRUE(begin->wants_results());
         ASSERT_EQ(begin->result_ring.rfind("/" + TestPrefix() + "-results-", 0), 0u) << begin->result_ring;
-        auto opened = ShmRing::Open(begin->result_ring);
+        auto opened = shm::Ring::Open(begin->result_ring);
         ASSERT_TRUE(opened.ok()) << opened.status().ToString();
         results = opened.MoveValueUnsafe();
         rows = 0;
@@ -481,12 +481,12 @@ TEST_F(FeedServerTest, BadPeersAreRejectedAndOthersStillServed) {
   ASSERT_FALSE(wrong.ok());
   EXPECT_NE(wrong.status().message().find("secret"), std::string::npos) << wrong.status().ToString();
   // Garbage bytes instead of the handshake.
-  auto garbage = net::Connect("127.0.0.1", port, Soon());
+  auto garbage = tcp::Connect("127.0.0.1", port, Soon());
   ASSERT_TRUE(garbage.ok());
   std::string junk(200, '\x5a');
-  ASSERT_TRUE(net::WriteAll(garbage->get(), junk.data(), junk.size(), Soon(), "junk").ok());
+  ASSERT_TRUE(tcp::WriteAll(garbage->get(), junk.data(), junk.size(), Soon(), "junk").ok());
   // A silent peer, held open past the handshake timeout.
-  auto silent = net::Connect("127.0.0.1", port, Soon());
+  auto silent = tcp::Connect("127.0.0.1", port, Soon());
   ASSERT_TRUE(silent.ok());
   // Meanwhile a real producer is served.
   auto client = Connect();

@@ -2,9 +2,9 @@
 
 #include <cstring>
 
-#include "net/codec.h"
-#include "net/frame.h"
-#include "net/socket.h"
+#include "common/codec.h"
+#include "transport/tcp/frame.h"
+#include "transport/tcp/socket.h"
 
 namespace ember::feed {
 namespace {
@@ -35,31 +35,31 @@ Status SendFeedFrame(int fd, FeedKind kind, std::span<const uint8_t> payload, De
   }
   const std::string what = "write feed frame to " + peer;
   if (payload.size() <= kCoalesceBytes) {
-    const std::string bytes = net::EncodeFrame(static_cast<uint16_t>(kind), AsChars(payload));
-    return net::WriteAll(fd, bytes.data(), bytes.size(), deadline, what);
+    const std::string bytes = tcp::EncodeFrame(static_cast<uint16_t>(kind), AsChars(payload));
+    return tcp::WriteAll(fd, bytes.data(), bytes.size(), deadline, what);
   }
-  net::Writer header;  // the layout of net::EncodeFrame, without the payload copy
+  codec::Writer header;  // the layout of tcp::EncodeFrame, without the payload copy
   header.PutU32(static_cast<uint32_t>(payload.size()));
   header.PutU16(static_cast<uint16_t>(kind));
-  header.PutU16(net::kProtocolVersion);
-  EMBER_RETURN_NOT_OK(net::WriteAll(fd, header.data().data(), header.data().size(), deadline, what));
-  return net::WriteAll(fd, payload.data(), payload.size(), deadline, what);
+  header.PutU16(tcp::kProtocolVersion);
+  EMBER_RETURN_NOT_OK(tcp::WriteAll(fd, header.data().data(), header.data().size(), deadline, what));
+  return tcp::WriteAll(fd, payload.data(), payload.size(), deadline, what);
 }
 
 Status RecvFeedFrame(int fd, size_t max_payload_bytes, Deadline deadline, const std::string& peer,
                      uint32_t* kind, std::vector<uint8_t>* payload) {
-  char header[net::kFrameHeaderBytes];
-  EMBER_RETURN_NOT_OK(net::ReadExactly(fd, header, sizeof(header), deadline, "read feed frame from " + peer));
-  net::Reader r(std::string_view(header, sizeof(header)));
+  char header[tcp::kFrameHeaderBytes];
+  EMBER_RETURN_NOT_OK(tcp::ReadExactly(fd, header, sizeof(header), deadline, "read feed frame from " + peer));
+  codec::Reader r(std::string_view(header, sizeof(header)));
   uint32_t length = 0;
   uint16_t type = 0;
   uint16_t version = 0;
   EMBER_RETURN_NOT_OK(r.GetU32(&length));
   EMBER_RETURN_NOT_OK(r.GetU16(&type));
   EMBER_RETURN_NOT_OK(r.GetU16(&version));
-  if (version != net::kProtocolVersion) {
+  if (version != tcp::kProtocolVersion) {
     return Status::Corruption("feed frame from " + peer + " has protocol version " + std::to_string(version) +
-                              "; this build speaks version " + std::to_string(net::kProtocolVersion));
+                              "; this build speaks version " + std::to_string(tcp::kProtocolVersion));
   }
   if (length > max_payload_bytes) {
     return Status::Corruption("feed frame of " + std::to_string(length) + " bytes from " + peer +
@@ -68,11 +68,11 @@ Status RecvFeedFrame(int fd, size_t max_payload_bytes, Deadline deadline, const 
   *kind = type;
   payload->resize(length);
   if (length == 0) return Status::OK();
-  return net::ReadExactly(fd, payload->data(), length, deadline, "read feed frame payload from " + peer);
+  return tcp::ReadExactly(fd, payload->data(), length, deadline, "read feed frame payload from " + peer);
 }
 
 Result<BeginPartition> ParseBeginPartition(std::span<const uint8_t> payload) {
-  net::Reader r(AsChars(payload));
+  codec::Reader r(AsChars(payload));
   BeginPartition b;
   Status st = r.GetU32(&b.partition);
   if (st.ok()) st = r.GetU32(&b.epoch);
@@ -95,7 +95,7 @@ std::vector<uint8_t> EncodeBeginPartition(const BeginPartition& begin) {
 }
 
 Status ParsePartitionPrefix(std::span<const uint8_t> payload, uint32_t* partition, uint32_t* epoch) {
-  net::Reader r(AsChars(payload));
+  codec::Reader r(AsChars(payload));
   Status st = r.GetU32(partition);
   if (st.ok()) st = r.GetU32(epoch);
   return st;

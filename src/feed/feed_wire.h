@@ -1,7 +1,7 @@
 // The feed over TCP: each (kind, payload) message is one net frame whose
 // type is the FeedKind (net/frame.h, docs/wire.md "Feed").  These helpers
 // move payloads straight between the socket and the caller's buffer, without
-// the std::string copies of net::ReadFrame/WriteFrame, and encode the one
+// the std::string copies of tcp::ReadFrame/WriteFrame, and encode the one
 // payload the feed server rewrites (kBeginPartition).
 #pragma once
 
@@ -16,7 +16,7 @@
 
 namespace ember::feed {
 
-// Writes one frame within `deadline`; errors as net::WriteAll, naming `peer`.
+// Writes one frame within `deadline`; errors as tcp::WriteAll, naming `peer`.
 // Not thread-safe per fd: callers serialize writers.
 Status SendFeedFrame(int fd, FeedKind kind, std::span<const uint8_t> payload, Deadline deadline,
                      const std::string& peer);

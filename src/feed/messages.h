@@ -1,5 +1,5 @@
 // The data feed's message kinds.  The same (kind, payload) messages travel
-// through a node's ShmRing (same host) and over an authenticated TCP feed
+// through a node's shm::Ring (same host) and over an authenticated TCP feed
 // connection (other hosts; kind = frame type).  See docs/wire.md, "Feed".
 //
 // Payload layouts (integers little-endian):

@@ -10,7 +10,7 @@
 #include "common/fd.h"
 #include "ember/result.h"
 
-namespace ember::net {
+namespace ember::tcp {
 
 // Binds and listens on host:port (port 0 picks a free port).  IOError names
 // the address.
@@ -48,4 +48,4 @@ Status ReadExactly(int fd, void* buf, size_t n, Deadline deadline, const std::st
 // Writes all `n` bytes; errors as ReadExactly.
 Status WriteAll(int fd, const void* buf, size_t n, Deadline deadline, const std::string& what);
 
-}  // namespace ember::net
+}  // namespace ember::tcp

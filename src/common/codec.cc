@@ -1,9 +1,9 @@
-#include "net/codec.h"
+#include "common/codec.h"
 
 #include <bit>
 #include <string>
 
-namespace ember::net {
+namespace ember::codec {
 
 void Writer::PutF64(double v) { PutLE(std::bit_cast<uint64_t>(v), 8); }
 
@@ -107,4 +107,4 @@ Status Reader::ExpectEnd() const {
   return Status::OK();
 }
 
-}  // namespace ember::net
+}  // namespace ember::codec

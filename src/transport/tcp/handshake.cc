@@ -1,4 +1,4 @@
-#include "net/handshake.h"
+#include "transport/tcp/handshake.h"
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -9,11 +9,11 @@
 #include <cstring>
 #include <string_view>
 
-#include "net/codec.h"
-#include "net/frame.h"
-#include "net/socket.h"
+#include "common/codec.h"
+#include "transport/tcp/frame.h"
+#include "transport/tcp/socket.h"
 
-namespace ember::net {
+namespace ember::tcp {
 namespace {
 
 using Nonce = std::array<unsigned char, kNonceBytes>;
@@ -51,7 +51,7 @@ Status ServerHandshake(int fd, const std::string& secret, Deadline deadline,
                        const std::string& peer) {
   Nonce nonce_s;
   EMBER_RETURN_NOT_OK(RandomNonce(&nonce_s));
-  Writer hello;
+  codec::Writer hello;
   hello.PutRaw(std::string_view(kHandshakeMagic, sizeof(kHandshakeMagic)));
   hello.PutU16(kProtocolVersion);
   hello.PutRaw(std::string_view(reinterpret_cast<const char*>(nonce_s.data()), nonce_s.size()));
@@ -91,7 +91,7 @@ Status ClientHandshake(int fd, const std::string& secret, Deadline deadline,
   if (std::memcmp(hello, kHandshakeMagic, sizeof(kHandshakeMagic)) != 0) {
     return Status::Unavailable(peer + " is not an Ember coordinator (bad handshake magic)");
   }
-  Reader r(std::string_view(reinterpret_cast<const char*>(hello) + 4, 2));
+  codec::Reader r(std::string_view(reinterpret_cast<const char*>(hello) + 4, 2));
   uint16_t version = 0;
   EMBER_RETURN_NOT_OK(r.GetU16(&version));
   if (version != kProtocolVersion) {
@@ -132,4 +132,4 @@ Status ClientHandshake(int fd, const std::string& secret, Deadline deadline,
   return Status::OK();
 }
 
-}  // namespace ember::net
+}  // namespace ember::tcp

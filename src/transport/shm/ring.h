@@ -1,4 +1,4 @@
-// ShmRing: a bounded multi-producer / single-consumer queue of messages in
+// Ring: a bounded multi-producer / single-consumer queue of messages in
 // POSIX shared memory.  It carries the data feed between the Spark tasks that
 // feed a node and the node itself when both run on the same host.
 //
@@ -22,11 +22,11 @@
 #include "common/deadline.h"
 #include "ember/result.h"
 
-namespace ember::feed {
+namespace ember::shm {
 
-struct ShmRingHeader;
+struct RingHeader;
 
-class ShmRing {
+class Ring {
  public:
   // Largest payload a ring of `capacity` bytes accepts in one message.
   static size_t MaxPayload(size_t capacity);
@@ -35,15 +35,15 @@ class ShmRing {
   // failing with AlreadyExists if it exists.  The calling process becomes
   // the consumer; the name is unlinked by Close() or the destructor.
   // capacity is rounded up to a multiple of 8 and must be >= 4 KiB.
-  static Result<std::unique_ptr<ShmRing>> Create(const std::string& name, size_t capacity);
+  static Result<std::unique_ptr<Ring>> Create(const std::string& name, size_t capacity);
 
   // Opens an existing segment as a producer.  NotFound if no such ring;
   // Corruption if the segment is not an Ember ring of this version.
-  static Result<std::unique_ptr<ShmRing>> Open(const std::string& name);
+  static Result<std::unique_ptr<Ring>> Open(const std::string& name);
 
-  ~ShmRing();
-  ShmRing(const ShmRing&) = delete;
-  ShmRing& operator=(const ShmRing&) = delete;
+  ~Ring();
+  Ring(const Ring&) = delete;
+  Ring& operator=(const Ring&) = delete;
 
   const std::string& name() const { return name_; }
   size_t capacity() const;
@@ -92,13 +92,13 @@ class ShmRing {
   void Close();
 
  private:
-  ShmRing(std::string name, bool owner, ShmRingHeader* header, size_t mapped_bytes);
+  Ring(std::string name, bool owner, RingHeader* header, size_t mapped_bytes);
 
   std::string name_;
   bool owner_;
   bool session_held_ = false;  // by this object; see LockSession()
-  ShmRingHeader* header_;
+  RingHeader* header_;
   size_t mapped_bytes_;
 };
 
-}  // namespace ember::feed
+}  // namespace ember::shm

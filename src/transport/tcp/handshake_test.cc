@@ -1,4 +1,4 @@
-#include "net/handshake.h"
+#include "transport/tcp/handshake.h"
 
 #include <gtest/gtest.h>
 
@@ -6,10 +6,10 @@
 
 #include <thread>
 
-#include "net/socket.h"
-#include "net/test_util.h"
+#include "transport/tcp/socket.h"
+#include "transport/tcp/test_util.h"
 
-namespace ember::net {
+namespace ember::tcp {
 namespace {
 
 using testing::LoopbackPair;
@@ -80,4 +80,4 @@ TEST(HandshakeTest, ClientRejectsNonEmberServer) {
 }
 
 }  // namespace
-}  // namespace ember::net
+}  // namespace ember::tcp

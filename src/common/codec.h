@@ -15,7 +15,7 @@
 
 #include "ember/status.h"
 
-namespace ember::net {
+namespace ember::codec {
 
 class Writer {
  public:
@@ -67,4 +67,4 @@ class Reader {
   size_t pos_ = 0;
 };
 
-}  // namespace ember::net
+}  // namespace ember::codec

@@ -1,11 +1,11 @@
-#include "net/codec.h"
+#include "common/codec.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
 
-namespace ember::net {
+namespace ember::codec {
 namespace {
 
 TEST(CodecTest, RoundTripsEveryType) {
@@ -102,4 +102,4 @@ TEST(CodecTest, NanRoundTrips) {
 }
 
 }  // namespace
-}  // namespace ember::net
+}  // namespace ember::codec

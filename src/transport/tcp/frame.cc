@@ -1,12 +1,12 @@
-#include "net/frame.h"
+#include "transport/tcp/frame.h"
 
-#include "net/codec.h"
-#include "net/socket.h"
+#include "common/codec.h"
+#include "transport/tcp/socket.h"
 
-namespace ember::net {
+namespace ember::tcp {
 
 std::string EncodeFrame(uint16_t type, std::string_view payload) {
-  Writer w;
+  codec::Writer w;
   w.PutU32(static_cast<uint32_t>(payload.size()));
   w.PutU16(type);
   w.PutU16(kProtocolVersion);
@@ -28,7 +28,7 @@ Result<Frame> ReadFrame(int fd, size_t max_payload_bytes, Deadline deadline,
                         const std::string& peer) {
   char header[kFrameHeaderBytes];
   EMBER_RETURN_NOT_OK(ReadExactly(fd, header, sizeof(header), deadline, "read frame from " + peer));
-  Reader r(std::string_view(header, sizeof(header)));
+  codec::Reader r(std::string_view(header, sizeof(header)));
   uint32_t length = 0;
   uint16_t version = 0;
   Frame frame;
@@ -51,4 +51,4 @@ Result<Frame> ReadFrame(int fd, size_t max_payload_bytes, Deadline deadline,
   return frame;
 }
 
-}  // namespace ember::net
+}  // namespace ember::tcp

@@ -1,4 +1,4 @@
-#include "feed/shm_ring.h"
+#include "transport/shm/ring.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -12,7 +12,7 @@
 
 #include <gtest/gtest.h>
 
-namespace ember::feed {
+namespace ember::shm {
 namespace {
 
 std::string UniqueName() {
@@ -28,10 +28,10 @@ std::vector<uint8_t> Bytes(uint32_t seq, size_t n) {
 
 Deadline Soon() { return Deadline::After(Duration(5000)); }
 
-TEST(ShmRing, RoundTripKeepsKindsPayloadsAndOrder) {
-  auto ring = ShmRing::Create(UniqueName(), 1 << 16);
+TEST(Ring, RoundTripKeepsKindsPayloadsAndOrder) {
+  auto ring = Ring::Create(UniqueName(), 1 << 16);
   ASSERT_TRUE(ring.ok()) << ring.status().ToString();
-  auto producer = ShmRing::Open((*ring)->name());
+  auto producer = Ring::Open((*ring)->name());
   ASSERT_TRUE(producer.ok()) << producer.status().ToString();
 
   ASSERT_TRUE((*producer)->Write(7, Bytes(1, 100), Soon()).ok());
@@ -51,8 +51,8 @@ TEST(ShmRing, RoundTripKeepsKindsPayloadsAndOrder) {
   EXPECT_EQ(payload, Bytes(3, 5));
 }
 
-TEST(ShmRing, EmptyRingReadTimesOut) {
-  auto ring = ShmRing::Create(UniqueName(), 4096);
+TEST(Ring, EmptyRingReadTimesOut) {
+  auto ring = Ring::Create(UniqueName(), 4096);
   ASSERT_TRUE(ring.ok());
   uint32_t kind;
   std::vector<uint8_t> payload;
@@ -60,10 +60,10 @@ TEST(ShmRing, EmptyRingReadTimesOut) {
   EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.ToString();
 }
 
-TEST(ShmRing, FullRingGivesBackpressureThenDeadline) {
-  auto ring = ShmRing::Create(UniqueName(), 4096);
+TEST(Ring, FullRingGivesBackpressureThenDeadline) {
+  auto ring = Ring::Create(UniqueName(), 4096);
   ASSERT_TRUE(ring.ok());
-  auto producer = ShmRing::Open((*ring)->name());
+  auto producer = Ring::Open((*ring)->name());
   ASSERT_TRUE(producer.ok());
   const size_t n = 1000;
   int written = 0;
@@ -80,22 +80,22 @@ TEST(ShmRing, FullRingGivesBackpressureThenDeadline) {
   EXPECT_TRUE((*producer)->Write(1, Bytes(written, n), Soon()).ok());
 }
 
-TEST(ShmRing, RejectsOversizedMessage) {
-  auto ring = ShmRing::Create(UniqueName(), 4096);
+TEST(Ring, RejectsOversizedMessage) {
+  auto ring = Ring::Create(UniqueName(), 4096);
   ASSERT_TRUE(ring.ok());
-  std::vector<uint8_t> big(ShmRing::MaxPayload(4096) + 1);
+  std::vector<uint8_t> big(Ring::MaxPayload(4096) + 1);
   Status st = (*ring)->Write(1, big, Soon());
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
-  std::vector<uint8_t> max(ShmRing::MaxPayload(4096));
+  std::vector<uint8_t> max(Ring::MaxPayload(4096));
   EXPECT_TRUE((*ring)->Write(1, max, Soon()).ok());
 }
 
-TEST(ShmRing, WrapsAroundWithVaryingSizes) {
-  auto ring = ShmRing::Create(UniqueName(), 4096);
+TEST(Ring, WrapsAroundWithVaryingSizes) {
+  auto ring = Ring::Create(UniqueName(), 4096);
   ASSERT_TRUE(ring.ok());
   const int kMessages = 3000;
   std::thread producer([&] {
-    auto p = ShmRing::Open((*ring)->name());
+    auto p = Ring::Open((*ring)->name());
     ASSERT_TRUE(p.ok());
     for (int i = 0; i < kMessages; ++i) {
       ASSERT_TRUE((*p)->Write(i, Bytes(i, (i * 37) % 1500), Soon()).ok());
@@ -111,14 +111,14 @@ TEST(ShmRing, WrapsAroundWithVaryingSizes) {
   producer.join();
 }
 
-TEST(ShmRing, ManyProducersEachKeepTheirOrder) {
-  auto ring = ShmRing::Create(UniqueName(), 8192);
+TEST(Ring, ManyProducersEachKeepTheirOrder) {
+  auto ring = Ring::Create(UniqueName(), 8192);
   ASSERT_TRUE(ring.ok());
   const int kProducers = 4, kEach = 500;
   std::vector<std::thread> producers;
   for (int p = 0; p < kProducers; ++p) {
     producers.emplace_back([&, p] {
-      auto w = ShmRing::Open((*ring)->name());
+      auto w = Ring::Open((*ring)->name());
       ASSERT_TRUE(w.ok());
       for (int i = 0; i < kEach; ++i) {
         uint32_t seq = static_cast<uint32_t>(i);
@@ -142,10 +142,10 @@ TEST(ShmRing, ManyProducersEachKeepTheirOrder) {
   for (auto& t : producers) t.join();
 }
 
-TEST(ShmRing, AbortWakesBlockedProducerWithReason) {
-  auto ring = ShmRing::Create(UniqueName(), 4096);
+TEST(Ring, AbortWakesBlockedProducerWithReason) {
+  auto ring = Ring::Create(UniqueName(), 4096);
   ASSERT_TRUE(ring.ok());
-  auto producer = ShmRing::Open((*ring)->name());
+  auto producer = Ring::Open((*ring)->name());
   ASSERT_TRUE(producer.ok());
   while ((*producer)->Write(1, Bytes(0, 1000), Deadline::After(Duration(10))).ok()) {
   }
@@ -161,10 +161,10 @@ TEST(ShmRing, AbortWakesBlockedProducerWithReason) {
   EXPECT_NE(st.message().find("node worker:1 failed"), std::string::npos) << st.ToString();
 }
 
-TEST(ShmRing, TerminateCancelsProducersQuietly) {
-  auto ring = ShmRing::Create(UniqueName(), 4096);
+TEST(Ring, TerminateCancelsProducersQuietly) {
+  auto ring = Ring::Create(UniqueName(), 4096);
   ASSERT_TRUE(ring.ok());
-  auto producer = ShmRing::Open((*ring)->name());
+  auto producer = Ring::Open((*ring)->name());
   ASSERT_TRUE(producer.ok());
   while ((*producer)->Write(1, Bytes(0, 1000), Deadline::After(Duration(10))).ok()) {
   }
@@ -182,16 +182,16 @@ TEST(ShmRing, TerminateCancelsProducersQuietly) {
   EXPECT_EQ((*ring)->Read(&kind, &payload, Deadline::After(Duration(20))).code(), StatusCode::kDeadlineExceeded);
 }
 
-TEST(ShmRing, CreateOpenErrorsNameTheRing) {
+TEST(Ring, CreateOpenErrorsNameTheRing) {
   const std::string name = UniqueName();
-  auto missing = ShmRing::Open(name);
+  auto missing = Ring::Open(name);
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
   EXPECT_NE(missing.status().message().find(name), std::string::npos);
 
-  auto ring = ShmRing::Create(name, 4096);
+  auto ring = Ring::Create(name, 4096);
   ASSERT_TRUE(ring.ok());
-  EXPECT_EQ(ShmRing::Create(name, 4096).status().code(), StatusCode::kAlreadyExists);
-  EXPECT_EQ(ShmRing::Create(UniqueName(), 100).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Ring::Create(name, 4096).status().code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(Ring::Create(UniqueName(), 100).status().code(), StatusCode::kInvalidArgument);
 
   // A segment that is not a ring is refused, not trusted.
   const std::string bogus = UniqueName();
@@ -199,27 +199,27 @@ TEST(ShmRing, CreateOpenErrorsNameTheRing) {
   ASSERT_GE(fd, 0);
   ASSERT_EQ(ftruncate(fd, 1 << 16), 0);
   close(fd);
-  EXPECT_EQ(ShmRing::Open(bogus).status().code(), StatusCode::kCorruption);
+  EXPECT_EQ(Ring::Open(bogus).status().code(), StatusCode::kCorruption);
   shm_unlink(bogus.c_str());
 }
 
-TEST(ShmRing, CloseUnlinksTheName) {
+TEST(Ring, CloseUnlinksTheName) {
   const std::string name = UniqueName();
   {
-    auto ring = ShmRing::Create(name, 4096);
+    auto ring = Ring::Create(name, 4096);
     ASSERT_TRUE(ring.ok());
   }
-  EXPECT_EQ(ShmRing::Open(name).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(Ring::Open(name).status().code(), StatusCode::kNotFound);
 }
 
-TEST(ShmRing, ProducerInAnotherProcess) {
-  auto ring = ShmRing::Create(UniqueName(), 4096);
+TEST(Ring, ProducerInAnotherProcess) {
+  auto ring = Ring::Create(UniqueName(), 4096);
   ASSERT_TRUE(ring.ok());
   const int kMessages = 500;
   pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    auto p = ShmRing::Open((*ring)->name());
+    auto p = Ring::Open((*ring)->name());
     if (!p.ok()) _exit(2);
     for (int i = 0; i < kMessages; ++i) {
       if (!(*p)->Write(i, Bytes(i, 300), Soon()).ok()) _exit(3);
@@ -237,7 +237,7 @@ TEST(ShmRing, ProducerInAnotherProcess) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 }
 
-TEST(ShmRing, ProducerSeesConsumerProcessDeath) {
+TEST(Ring, ProducerSeesConsumerProcessDeath) {
   const std::string name = UniqueName();
   int ready[2];
   ASSERT_EQ(pipe(ready), 0);
@@ -245,7 +245,7 @@ TEST(ShmRing, ProducerSeesConsumerProcessDeath) {
   ASSERT_GE(child, 0);
   if (child == 0) {
     // The consumer creates the ring, then dies without closing it.
-    auto r = ShmRing::Create(name, 4096);
+    auto r = Ring::Create(name, 4096);
     char c = r.ok() ? 1 : 0;
     if (write(ready[1], &c, 1) != 1) _exit(1);
     pause();
@@ -256,7 +256,7 @@ TEST(ShmRing, ProducerSeesConsumerProcessDeath) {
   ASSERT_EQ(c, 1);
   close(ready[0]);
   close(ready[1]);
-  auto producer = ShmRing::Open(name);
+  auto producer = Ring::Open(name);
   ASSERT_TRUE(producer.ok());
   while ((*producer)->Write(1, Bytes(0, 1000), Deadline::After(Duration(10))).ok()) {
   }
@@ -270,14 +270,14 @@ TEST(ShmRing, ProducerSeesConsumerProcessDeath) {
   shm_unlink(name.c_str());
 }
 
-TEST(ShmRing, SessionKeepsOneProducersMessagesContiguous) {
-  auto ring = ShmRing::Create(UniqueName(), 8192);
+TEST(Ring, SessionKeepsOneProducersMessagesContiguous) {
+  auto ring = Ring::Create(UniqueName(), 8192);
   ASSERT_TRUE(ring.ok());
   const int kProducers = 3, kSessions = 20, kPerSession = 5;
   std::vector<std::thread> producers;
   for (int p = 0; p < kProducers; ++p) {
     producers.emplace_back([&, p] {
-      auto w = ShmRing::Open((*ring)->name());
+      auto w = Ring::Open((*ring)->name());
       ASSERT_TRUE(w.ok());
       for (int s = 0; s < kSessions; ++s) {
         ASSERT_TRUE((*w)->LockSession(Duration(5000)).ok());
@@ -299,34 +299,34 @@ TEST(ShmRing, SessionKeepsOneProducersMessagesContiguous) {
   for (auto& t : producers) t.join();
 }
 
-TEST(ShmRing, SessionPassesOnWhenHolderDies) {
-  auto ring = ShmRing::Create(UniqueName(), 4096);
+TEST(Ring, SessionPassesOnWhenHolderDies) {
+  auto ring = Ring::Create(UniqueName(), 4096);
   ASSERT_TRUE(ring.ok());
   pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    auto w = ShmRing::Open((*ring)->name());
+    auto w = Ring::Open((*ring)->name());
     if (!w.ok() || !(*w)->LockSession(Duration(1000)).ok()) _exit(2);
     _exit(0);  // dies holding the session
   }
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  auto w = ShmRing::Open((*ring)->name());
+  auto w = Ring::Open((*ring)->name());
   ASSERT_TRUE(w.ok());
   Status st = (*w)->LockSession(Duration(1000));
   EXPECT_TRUE(st.ok()) << st.ToString();
   (*w)->UnlockSession();
 }
 
-TEST(ShmRing, SessionWaitTimesOutOnlyWhenNodeIsIdle) {
-  auto ring = ShmRing::Create(UniqueName(), 4096);
+TEST(Ring, SessionWaitTimesOutOnlyWhenNodeIsIdle) {
+  auto ring = Ring::Create(UniqueName(), 4096);
   ASSERT_TRUE(ring.ok());
-  auto holder = ShmRing::Open((*ring)->name());
+  auto holder = Ring::Open((*ring)->name());
   ASSERT_TRUE(holder.ok());
   ASSERT_TRUE((*holder)->LockSession(Duration(1000)).ok());
   std::thread waiter([&] {
-    auto w = ShmRing::Open((*ring)->name());
+    auto w = Ring::Open((*ring)->name());
     ASSERT_TRUE(w.ok());
     Status st = (*w)->LockSession(Duration(200));
     EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.ToString();
@@ -337,4 +337,4 @@ TEST(ShmRing, SessionWaitTimesOutOnlyWhenNodeIsIdle) {
 }
 
 }  // namespace
-}  // namespace ember::feed
+}  // namespace ember::shm

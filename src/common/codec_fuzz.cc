@@ -6,10 +6,10 @@
 #include <map>
 #include <string>
 
-#include "net/codec.h"
+#include "common/codec.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  using ember::net::Reader;
+  using ember::codec::Reader;
   std::string_view bytes(reinterpret_cast<const char*>(data), size);
   if (bytes.empty()) return 0;
   // First byte picks a sequence of field reads; the rest is the payload.

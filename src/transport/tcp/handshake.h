@@ -18,7 +18,7 @@
 #include "common/deadline.h"
 #include "ember/status.h"
 
-namespace ember::net {
+namespace ember::tcp {
 
 inline constexpr char kHandshakeMagic[4] = {'E', 'M', 'B', 'R'};
 inline constexpr size_t kNonceBytes = 32;
@@ -38,4 +38,4 @@ Status ServerHandshake(int fd, const std::string& secret, Deadline deadline,
 Status ClientHandshake(int fd, const std::string& secret, Deadline deadline,
                        const std::string& peer);
 
-}  // namespace ember::net
+}  // namespace ember::tcp

@@ -10,7 +10,7 @@
 #include "common/deadline.h"
 #include "ember/result.h"
 
-namespace ember::net {
+namespace ember::tcp {
 
 inline constexpr uint16_t kProtocolVersion = 1;
 inline constexpr size_t kFrameHeaderBytes = 8;
@@ -35,4 +35,4 @@ Status WriteFrame(int fd, uint16_t type, std::string_view payload, Deadline dead
 Result<Frame> ReadFrame(int fd, size_t max_payload_bytes, Deadline deadline,
                         const std::string& peer);
 
-}  // namespace ember::net
+}  // namespace ember::tcp

@@ -1,4 +1,4 @@
-#include "feed/shm_ring.h"
+#include "transport/shm/ring.h"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -15,7 +15,7 @@
 
 #include "common/fd.h"
 
-namespace ember::feed {
+namespace ember::shm {
 
 namespace {
 constexpr uint64_t kMagic = 0x31474e4952424d45ull;  // "EMBRING1"
@@ -32,7 +32,7 @@ size_t Align8(size_t n) { return (n + 7) & ~size_t{7}; }
 
 // Lives at the start of the shared segment; the data area follows it.
 // head/tail are byte counters that only grow; position = counter % capacity.
-struct ShmRingHeader {
+struct RingHeader {
   uint64_t magic;
   uint32_t version;
   uint32_t reserved;
@@ -82,7 +82,7 @@ void TimedWait(pthread_cond_t* cv, pthread_mutex_t* mu, const Deadline& deadline
 
 bool ProcessAlive(int64_t pid) { return pid <= 0 || kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH; }
 
-void SetReason(ShmRingHeader* h, const std::string& reason) {
+void SetReason(RingHeader* h, const std::string& reason) {
   size_t n = std::min(reason.size(), kReasonBytes - 1);
   std::memcpy(h->abort_reason, reason.data(), n);
   h->abort_reason[n] = '\0';
@@ -90,20 +90,20 @@ void SetReason(ShmRingHeader* h, const std::string& reason) {
 
 }  // namespace
 
-size_t ShmRing::MaxPayload(size_t capacity) {
+size_t Ring::MaxPayload(size_t capacity) {
   // A record may need the wrap marker's room too; half the ring keeps
   // producers from starving on large messages.
   return Align8(capacity) / 2 - kRecordHeader;
 }
 
-ShmRing::ShmRing(std::string name, bool owner, ShmRingHeader* header, size_t mapped_bytes)
+Ring::Ring(std::string name, bool owner, RingHeader* header, size_t mapped_bytes)
     : name_(std::move(name)), owner_(owner), header_(header), mapped_bytes_(mapped_bytes) {}
 
-ShmRing::~ShmRing() { Close(); }
+Ring::~Ring() { Close(); }
 
-size_t ShmRing::capacity() const { return header_ ? header_->capacity : 0; }
+size_t Ring::capacity() const { return header_ ? header_->capacity : 0; }
 
-Result<std::unique_ptr<ShmRing>> ShmRing::Create(const std::string& name, size_t capacity) {
+Result<std::unique_ptr<Ring>> Ring::Create(const std::string& name, size_t capacity) {
   capacity = Align8(capacity);
   if (capacity < kMinCapacity) {
     return Status::InvalidArgument("feed ring " + name + ": capacity " + std::to_string(capacity) +
@@ -114,7 +114,7 @@ Result<std::unique_ptr<ShmRing>> ShmRing::Create(const std::string& name, size_t
     if (errno == EEXIST) return Status::AlreadyExists("feed ring " + name + " already exists");
     return Status::FromErrno(errno, "shm_open(" + name + ")");
   }
-  const size_t bytes = sizeof(ShmRingHeader) + capacity;
+  const size_t bytes = sizeof(RingHeader) + capacity;
   if (ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
     Status st = Status::FromErrno(errno, "ftruncate feed ring " + name + " to " + std::to_string(bytes) + " bytes");
     shm_unlink(name.c_str());
@@ -126,7 +126,7 @@ Result<std::unique_ptr<ShmRing>> ShmRing::Create(const std::string& name, size_t
     shm_unlink(name.c_str());
     return st;
   }
-  auto* h = static_cast<ShmRingHeader*>(mem);
+  auto* h = static_cast<RingHeader*>(mem);
   h->version = kVersion;
   h->capacity = capacity;
   h->head = h->tail = 0;
@@ -152,10 +152,10 @@ Result<std::unique_ptr<ShmRing>> ShmRing::Create(const std::string& name, size_t
   // Publish last: Open() checks the magic before touching anything else.
   std::atomic_thread_fence(std::memory_order_release);
   h->magic = kMagic;
-  return std::unique_ptr<ShmRing>(new ShmRing(name, /*owner=*/true, h, bytes));
+  return std::unique_ptr<Ring>(new Ring(name, /*owner=*/true, h, bytes));
 }
 
-Result<std::unique_ptr<ShmRing>> ShmRing::Open(const std::string& name) {
+Result<std::unique_ptr<Ring>> Ring::Open(const std::string& name) {
   Fd fd(shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0));
   if (!fd.valid()) {
     if (errno == ENOENT) return Status::NotFound("feed ring " + name + " does not exist (has the node started?)");
@@ -164,24 +164,24 @@ Result<std::unique_ptr<ShmRing>> ShmRing::Open(const std::string& name) {
   struct stat st;
   if (fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, "fstat feed ring " + name);
   const size_t bytes = static_cast<size_t>(st.st_size);
-  if (bytes < sizeof(ShmRingHeader) + kMinCapacity) {
+  if (bytes < sizeof(RingHeader) + kMinCapacity) {
     return Status::Corruption("feed ring " + name + " is " + std::to_string(bytes) + " bytes, too small to be a ring");
   }
   void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
   if (mem == MAP_FAILED) return Status::FromErrno(errno, "mmap feed ring " + name);
-  auto* h = static_cast<ShmRingHeader*>(mem);
+  auto* h = static_cast<RingHeader*>(mem);
   std::atomic_thread_fence(std::memory_order_acquire);
-  if (h->magic != kMagic || h->version != kVersion || sizeof(ShmRingHeader) + h->capacity != bytes) {
+  if (h->magic != kMagic || h->version != kVersion || sizeof(RingHeader) + h->capacity != bytes) {
     munmap(mem, bytes);
     return Status::Corruption("feed ring " + name + " is not an Ember feed ring of version " +
                               std::to_string(kVersion));
   }
-  return std::unique_ptr<ShmRing>(new ShmRing(name, /*owner=*/false, h, bytes));
+  return std::unique_ptr<Ring>(new Ring(name, /*owner=*/false, h, bytes));
 }
 
-Status ShmRing::Write(uint32_t kind, std::span<const uint8_t> payload, Deadline deadline) {
+Status Ring::Write(uint32_t kind, std::span<const uint8_t> payload, Deadline deadline) {
   if (header_ == nullptr) return Status::Aborted("feed ring " + name_ + " is closed");
-  ShmRingHeader* h = header_;
+  RingHeader* h = header_;
   const uint64_t cap = h->capacity;
   if (payload.size() > MaxPayload(cap)) {
     return Status::InvalidArgument("feed message of " + std::to_string(payload.size()) +
@@ -226,9 +226,9 @@ Status ShmRing::Write(uint32_t kind, std::span<const uint8_t> payload, Deadline 
   }
 }
 
-Status ShmRing::LockSession(Duration idle_timeout) {
+Status Ring::LockSession(Duration idle_timeout) {
   if (header_ == nullptr) return Status::Aborted("feed ring " + name_ + " is closed");
-  ShmRingHeader* h = header_;
+  RingHeader* h = header_;
   uint64_t last_tail;
   {
     RobustLock lock(&h->mu);
@@ -270,7 +270,7 @@ Status ShmRing::LockSession(Duration idle_timeout) {
   }
 }
 
-void ShmRing::UnlockSession() {
+void Ring::UnlockSession() {
   if (header_ == nullptr || !session_held_) return;
   session_held_ = false;
   pthread_mutex_unlock(&header_->session_mu);
@@ -278,9 +278,9 @@ void ShmRing::UnlockSession() {
   pthread_cond_broadcast(&header_->not_full);
 }
 
-Status ShmRing::Read(uint32_t* kind, std::vector<uint8_t>* payload, Deadline deadline) {
+Status Ring::Read(uint32_t* kind, std::vector<uint8_t>* payload, Deadline deadline) {
   if (header_ == nullptr) return Status::Aborted("feed ring " + name_ + " is closed");
-  ShmRingHeader* h = header_;
+  RingHeader* h = header_;
   const uint64_t cap = h->capacity;
   RobustLock lock(&h->mu);
   for (;;) {
@@ -313,7 +313,7 @@ Status ShmRing::Read(uint32_t* kind, std::vector<uint8_t>* payload, Deadline dea
   }
 }
 
-void ShmRing::Abort(const std::string& reason) {
+void Ring::Abort(const std::string& reason) {
   if (header_ == nullptr) return;
   RobustLock lock(&header_->mu);
   if (!header_->aborted) {
@@ -324,9 +324,9 @@ void ShmRing::Abort(const std::string& reason) {
   pthread_cond_broadcast(&header_->not_empty);
 }
 
-Status ShmRing::Health() {
+Status Ring::Health() {
   if (header_ == nullptr) return Status::Aborted("feed ring " + name_ + " is closed");
-  ShmRingHeader* h = header_;
+  RingHeader* h = header_;
   RobustLock lock(&h->mu);
   if (h->aborted) return Status::Aborted("feed ring " + name_ + ": " + h->abort_reason);
   if (h->terminated) return Status::Cancelled("feed ring " + name_ + ": the node terminated its feed");
@@ -337,7 +337,7 @@ Status ShmRing::Health() {
   return Status::OK();
 }
 
-void ShmRing::Terminate() {
+void Ring::Terminate() {
   if (header_ == nullptr) return;
   RobustLock lock(&header_->mu);
   header_->terminated = 1;
@@ -345,7 +345,7 @@ void ShmRing::Terminate() {
   pthread_cond_broadcast(&header_->not_full);
 }
 
-void ShmRing::Close() {
+void Ring::Close() {
   if (header_ == nullptr) return;
   // A locked robust mutex must not outlive its mapping: glibc's robust list
   // would write to unmapped memory.
@@ -358,4 +358,4 @@ void ShmRing::Close() {
   header_ = nullptr;
 }
 
-}  // namespace ember::feed
+}  // namespace ember::shm

@@ -1,13 +1,13 @@
-#include "net/frame.h"
+#include "transport/tcp/frame.h"
 
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 
-#include "net/codec.h"
-#include "net/socket.h"
-#include "net/test_util.h"
+#include "common/codec.h"
+#include "transport/tcp/socket.h"
+#include "transport/tcp/test_util.h"
 
-namespace ember::net {
+namespace ember::tcp {
 namespace {
 
 using testing::LoopbackPair;
@@ -87,7 +87,7 @@ TEST(FrameTest, OversizedFrameIsCorruptionNamingSizeAndPeer) {
 
 TEST(FrameTest, UnknownVersionIsCorruption) {
   auto [a, b] = LoopbackPair();
-  Writer w;
+  codec::Writer w;
   w.PutU32(0);
   w.PutU16(1);
   w.PutU16(9);
@@ -99,4 +99,4 @@ TEST(FrameTest, UnknownVersionIsCorruption) {
 }
 
 }  // namespace
-}  // namespace ember::net
+}  // namespace ember::tcp

@@ -1,4 +1,4 @@
-#include "net/socket.h"
+#include "transport/tcp/socket.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -16,7 +16,7 @@
 
 #include "common/logging.h"
 
-namespace ember::net {
+namespace ember::tcp {
 namespace {
 
 std::string HostPort(const std::string& host, int port) {
@@ -210,4 +210,4 @@ Status WriteAll(int fd, const void* buf, size_t n, Deadline deadline, const std:
   return Status::OK();
 }
 
-}  // namespace ember::net
+}  // namespace ember::tcp

@@ -5,9 +5,9 @@
 
 #include <utility>
 
-#include "net/socket.h"
+#include "transport/tcp/socket.h"
 
-namespace ember::net::testing {
+namespace ember::tcp::testing {
 
 inline std::pair<Fd, Fd> LoopbackPair() {
   Result<Fd> listener = Listen("127.0.0.1", 0);
@@ -21,4 +21,4 @@ inline std::pair<Fd, Fd> LoopbackPair() {
   return {server.MoveValueUnsafe(), client.MoveValueUnsafe()};
 }
 
-}  // namespace ember::net::testing
+}  // namespace ember::tcp::testing
