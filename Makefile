@@ -10,10 +10,10 @@ JOBS ?= 2
 CORE_SOURCES := $(shell find include src python/src -name '*.h' -o -name '*.cc' -o -name 'CMakeLists.txt') CMakeLists.txt
 PYTEST_ARGS ?=
 
-FUZZERS := codec_fuzz feed_wire_fuzz protocol_fuzz
+FUZZERS := codec_fuzz feed_codec_fuzz protocol_fuzz node_startup_fuzz
 FUZZ_SECS ?= 10
 
-.PHONY: setup run test test-cpp test-asan test-py test-torch fuzz clean
+.PHONY: setup run test test-cpp test-asan test-tsan test-py test-torch fuzz clean cpp-trainer
 
 setup: $(STAMPS)/ember
 
@@ -53,6 +53,17 @@ test-asan: build/asan/build.ninja
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --test-dir build/asan --output-on-failure -j $(JOBS)
 
+# ThreadSanitizer build of the gtests, compiled with clang so the same build also checks the
+# thread-safety annotations (-Wthread-safety as errors: GUARDED_BY needs ember::Mutex, common/mutex.h).
+build/tsan/build.ninja: $(STAMPS)/system
+	cmake -S . -B build/tsan -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DEMBER_BUILD_TESTS=ON -DEMBER_TSAN=ON \
+	  -DEMBER_THREAD_SAFETY_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
+
+test-tsan: build/tsan/build.ninja
+	cmake --build build/tsan -j $(JOBS)
+	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+	  ctest --test-dir build/tsan --output-on-failure -j $(JOBS)
+
 # libFuzzer targets for the parsers of untrusted bytes (clang); each runs FUZZ_SECS seconds
 # on its corpus in build/fuzz/corpus/, so the targets build and stay clean.  Crashes land in build/fuzz/.
 build/fuzz/build.ninja: $(STAMPS)/system
@@ -67,10 +78,18 @@ fuzz: build/fuzz/build.ninja
 	  test $${PIPESTATUS[0]} -eq 0 || exit 1; \
 	done
 
+# The C++ node example (examples/cpp_trainer): build/cpp_trainer/cpp_trainer, linking the core and
+# Arrow C++ from the venv's pyarrow wheel.  Its pytest (test_cpp_trainer.py) calls this target.
+build/cpp_trainer/build.ninja: | $(STAMPS)/venv
+	cmake -S examples/cpp_trainer -B build/cpp_trainer -G Ninja -DPython3_EXECUTABLE=$(abspath $(PY))
+
+cpp-trainer: build/cpp_trainer/build.ninja
+	cmake --build build/cpp_trainer -j $(JOBS) --target cpp_trainer
+
 test-py: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test: setup test-cpp test-asan fuzz test-py
+test: setup test-cpp test-asan test-tsan fuzz test-py
 
 # DataFeed.to_torch_dataset with real PyTorch.  Not in `make test`: PyPI's torch brings ~5 GB
 # of CUDA wheels (there is no CPU-only torch on PyPI), installed here into .torch-site/ once.

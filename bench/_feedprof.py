@@ -5,12 +5,15 @@ reference; the feeding closure then imports this module on the executors).  Ever
 delegated to the real module; ``feed_partition`` is wrapped to time, per task:
 
   spark_next  waiting for the next Arrow record batch from Spark (JVM -> Python transfer)
-  encode      ember._feed_protocol.encode_batch (Arrow IPC encoding: a copy of the rows)
-  write       _Channel.write (the ring write: a copy, plus waits while the ring is full)
+  encode      ember._feeding._framed (Arrow IPC encoding behind the header room: a copy of the rows)
+  write       the core producer's send_batch_in_place and end_partition (FeedProducer, through
+              the bindings: the ring or socket write, a copy, plus waits while the ring is full)
+  open        FeedProducer.open (reaching every node: opening its ring or connecting)
   total       the whole feed_partition call
 
 and writes them as JSON into PROF_DIR (the executors run on this host).  Nothing in Ember is
-edited; the patches live only in the feeding task's Python worker for the duration of the call.
+edited: for the duration of the call, the feeding task's Python worker sees a timed
+``_framed`` and a ``_ember`` whose FeedProducer is timed; the real ``feed_partition`` runs.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import json
 import os
 import time
 
-from ember import _feed_protocol as _proto
+from ember import _ember as _real_ember
 from ember import _feeding as _orig
 
 PROF_DIR = f"/tmp/ember-bench-feedprof-{os.getuid()}"
@@ -28,9 +31,59 @@ def __getattr__(name):  # everything but feed_partition comes from ember._feedin
     return getattr(_orig, name)
 
 
+class _TimedProducer:
+    """A FeedProducer whose writes are timed into `t`; everything else is the real one's."""
+
+    def __init__(self, producer, t: dict):
+        self._producer, self._t = producer, t
+
+    def __getattr__(self, name):
+        return getattr(self._producer, name)
+
+    def send_batch_in_place(self, node, message, rows):
+        t0 = time.perf_counter()
+        try:
+            return self._producer.send_batch_in_place(node, message, rows)
+        finally:
+            self._t["write"] += time.perf_counter() - t0
+            self._t["messages"] += 1
+
+    def end_partition(self):
+        t0 = time.perf_counter()
+        try:
+            return self._producer.end_partition()
+        finally:
+            self._t["write"] += time.perf_counter() - t0
+            self._t["messages"] += self._producer.num_nodes  # one end-of-partition per node
+
+
+class _TimedFeedProducer:
+    """Stands for the FeedProducer class: open() is timed and returns a _TimedProducer."""
+
+    def __init__(self, t: dict):
+        self._t = t
+
+    def open(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return _TimedProducer(_real_ember.FeedProducer.open(*args, **kwargs), self._t)
+        finally:
+            self._t["open"] += time.perf_counter() - t0
+
+
+class _TimedEmber:
+    """ember._ember as _feeding sees it during a profiled call: its FeedProducer is timed."""
+
+    def __init__(self, t: dict):
+        self.FeedProducer = _TimedFeedProducer(t)
+
+    def __getattr__(self, name):
+        return getattr(_real_ember, name)
+
+
 def feed_partition(batches, partition, epoch, *args, **kwargs):
     t = {"partition": partition, "epoch": epoch, "spark_next": 0.0, "encode": 0.0, "write": 0.0,
-         "rows": 0, "batches": 0, "messages": 0}
+         "open": 0.0, "rows": 0, "batches": 0, "messages": 0}
 
     def timed_batches():
         it = iter(batches)
@@ -46,29 +99,23 @@ def feed_partition(batches, partition, epoch, *args, **kwargs):
             t["batches"] += 1
             yield b
 
-    enc, write = _proto.encode_batch, _orig._Channel.write
+    framed = _orig._framed
 
-    def timed_encode(*a):
+    def timed_framed(batch):
         t0 = time.perf_counter()
         try:
-            return enc(*a)
+            return framed(batch)
         finally:
             t["encode"] += time.perf_counter() - t0
 
-    def timed_write(self, kind, payload):
-        t0 = time.perf_counter()
-        try:
-            return write(self, kind, payload)
-        finally:
-            t["write"] += time.perf_counter() - t0
-            t["messages"] += 1
-
-    _proto.encode_batch, _orig._Channel.write = timed_encode, timed_write
+    # _feeding looks both up as module globals at call time (_send calls _framed;
+    # feed_partition calls _ember.FeedProducer.open).
+    _orig._framed, _orig._ember = timed_framed, _TimedEmber(t)
     cpu0, t_start = time.process_time(), time.perf_counter()
     try:
         return _orig.feed_partition(timed_batches(), partition, epoch, *args, **kwargs)
     finally:
-        _proto.encode_batch, _orig._Channel.write = enc, write
+        _orig._framed, _orig._ember = framed, _real_ember
         t["total"] = time.perf_counter() - t_start
         t["cpu"] = time.process_time() - cpu0
         os.makedirs(PROF_DIR, exist_ok=True)

@@ -19,14 +19,22 @@ inter-op thread per node, on a Spark standalone cluster of 2 workers on this hos
                TFCluster.train; each node trains from a tf.data generator over
                TFNode.DataFeed.next_batch(batch) (chief + worker, so TFoS sets TF_CONFIG).
 
-Each worker iterates its own plain tf.data pipeline (prefetch 2, autotuner off, as main.py
-does) and hands its batch to strategy.run.  No shuffling in any mode.  Each node runs --warmup steps (tracing, first all-reduces), then
---repeats timed windows of --steps steps; samples/s = steps x global batch / window seconds,
-measured on worker 0 (chief for TFoS); medians over the windows.  The last line is:
+The three Ember pipelines run in ONE pair of node processes (InputMode.SPARK; the TFRecord and
+in-memory pipelines need no feed), interleaved: each node warms every pipeline up (--warmup steps
+each: tracing, first all-reduces), then runs --repeats rounds, each timing one window of --steps
+steps per pipeline, the order rotating from round to round.  So the contenders share the same
+process, model state and machine load, and a burst of load from elsewhere hits all of them
+alike (run one after another, two runs of the same code 20 minutes apart read SPARK / ceiling
+1.03 and 0.79).  TFoS cannot share those processes; it runs after, in its own application, with
+the same windows.  Each worker iterates its own plain tf.data pipeline (prefetch 2, autotuner
+off, as main.py does) and hands its batch to strategy.run.  No shuffling in any mode.
+samples/s = steps x global batch / window seconds, measured on worker 0 (chief for TFoS);
+medians over the windows.  The last line is:
   e2e_samples_per_sec: ember_spark=<v> ember_tf=<v> compute_only=<v> tfos_spark=<v> ratio_spark_vs_tf=<v>
-                       ratio_vs_tfos=<v> ceiling_ratio_vs_tfos=<v>
+                       ratio_vs_tfos=<v> ceiling_ratio_vs_tfos=<v> ratio_spark_vs_ceiling=<v>
+  (the last: median over rounds of each round's ember_spark / compute_only)
 
-  .venv/bin/python bench/e2e_feed.py            # defaults: batch 64 per node, 20 + 3 x 100 steps
+  .venv/bin/python bench/e2e_feed.py            # defaults: batch 64 per node, 20 + 10 rounds x 100 steps
 """
 from __future__ import annotations
 
@@ -79,13 +87,9 @@ def _keep_freed_memory() -> None:
     libc.mallopt(-1, 256 << 20)  # M_TRIM_THRESHOLD
 
 
-def _train_and_time(args, tf, example, strategy, dataset, is_reporter: bool, out_name: str):
-    """The example's custom synchronous loop (one replica per worker, each worker iterating its
-    own plain tf.data pipeline, one all-reduce per step); times --repeats windows of --steps."""
-    import json
-    import time
-    from pathlib import Path
-
+def _build_step(args, tf, example, strategy):
+    """The example's custom synchronous step (one replica per worker, one all-reduce per step):
+    returns train_steps(iterator, num_steps) -> mean loss, and the global batch."""
     global_batch = args["batch"] * strategy.num_replicas_in_sync
     with strategy.scope():
         model = example.build_model(tf)
@@ -110,23 +114,37 @@ def _train_and_time(args, tf, example, strategy, dataset, is_reporter: bool, out
             local += strategy.experimental_local_results(loss)[0]
         return strategy.reduce(tf.distribute.ReduceOp.SUM, local, axis=None) / tf.cast(num_steps, tf.float32)
 
-    iterator = iter(dataset.with_options(_plain_options(tf)))
+    return train_steps, global_batch
+
+
+def _time_windows(args, tf, train_steps, global_batch, pipelines, is_reporter: bool, out_name: str):
+    """Warms every pipeline up (--warmup steps each), then runs --repeats rounds; each round
+    times one window of --steps steps per pipeline, the order rotating from round to round, so
+    every contender sees the same machine load, the same process and the same model state."""
+    import json
+    import time
+    from pathlib import Path
+
+    iterators = {name: iter(ds.with_options(_plain_options(tf))) for name, ds in pipelines.items()}
     if args["mallopt"]:
         _keep_freed_memory()
-    t = time.monotonic()
-    first_loss = float(train_steps(iterator, tf.constant(args["warmup"])))
-    warm_secs = time.monotonic() - t
-    windows, losses = [], []
-    for _ in range(args["repeats"]):
+    res = {name: {"global_batch": global_batch, "steps": args["steps"], "windows": [], "losses": []}
+           for name in iterators}
+    for name, it in iterators.items():
         t = time.monotonic()
-        losses.append(float(train_steps(iterator, tf.constant(args["steps"]))))
-        windows.append(time.monotonic() - t)
+        res[name]["first_loss"] = float(train_steps(it, tf.constant(args["warmup"])))
+        res[name]["warmup_secs"] = time.monotonic() - t
+    names = list(iterators)
+    for r in range(args["repeats"]):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            t = time.monotonic()
+            res[name]["losses"].append(float(train_steps(iterators[name], tf.constant(args["steps"]))))
+            res[name]["windows"].append(time.monotonic() - t)
+    for r in res.values():
+        r["samples_per_sec"] = [args["steps"] * global_batch / w for w in r["windows"]]
     if is_reporter:
-        Path(args["out"], out_name).write_text(json.dumps({
-            "global_batch": global_batch, "steps": args["steps"], "windows": windows,
-            "warmup_secs": warm_secs, "first_loss": first_loss, "losses": losses,
-            "samples_per_sec": [args["steps"] * global_batch / w for w in windows]}))
-    return iterator
+        Path(args["out"], out_name).write_text(json.dumps(res))
+    return iterators
 
 
 def _to_xy(np, images, labels):
@@ -134,39 +152,29 @@ def _to_xy(np, images, labels):
     return x, labels.astype(np.int64)
 
 
-def ember_spark_main(args, ctx):
+def ember_interleaved_main(args, ctx):
+    """One pair of Ember nodes (InputMode.SPARK) times all three Ember pipelines in turn."""
     import numpy as np
-    tf, example, _ = _node_common(args)
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    feed = ctx.get_data_feed()
-
-    ds = feed.to_tf_dataset(args["batch"], transform=lambda c: _to_xy(np, c["image"], c["label"]))
-    _train_and_time(args, tf, example, strategy, ds.prefetch(2), ctx.task_index == 0, "ember_spark.json")
-    ctx.barrier("bench_done", timeout=600)  # leave together (TF's coordination service)
-
-
-def ember_tf_main(args, ctx):
     tf, example, data = _node_common(args)
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    train_steps, global_batch = _build_step(args, tf, example, strategy)
     files = data.shard_paths(args["data_dir"], "train")
-
     n, i = ctx.num_workers, ctx.task_index  # worker i of n reads files i, i+n, ... (as main.py)
-    ds = tf.data.TFRecordDataset(files[i::n], num_parallel_reads=len(files[i::n]))
-    ds = ds.map(data.parse_example, num_parallel_calls=2).cache()
-    ds = ds.batch(args["batch"], drop_remainder=True).repeat().prefetch(2)
-    _train_and_time(args, tf, example, strategy, ds, ctx.task_index == 0, "ember_tf.json")
-    ctx.barrier("bench_done", timeout=600)
 
-
-def compute_only_main(args, ctx):
-    tf, example, data = _node_common(args)
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    files = data.shard_paths(args["data_dir"], "train")
-    n, i = ctx.num_workers, ctx.task_index
+    # ember_spark: fed by cluster.train(df) on the driver.
+    feed = ctx.get_data_feed()
+    spark_ds = feed.to_tf_dataset(args["batch"], transform=lambda c: _to_xy(np, c["image"], c["label"]))
+    # ember_tf: this node's own TFRecord shards through tf.data.
+    tf_ds = tf.data.TFRecordDataset(files[i::n], num_parallel_reads=len(files[i::n]))
+    tf_ds = tf_ds.map(data.parse_example, num_parallel_calls=2).cache()
+    tf_ds = tf_ds.batch(args["batch"], drop_remainder=True).repeat()
+    # compute_only: one batch held in memory, no input pipeline at all (the ceiling).
     batch = next(iter(tf.data.TFRecordDataset(files[i::n]).map(data.parse_example).batch(args["batch"])))
-    ds = tf.data.Dataset.from_tensors(batch).repeat()  # one batch, in memory: no input pipeline
-    _train_and_time(args, tf, example, strategy, ds, ctx.task_index == 0, "compute_only.json")
-    ctx.barrier("bench_done", timeout=600)
+    compute_ds = tf.data.Dataset.from_tensors(batch).repeat()
+
+    pipelines = {"ember_spark": spark_ds.prefetch(2), "ember_tf": tf_ds.prefetch(2), "compute_only": compute_ds}
+    _time_windows(args, tf, train_steps, global_batch, pipelines, ctx.task_index == 0, "ember.json")
+    ctx.barrier("bench_done", timeout=600)  # leave together (TF's coordination service)
 
 
 def tfos_spark_main(args, ctx):
@@ -186,7 +194,8 @@ def tfos_spark_main(args, ctx):
 
     sig = (tf.TensorSpec((None, 28, 28, 1), tf.float32), tf.TensorSpec((None,), tf.int64))
     ds = tf.data.Dataset.from_generator(gen, output_signature=sig).prefetch(2)
-    _train_and_time(args, tf, example, strategy, ds, ctx.job_name == "chief", "tfos_spark.json")
+    train_steps, global_batch = _build_step(args, tf, example, strategy)
+    _time_windows(args, tf, train_steps, global_batch, {"tfos_spark": ds}, ctx.job_name == "chief", "tfos.json")
     feed.terminate()  # TFoS's way to skip the rest of the feed (it was fed extra; see run_tfos)
 
 
@@ -217,27 +226,19 @@ def run_ember(cluster, args, node_args, out: Path, tmp: Path) -> dict:
     spark = C.session(cluster, "bench-e2e-ember")
     sc = spark.sparkContext
     C.wait_executors(sc, 2)
-    res = {}
-
-    def run_mode(name, main_fun, input_mode, data=None):
-        t = time.time()
-        c = ember.Cluster.run(spark, main_fun, node_args, num_executors=2, input_mode=input_mode,
-                              reservation_timeout=180)
-        if data is not None:
-            c.train(data, num_epochs=1)
-        c.shutdown(timeout=1200)
-        res[name] = json.loads((out / f"{name}.json").read_text())
-        C.log(f"{name}: done in {time.time() - t:.1f}s: {fmt(res[name])}")
-
-    # TENSORFLOW mode: nodes read TFRecords themselves.
-    run_mode("ember_tf", ember_tf_main, ember.InputMode.TENSORFLOW)
-    # The ceiling: the same training step on one in-memory batch.
-    run_mode("compute_only", compute_only_main, ember.InputMode.TENSORFLOW)
-    # SPARK mode: the same images as a cached DataFrame, exactly the rows the steps consume.
+    # Exactly the rows the ember_spark windows consume: 2 nodes x batch x steps.
     rows = 2 * args.batch * (args.warmup + args.repeats * args.steps)
     df = fashion_df(spark, rows, args.partitions, tmp)
     C.log(f"ember_spark data: {rows} rows in {args.partitions} partitions; {C.cached_fraction(sc)}")
-    run_mode("ember_spark", ember_spark_main, ember.InputMode.SPARK, df)
+    t = time.time()
+    c = ember.Cluster.run(spark, ember_interleaved_main, node_args, num_executors=2,
+                          input_mode=ember.InputMode.SPARK, reservation_timeout=180)
+    c.train(df, num_epochs=1)
+    c.shutdown(timeout=1200)
+    res = json.loads((out / "ember.json").read_text())
+    for name, r in res.items():
+        C.log(f"{name}: {fmt(r)}")
+    C.log(f"ember: done in {time.time() - t:.1f}s")
     spark.stop()
     return res
 
@@ -264,7 +265,7 @@ def run_tfos(cluster, args, node_args, out: Path, tmp: Path) -> tuple:
     # terminate() the feed when done: TFoS's own remedy; its examples stop at 90 % of steps).
     tc.train(df.rdd, num_epochs=2)
     tc.shutdown(timeout=1200)
-    res = json.loads((out / "tfos_spark.json").read_text())
+    res = json.loads((out / "tfos.json").read_text())["tfos_spark"]
     C.log(f"tfos_spark: done in {time.time() - t:.1f}s: {fmt(res)}")
     spark.stop()
     return res, env
@@ -281,7 +282,7 @@ def main(argv=None) -> None:
     p.add_argument("--batch", type=int, default=64, help="per-node batch (global = 2x)")
     p.add_argument("--warmup", type=int, default=20, help="untimed steps first")
     p.add_argument("--steps", type=int, default=100, help="steps per timed window")
-    p.add_argument("--repeats", type=int, default=3, help="timed windows")
+    p.add_argument("--repeats", type=int, default=10, help="timed rounds (one window per contender each)")
     p.add_argument("--partitions", type=int, default=8)
     p.add_argument("--intra-op-threads", type=int, default=1)
     p.add_argument("--inter-op-threads", type=int, default=1)
@@ -318,6 +319,11 @@ def main(argv=None) -> None:
     med = {k: C.median(results[k]["samples_per_sec"]) if k in results else float("nan")
            for k in ("ember_spark", "ember_tf", "compute_only", "tfos_spark")}
     results["medians"] = med
+    # Paired: each round's ember_spark window over the same round's compute_only window.
+    paired = [a / b for a, b in zip(results["ember_spark"]["samples_per_sec"],
+                                    results["compute_only"]["samples_per_sec"])]
+    results["paired_spark_vs_ceiling"] = paired
+    C.log(f"ember_spark / compute_only per round: {[round(x, 3) for x in paired]}")
     print()
     print(f"medians over {args.repeats} windows of {args.steps} steps, samples/s (global batch {2 * args.batch}):")
     for k, v in med.items():
@@ -329,7 +335,8 @@ def main(argv=None) -> None:
           f"compute_only={C.fmt_rate(med['compute_only'])} tfos_spark={C.fmt_rate(med['tfos_spark'])} "
           f"ratio_spark_vs_tf={med['ember_spark'] / med['ember_tf']:.2f} "
           f"ratio_vs_tfos={med['ember_spark'] / med['tfos_spark']:.2f} "
-          f"ceiling_ratio_vs_tfos={med['compute_only'] / med['tfos_spark']:.2f}")
+          f"ceiling_ratio_vs_tfos={med['compute_only'] / med['tfos_spark']:.2f} "
+          f"ratio_spark_vs_ceiling={C.median(paired):.2f}")
 
 
 if __name__ == "__main__":

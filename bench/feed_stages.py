@@ -4,13 +4,20 @@
 Complements bench/feed.py when it misses its goal: which stage of the path costs what.
 Fashion-MNIST-shaped record batches (784-byte binary image + int label), --rows-per-message
 rows per message (what one feeding task sends one node for one Spark Arrow batch: Spark's
-10,000-row batches split over 2 nodes):
+10,000-row batches split over 2 nodes).  The node's side is set up as the launcher does (a
+ring, a TCP feed server on it for the driver's end-of-epoch); a producer process stands for
+the feeding task and the driver, and this process for the node:
 
-  encode      ember._feed_protocol.encode_batch (Arrow IPC stream into a new buffer)
-  ring        ShmRing write (a producer process) -> read (this process), nothing else
-  decode      ember._feed_protocol.decode_batch of a received payload
-  consume     DataFeed over a real ring: epoch_batches(--batch) -> numpy columns, the node's
-              whole read path (ring read, decode, slicing, batch_to_columns)
+  encode      ember._feeding._framed (Arrow IPC stream behind the core's header room, into a
+              new buffer: what a feeding task does per slice)
+  ring_raw    ShmRing write (producer process) -> read (this process), nothing else
+  ring        the core's producer and consumer through the bindings, no Arrow: FeedProducer
+              send_batch_in_place of encoded messages + end_partition (producer process), the
+              driver's feed_end_epoch, FeedConsumer begin_epoch/next_epoch_batch of one
+              message's rows at a time (this process)
+  decode      Arrow IPC decode of a received message, as DataFeed does it
+  consume     DataFeed over the same path: epoch_batches(--batch) -> numpy columns, the node's
+              whole read path (ring read and protocol, decode, slicing, batch_to_columns)
   slice       RecordBatch.slice into --batch-row pieces alone
   batch_to_columns   the per-batch numpy conversion alone, per --batch rows
   memcpy      numpy copy of the same bytes (what a copy costs on this machine)
@@ -18,7 +25,8 @@ rows per message (what one feeding task sends one node for one Spark Arrow batch
               tf.data's generator datasets do (to_tf_dataset builds one)
 
 Each stage is repeated --repeats times, medians printed.  Timings are wall clock on a shared
-machine: compare stages within one run.
+machine: compare stages within one run.  ring, consume and their _tf_malloc runs time from the
+producer's go to the consumer's end of the epoch (the producer process is started once, before).
 
   .venv/bin/python bench/feed_stages.py
 """
@@ -38,6 +46,7 @@ import pyarrow as pa
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 IMAGE = 784
+RAW_KIND = 1  # ring_raw's message kind: its messages are read raw, never by a FeedConsumer
 
 
 def make_batch(rows: int, seed: int = 0) -> pa.RecordBatch:
@@ -60,38 +69,60 @@ def timed(fn, repeats: int) -> float:
     return statistics.median(out)
 
 
-def _producer(ring_name: str, payloads, kind: int, ends) -> None:
-    """Writes the payloads, then the (kind, payload) markers in `ends`."""
+def _producer(conn, rows_per_message: int) -> None:
+    """The feeding task and the driver, in one process started before any timing.
+
+    Per command: ("raw", ring, nmsg) writes the encoded message nmsg times into the ring
+    directly; ("feed", endpoint, options, epoch, nmsg) feeds it as one partition of `epoch`
+    through the core's FeedProducer, exactly as ember._feeding.feed_partition sends a slice,
+    then ends the epoch as the driver does.  Answers each command when done; None ends.
+    """
     from ember import _ember
-    ring = _ember.ShmRing.open(ring_name)
-    for p in payloads:
-        ring.write(kind, p, 60.0)
-    for end_kind, end_payload in ends:
-        ring.write(end_kind, end_payload, 60.0)
-    ring.close()
+    from ember import _feeding
+
+    rows = rows_per_message
+    message = _feeding._framed(make_batch(rows))  # writable: the core fills its header in place
+    while (cmd := conn.recv()) is not None:
+        if cmd[0] == "raw":
+            _, ring_name, nmsg = cmd
+            ring = _ember.ShmRing.open(ring_name)
+            for _ in range(nmsg):
+                ring.write(RAW_KIND, message, 60.0)
+            ring.close()
+        else:
+            _, endpoint, options, epoch, nmsg = cmd
+            producer = _ember.FeedProducer.open([endpoint], 0, epoch, 0, options)
+            try:
+                for _ in range(nmsg):
+                    producer.send_batch_in_place(0, message, rows)
+                producer.end_partition()
+            finally:
+                producer.close()
+            _ember.feed_end_epoch([endpoint], epoch, 1, options)
+        conn.send(True)
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, default=200_000, help="rows per stage run")
     p.add_argument("--rows-per-message", type=int, default=5000)
-    p.add_argument("--batch", type=int, default=100, help="consumer batch (next_batch size)")
+    p.add_argument("--batch", type=int, default=100, help="consumer batch (epoch_batches size)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--ring-bytes", type=int, default=64 << 20)
     args = p.parse_args(argv)
 
-    from ember import _ember
     from ember import _arrow_rows as rows_mod
-    from ember import _feed_protocol as proto
+    from ember import _ember
+    from ember import _feeding
     from ember.feed import DataFeed
 
     nmsg = args.rows // args.rows_per_message
     rows = nmsg * args.rows_per_message
     batch = make_batch(args.rows_per_message)
-    payload = proto.encode_batch(0, 0, batch)
-    payload_np = proto.as_uint8(payload)
-    print(f"{rows} rows as {nmsg} messages of {args.rows_per_message} rows ({payload.size / 2**20:.2f} MiB); "
-          f"consumer batch {args.batch}; {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
+    message = _feeding._framed(batch)
+    message_np = np.frombuffer(message, dtype=np.uint8)
+    print(f"{rows} rows as {nmsg} messages of {args.rows_per_message} rows ({message.size / 2**20:.2f} MiB); "
+          f"consumer batch {args.batch}; {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}", flush=True)
     res = {}
 
     def each(f):  # results are dropped at once, as on the feed path
@@ -100,52 +131,90 @@ def main(argv=None) -> None:
                 f()
         return run
 
-    res["memcpy"] = timed(each(lambda: np.copy(payload_np)), args.repeats)
-    res["encode"] = timed(each(lambda: proto.encode_batch(0, 0, batch)), args.repeats)
-    res["decode"] = timed(each(lambda: proto.decode_batch(payload_np)), args.repeats)
+    res["memcpy"] = timed(each(lambda: np.copy(message_np)), args.repeats)
+    res["encode"] = timed(each(lambda: _feeding._framed(batch)), args.repeats)
 
+    # The producer process is forked first, while this process has no threads (the feed server
+    # below starts some).
+    conn, child_conn = mp.Pipe()
+    prod = mp.get_context("fork").Process(target=_producer, args=(child_conn, args.rows_per_message),
+                                          daemon=True)
+    prod.start()
     # One ring for all runs, as a node has one for the whole job (a fresh ring would add its
-    # first-touch page faults to the first run).
-    name = f"/ember-bench-stages-{os.getpid()}"
-    ring = _ember.ShmRing.create(name, args.ring_bytes)
-    epoch = [0]
-
-    def ring_run(consume: bool):
-        e = epoch[0]
-        epoch[0] += 1
-        pay = proto.as_uint8(proto.encode_batch(0, e, batch))
-        ends = [(proto.END_PARTITION, proto.as_uint8(proto.encode_end_partition(0, e, [rows]))),
-                (proto.END_EPOCH, proto.as_uint8(proto.encode_end_epoch(e, 1)))]  # what the driver sends
-        prod = mp.get_context("fork").Process(target=_producer, args=(name, [pay] * nmsg, proto.BATCH, ends))
-        t = time.perf_counter()
-        prod.start()
-        if consume:
-            n = 0
-            for cols in feed.epoch_batches(args.batch):
-                n += len(cols["label"])
-            assert n == rows, (n, rows)
-        else:
-            for _ in range(nmsg + len(ends)):
+    # first-touch page faults to the first run); made as the launcher makes it.
+    secret = os.urandom(32)
+    ring = _ember.ShmRing.create(f"/ember-bench-stages-{os.getpid()}", args.ring_bytes)
+    server = _ember.FeedServer.start(ring.name, secret, bind_host="127.0.0.1", port=0,
+                                     result_ring_prefix=f"/ember-bench-stages-{os.getpid()}-results")
+    endpoint = _ember.NodeEndpoint(0, "bench", ring.name, "127.0.0.1", server.port, ring.capacity)
+    options = _feeding.feed_options(secret, transport="shm")
+    feed = None
+    try:
+        def raw_run() -> float:
+            t = time.perf_counter()
+            conn.send(("raw", ring.name, nmsg))
+            for _ in range(nmsg):
                 ring.read(10.0)
-        secs = time.perf_counter() - t
-        prod.join()
-        return secs
+            secs = time.perf_counter() - t
+            conn.recv()
+            return secs
 
-    feed = DataFeed(ring, "bench")
-    ring_run(False)
-    res["ring"] = statistics.median([ring_run(False) for _ in range(args.repeats)])
-    res["consume"] = statistics.median([ring_run(True) for _ in range(args.repeats)])
-    # tf.data sets M_TRIM_THRESHOLD=128 KiB when it builds a generator dataset (to_tf_dataset does),
-    # which freezes glibc's mmap threshold at 128 KiB: every ring read's buffer is then a fresh
-    # mmap, faulted in page by page.  Same consume path with that setting:
-    import ctypes
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallopt(-1, 128 << 10)  # M_TRIM_THRESHOLD
-    libc.mallopt(-3, 128 << 10)  # M_MMAP_THRESHOLD (what the trim setting implies)
-    res["consume_tf_malloc"] = statistics.median([ring_run(True) for _ in range(args.repeats)])
-    res["ring_tf_malloc"] = statistics.median([ring_run(False) for _ in range(args.repeats)])
-    libc.mallopt(-3, 64 << 20)
-    ring.close()
+        # Read raw before the FeedConsumer opens the ring: a ring has one reader.
+        raw_run()
+        res["ring_raw"] = statistics.median([raw_run() for _ in range(args.repeats)])
+
+        feed = DataFeed(ring.name, "bench", timeout=60.0)
+        consumer = feed._consumer  # the FeedConsumer inside DataFeed: the ring's one reader
+        epoch = [0]
+        last = []  # a received RowRange, for decode
+
+        def feed_run(consume: bool) -> float:
+            e = epoch[0]
+            epoch[0] += 1
+            t = time.perf_counter()
+            conn.send(("feed", endpoint, options, e, nmsg))
+            n = 0
+            if consume:
+                for cols in feed.epoch_batches(args.batch):
+                    n += len(cols["label"])
+            else:
+                assert consumer.begin_epoch() == e
+                while ranges := consumer.next_epoch_batch(args.rows_per_message, True):
+                    n += sum(r.rows for r in ranges)
+                    last[:] = ranges
+            secs = time.perf_counter() - t
+            conn.recv()
+            assert n == rows, (n, rows)
+            return secs
+
+        feed_run(False)
+        res["ring"] = statistics.median([feed_run(False) for _ in range(args.repeats)])
+        res["consume"] = statistics.median([feed_run(True) for _ in range(args.repeats)])
+        received = last[0]
+        res["decode"] = timed(each(lambda: pa.ipc.open_stream(pa.py_buffer(received.ipc())).read_next_batch()),
+                              args.repeats)
+        # tf.data sets M_TRIM_THRESHOLD=128 KiB when it builds a generator dataset (to_tf_dataset
+        # does), which freezes glibc's mmap threshold at 128 KiB: every received message's buffer
+        # is then a fresh mmap, faulted in page by page.  Same paths with that setting:
+        import ctypes
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-1, 128 << 10)  # M_TRIM_THRESHOLD
+        libc.mallopt(-3, 128 << 10)  # M_MMAP_THRESHOLD (what the trim setting implies)
+        res["consume_tf_malloc"] = statistics.median([feed_run(True) for _ in range(args.repeats)])
+        res["ring_tf_malloc"] = statistics.median([feed_run(False) for _ in range(args.repeats)])
+        libc.mallopt(-3, 64 << 20)
+    finally:
+        if feed is not None:
+            feed._consumer.close()
+        server.close()
+        ring.close()  # aborts the ring: a producer still writing fails and exits
+        try:
+            conn.send(None)
+        except OSError:
+            pass
+        prod.join(timeout=30)
+        if prod.is_alive():
+            prod.kill()
     small = [batch.slice(i, args.batch) for i in range(0, args.rows_per_message - args.batch + 1, args.batch)]
     per = len(small) * args.batch
     t_btc = timed(lambda: [rows_mod.batch_to_columns(b) for b in small], args.repeats)
@@ -155,13 +224,13 @@ def main(argv=None) -> None:
     res["slice"] = t_slice * nmsg
 
     print(f"{'stage':18s} {'seconds':>8s} {'rows/s':>12s} {'MiB/s':>8s}")
-    for k in ("memcpy", "encode", "ring", "decode", "slice", "batch_to_columns", "consume",
+    for k in ("memcpy", "encode", "ring_raw", "ring", "decode", "slice", "batch_to_columns", "consume",
               "ring_tf_malloc", "consume_tf_malloc"):
         s = res[k]
         print(f"{k:18s} {s:8.3f} {rows / s:12.0f} {rows * (IMAGE + 4) / s / 2**20:8.0f}")
-    print(f"feed_stage_rows_per_sec: " + " ".join(f"{k}={rows / res[k]:.0f}" for k in
-                                                   ("encode", "ring", "consume", "ring_tf_malloc",
-                                                    "consume_tf_malloc")))
+    print("feed_stage_rows_per_sec: " + " ".join(f"{k}={rows / res[k]:.0f}" for k in
+                                                  ("encode", "ring", "consume", "ring_tf_malloc",
+                                                   "consume_tf_malloc")), flush=True)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@
 // logs, progress reports and exit reports, watches heartbeats, and on any
 // node failure broadcasts an abort so every node stops within seconds.
 //
-// Every connection starts with the authenticated handshake of net/handshake.h
+// Every connection starts with the authenticated handshake of transport/tcp/handshake.h
 // (HMAC-SHA256 challenge-response over the per-job secret).  A peer that
 // fails it is logged and dropped before any payload is parsed.
 //
@@ -124,7 +124,8 @@ class CoordinatorServer {
 
   // Blocks until all layout.num_nodes nodes have registered.  On timeout
   // returns DeadlineExceeded naming each missing executor id and its expected
-  // role, and the nodes that did register (role, host).  Returns the abort
+  // role, and the nodes that did register (role, host); the caller, who
+  // knows the whole wait, says how long it was.  Returns the abort
   // reason (Aborted) if the job was aborted while waiting.
   Status WaitForRegistration(Duration timeout);
 
@@ -136,6 +137,18 @@ class CoordinatorServer {
 
   // The value nodes stored under `key` (KvSet), or nullopt; never waits.
   std::optional<std::string> KvGet(const std::string& key) const;
+
+  // Blocks until a node has stored `key` (KvSet) and returns the value.
+  // Wakes at once when the job fails: Aborted with the first node failure
+  // (naming node, host and error) or the abort reason; Cancelled after
+  // Close(); DeadlineExceeded naming the key if `timeout` passes first.
+  Result<std::string> WaitForKey(const std::string& key, Duration timeout);
+
+  // Blocks until node `executor_id` has ended (kDone, kFailed or kLost) and
+  // returns its final info.  Aborted (the abort reason) if the job is
+  // aborted first, Cancelled after Close(), DeadlineExceeded naming the node
+  // and its state, InvalidArgument for an id outside the layout.
+  Result<NodeInfo> WaitForNodeEnd(int executor_id, Duration timeout);
 
   // Returns queued events, waiting up to `timeout` for the first one.
   // Returns an empty vector on timeout or after Close().

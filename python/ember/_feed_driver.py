@@ -7,13 +7,12 @@ ember._feeding for how rows are spread and why every node gets the same count.
 """
 from __future__ import annotations
 
-import json
 import time
 from typing import Any, Callable, List, Optional, Sequence, Union
 
 import pyarrow as pa
 
-from ember import _feed_protocol as proto
+from ember import _ember
 from ember import _feeding as feeding
 from ember import errors
 from ember.context import WORKER_ROLES
@@ -43,7 +42,8 @@ def check_feed_slots(sc, num_nodes: int, task_slots) -> None:
 def feed_endpoints(server, nodes, timeout: float = 60.0) -> List[feeding.NodeEndpoint]:
     """The feed endpoints of the training nodes (chief/master/worker), by executor id.
 
-    The launchers store them right after registration; waits up to `timeout` for them.
+    The launchers store them (``NodeEndpoint.encode()``) right after registration; waits up
+    to `timeout` for them.
     """
     deadline = time.monotonic() + timeout
     out = []
@@ -51,16 +51,14 @@ def feed_endpoints(server, nodes, timeout: float = 60.0) -> List[feeding.NodeEnd
         if n.role.job_name not in WORKER_ROLES:
             continue
         key = FEED_ENDPOINT_KEY.format(executor_id=n.address.executor_id)
-        while (value := server.kv_get(key)) is None:
-            if time.monotonic() > deadline:
-                raise errors.DeadlineExceeded(
-                    f"node {n.role.job_name}:{n.role.task_index} on {n.address.host} did not publish its "
-                    f"feed endpoint within {timeout:g}s; was the cluster started with "
-                    f"input_mode=InputMode.SPARK?")
-            time.sleep(0.05)
-        d = json.loads(value.decode())
-        out.append(feeding.NodeEndpoint(executor_id=n.address.executor_id, name=d["name"], ring=d["ring"],
-                                        host=d["host"], port=int(d["port"]), capacity=int(d["capacity"])))
+        try:  # blocks in the core; returns at once if a node fails or the job is aborted
+            value = server.wait_for_key(key, max(0.0, deadline - time.monotonic()))
+        except errors.DeadlineExceeded:
+            raise errors.DeadlineExceeded(
+                f"node {n.role.job_name}:{n.role.task_index} on {n.address.host} did not publish its "
+                f"feed endpoint within {timeout:g}s; was the cluster started with "
+                f"input_mode=InputMode.SPARK?") from None
+        out.append(feeding.NodeEndpoint.decode(value))
     if not out:
         raise errors.ClusterError("InputMode.SPARK needs at least one chief/master/worker node to feed")
     return out
@@ -112,8 +110,13 @@ def train(sc, data: Any, num_epochs: int, endpoints: Sequence[feeding.NodeEndpoi
                     f"feeding tasks could not reach node {eps[k].name} (its ring {eps[k].ring} is not on their "
                     f"host and its feed server {eps[k].host}:{eps[k].port} refused), yet the node is still "
                     "running; check that executors can reach each other (firewall, bind address)")
-        _tell_nodes(eps, opts.secret, proto.END_EPOCH, proto.encode_end_epoch(epoch, num_partitions),
-                    opts.feed_timeout, skip=ended)
+        unreachable = _ember.feed_end_epoch(eps, epoch, num_partitions, opts)
+        for k, missed in enumerate(unreachable):
+            if missed and not ended(eps[k]):
+                raise errors.Unavailable(
+                    f"the driver could not reach node {eps[k].describe()} (its feed server "
+                    f"{eps[k].host}:{eps[k].port} refused), yet the node is still running; check that the "
+                    "driver can reach the executors (firewall, bind address)")
         per_node = [0] * num_nodes
         for _, k, n, _ in sent:
             per_node[k] += n
@@ -195,27 +198,6 @@ def inference(sc, data: Any, endpoints: Sequence[feeding.NodeEndpoint], options:
 
 
 def end_feed(endpoints: Sequence[feeding.NodeEndpoint], secret: bytes, timeout: float) -> None:
-    """Tells every fed node that no more data will come (its DataFeed.should_stop() turns True)."""
-    _tell_nodes(endpoints, secret, proto.END_FEED, b"", timeout, skip=lambda ep: True)
-
-
-def _tell_nodes(endpoints: Sequence[feeding.NodeEndpoint], secret: bytes, kind: int, payload: bytes,
-                timeout: float, skip: Callable[[feeding.NodeEndpoint], bool]) -> None:
-    """Sends one message to every node, through its TCP feed server (so it works wherever
-    the driver runs).  A node that cannot be reached is skipped if `skip(endpoint)` says
-    so (it has ended: its launcher reports how), else Unavailable names it.  A node that
-    terminated its feed, finished, or goes away while being told is skipped."""
-    from ember import _ember
-    for ep in endpoints:
-        try:
-            client = _ember.FeedClient.connect(ep.host, ep.port, secret, timeout)
-        except errors.Unavailable:
-            if skip(ep):
-                continue
-            raise
-        try:
-            client.write(kind, proto.as_uint8(payload), timeout)
-        except (errors.Cancelled, errors.Aborted, errors.Unavailable, errors.EmberIOError):
-            pass  # it terminated its feed, finished, or is going away (its launcher reports why)
-        finally:
-            client.close()
+    """Tells every fed node that no more data will come (its DataFeed.should_stop() turns True).
+    A node that cannot be reached has ended (its launcher reports how)."""
+    _ember.feed_end_feed(list(endpoints), feeding.feed_options(secret, feed_timeout=timeout))

@@ -1,142 +1,78 @@
 """The Spark side of InputMode.SPARK: what feeding tasks run.
 
-``cluster.train`` feeds each epoch as one Spark job, with no counting pass
-first.  A task splits every Arrow batch of its partition into contiguous
-slices, one per node, keeping the rows each node got from this partition
-within one of each other (``split_rows``; the odd rows of a partition start
-at node ``partition % num_nodes``, so they spread over the nodes).  It ends
-the partition with an END_PARTITION marker to every node that carries what
-every node got from it.  When the epoch's Spark job has ended, the driver tells
-every node how many partitions it had (END_EPOCH).  Each node therefore learns
-every node's epoch total, and can prove at any moment before that a lower
-bound on the smallest total (``ember.feed``): every node trains on exactly
-that many rows, so synchronous strategies see the same number of batches
-everywhere.
+The protocol lives in the C++ core (``include/ember/feed.h``): how rows are split
+over the nodes, the end-of-partition accounting, sessions, the exactly-one-result
+checks and the choice of shared memory or TCP.  This module is Spark glue only:
+Arrow record batches in, Arrow IPC bytes to the core's producers, result batches
+out, paired with their inputs.
 
-``cluster.inference`` sends partition p wholly to node p % num_nodes under the
-node ring's session lock, so each partition's rows reach the node contiguously
-and its results come back, in order, to the task that sent them.
-
-A node on this host is reached through its shared-memory ring; a node on
-another host through its authenticated TCP feed server.
+``cluster.train`` feeds each epoch as one Spark job.  A task splits every Arrow
+batch of its partition into contiguous slices, one per node, by the counts the
+core's producer gives (``FeedProducer.split``: every node within one row of the
+others), and the producer ends the partition at every node with every node's
+count.  ``cluster.inference`` sends partition p wholly to node p % num_nodes; its
+results come back, in order, to the task that sent them.
 """
 from __future__ import annotations
 
-import os
 import queue
-import secrets as _secrets
 import threading
-from dataclasses import dataclass
-from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import pyarrow as pa
 
 from ember import _arrow_rows as rows_mod
-from ember import _feed_protocol as proto
+from ember import _ember
 from ember import errors
 
-RDD_CHUNK_ROWS = 4096          # RDD rows per Arrow batch
-_RESULT_RING_BYTES = 32 << 20  # a feeding task's result ring (inference)
-_POLL_SECS = 0.5               # result waits wake this often to check the node's health
+RDD_CHUNK_ROWS = 4096  # RDD rows per Arrow batch
+
+NodeEndpoint = _ember.NodeEndpoint
+FeedOptions = _ember.FeedOptions
+
+_TRANSPORTS = {"auto": _ember.Transport.AUTO, "shm": _ember.Transport.SHM, "tcp": _ember.Transport.TCP}
 
 
-@dataclass(frozen=True)
-class NodeEndpoint:
-    """Where a node's feed is: its ring (same host) and its TCP feed server."""
-    executor_id: int
-    name: str        # "worker:0"
-    ring: str
-    host: str
-    port: int
-    capacity: int = 64 << 20  # the ring's; a message may be at most half of it
-
-
-@dataclass(frozen=True)
-class FeedOptions:
-    secret: bytes
-    feed_timeout: float = 600.0      # seconds a write may make no progress
-    transport: str = "auto"          # "auto" (ring if on this host), "shm" or "tcp"
-    job_id: str = ""
+def feed_options(secret: bytes, feed_timeout: Optional[float] = None, transport: Optional[str] = None,
+                 job_id: str = "") -> FeedOptions:
+    """The producers' options: `feed_timeout` is FeedOptions.idle_timeout (seconds a wait may make
+    no progress, on this side and at the node's feed server); what is not given keeps the core's default."""
+    options = FeedOptions()
+    options.secret = secret
+    if feed_timeout is not None:
+        options.idle_timeout = float(feed_timeout)
+    if transport is not None:
+        if transport not in _TRANSPORTS:
+            raise ValueError(f"feed transport must be one of {sorted(_TRANSPORTS)}, got {transport!r}")
+        options.transport = _TRANSPORTS[transport]
+    if job_id:
+        options.result_ring_prefix = f"/ember-{job_id}"
+    return options
 
 
 def split_rows(rows: int, sent: Sequence[int], first: int) -> List[int]:
-    """How many of the next `rows` rows of a partition go to each node.
-
-    `sent` is what each node already got from this partition; it and the result
-    keep every node within one row of the others.  The odd rows go first to the
-    nodes already ahead (they must stay ahead), then in turn from node `first`.
-    """
-    n = len(sent)
-    base, extra = divmod(sum(sent) + rows, n)
-    order = sorted(range(n), key=lambda k: (-sent[k], (k - first) % n))
-    target = [base] * n
-    for k in order[:extra]:
-        target[k] += 1
-    return [t - s for t, s in zip(target, sent)]
+    """How many of the next `rows` rows of a partition go to each node (the core's SplitRows)."""
+    return _ember.split_rows(rows, list(sent), first)
 
 
-# --------------------------------------------------------------------------- channels
-class _Channel:
-    """A producer's connection to one node: its ring, or its TCP feed server."""
-
-    def __init__(self, endpoint: NodeEndpoint, options: FeedOptions, may_be_gone: bool = False):
-        """`may_be_gone`: a node that cannot be reached at all (its ring is gone and its feed
-        server refuses) has ended; skip it quietly and set `gone` (training only: the driver
-        then checks with the coordinator that it did end)."""
-        from ember import _ember
-        self.endpoint = endpoint
-        self.options = options
-        self.ring = None
-        self.client = None
-        self.cancelled = False  # the node terminated its feed: writes are skipped
-        self.gone = False       # the node could not be reached at all
-        if options.transport in ("auto", "shm"):
-            try:
-                self.ring = _ember.ShmRing.open(endpoint.ring)
-            except errors.NotFound:
-                if options.transport == "shm":
-                    raise
-        if self.ring is None:
-            try:
-                self.client = _ember.FeedClient.connect(endpoint.host, endpoint.port, options.secret,
-                                                        options.feed_timeout)
-            except errors.Unavailable:
-                if not may_be_gone:
-                    raise
-                self.gone = self.cancelled = True
-        self.max_payload = _ember.ShmRing.max_payload(
-            self.ring.capacity if self.ring is not None else endpoint.capacity)
-
-    @property
-    def local(self) -> bool:
-        return self.ring is not None
-
-    def write(self, kind: int, payload) -> None:
-        if self.cancelled:
-            return
-        try:
-            (self.ring or self.client).write(kind, proto.as_uint8(payload), self.options.feed_timeout)
-        except errors.Cancelled:
-            self.cancelled = True
-        except errors.EmberError as e:
-            raise type(e)(f"feeding node {self.endpoint.name} ({self.endpoint.host}): {e}") from None
-
-    def close(self) -> None:
-        for end in (self.ring, self.client):
-            if end is not None:
-                end.close()
-        self.ring = self.client = None
+def _framed(batch: pa.RecordBatch) -> pa.Buffer:
+    """`batch` as an Arrow IPC stream behind BATCH_HEADER_BYTES of room the core fills in (no copy)."""
+    sink = pa.BufferOutputStream()
+    sink.write(bytes(_ember.BATCH_HEADER_BYTES))
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue()
 
 
-def _write_batch(ch: _Channel, partition: int, epoch: int, batch: pa.RecordBatch, attempt: int = 0) -> None:
-    """Writes `batch`, split so that each message fits the channel."""
-    payload = proto.encode_batch(partition, epoch, batch, attempt)
-    if payload.size <= ch.max_payload or batch.num_rows <= 1:
-        ch.write(proto.BATCH, payload)
+def _send(send: Callable[[pa.Buffer, int], None], max_bytes: int, batch: pa.RecordBatch) -> None:
+    """Sends `batch`, halved until each message fits `max_bytes` of IPC."""
+    message = _framed(batch)
+    if message.size - _ember.BATCH_HEADER_BYTES <= max_bytes or batch.num_rows <= 1:
+        send(message, batch.num_rows)  # one row too large: the core's InvalidArgument says so
         return
     half = batch.num_rows // 2
-    _write_batch(ch, partition, epoch, batch.slice(0, half), attempt)
-    _write_batch(ch, partition, epoch, batch.slice(half), attempt)
+    _send(send, max_bytes, batch.slice(0, half))
+    _send(send, max_bytes, batch.slice(half))
 
 
 def rdd_rows_to_batches(rows: Iterable, chunk: int = RDD_CHUNK_ROWS) -> Iterator[pa.RecordBatch]:
@@ -166,31 +102,29 @@ def feed_partition(batches: Iterable[pa.RecordBatch], partition: int, epoch: int
     Raises the node's error (Aborted naming the node) if a node fails, and
     DeadlineExceeded if a node makes no progress for feed_timeout.
     """
-    channels = [_Channel(ep, options, may_be_gone=True) for ep in endpoints]
-    first = partition % len(endpoints)
+    producer = _ember.FeedProducer.open(list(endpoints), partition, epoch, attempt, options)
     try:
-        sent = [0] * len(endpoints)
         for batch in batches:
             offset = 0
-            for k, n in enumerate(split_rows(batch.num_rows, sent, first)):
+            for k, n in enumerate(producer.split(batch.num_rows)):
                 if n:
-                    _write_batch(channels[k], partition, epoch, batch.slice(offset, n), attempt)
+                    _send(lambda m, r, k=k: producer.send_batch_in_place(k, m, r), producer.max_batch_bytes(k),
+                          batch.slice(offset, n))
                     offset += n
-                    sent[k] += n
-            if all(ch.cancelled for ch in channels):
+            if producer.all_cancelled():
                 break  # every node terminated its feed: skip the rest quietly (TFoS semantics)
-        end = proto.encode_end_partition(partition, epoch, sent)
-        for ch in channels:
-            ch.write(proto.END_PARTITION, end)
-        return sent, [ch.gone for ch in channels]
+        producer.end_partition()
+        return list(producer.sent), [producer.gone(k) for k in range(producer.num_nodes)]
     finally:
-        for ch in channels:
-            ch.close()
+        producer.close()
 
 
 # --------------------------------------------------------------------------- inference
-def _result_ring_name(options: FeedOptions, partition: int) -> str:
-    return f"/ember-{options.job_id}-r{partition}-{os.getpid()}-{_secrets.token_hex(4)}"
+def _read_ipc(data, what: str) -> pa.RecordBatch:
+    try:
+        return pa.ipc.open_stream(pa.py_buffer(data)).read_next_batch()
+    except (pa.ArrowInvalid, StopIteration, OSError) as e:
+        raise errors.Corruption(f"{what}: malformed Arrow IPC stream: {e}") from e
 
 
 def infer_partition(batches: Iterable[pa.RecordBatch], partition: int, endpoint: NodeEndpoint,
@@ -199,93 +133,50 @@ def infer_partition(batches: Iterable[pa.RecordBatch], partition: int, endpoint:
     row-aligned and in input order.
 
     Raises ValueError if the node answers more or fewer rows than it was sent,
-    naming node and partition; the node's own error if it fails.
+    naming node and partition; the node's own error (naming it) if it fails.
     """
-    from ember import _ember
-    ch = _Channel(endpoint, options)
-    result_ring = None
-    if ch.local:
-        result_ring = _ember.ShmRing.create(_result_ring_name(options, partition), _RESULT_RING_BYTES)
+    producer = _ember.InferenceProducer.open(endpoint, partition, options)
     inputs: "queue.Queue" = queue.Queue()
     writer_error: List[BaseException] = []
-    sent = [0]
 
     def write_all():
-        # Session lock, writes and unlock happen on this one thread (robust mutex rule).
+        # begin, writes and end on this one thread (the session lock is a robust mutex).
         try:
-            if ch.local:
-                ch.ring.lock_session(options.feed_timeout)
             try:
-                name = result_ring.name if result_ring is not None else ""
-                ch.write(proto.BEGIN_PARTITION, proto.encode_begin_partition(partition, proto.INFERENCE_EPOCH,
-                                                                             True, name))
+                producer.begin()
                 for batch in batches:
                     if batch.num_rows == 0:
                         continue
                     inputs.put(batch)
-                    _write_batch(ch, partition, proto.INFERENCE_EPOCH, batch)
-                    sent[0] += batch.num_rows
-                ch.write(proto.END_PARTITION, proto.encode_end_partition(partition, proto.INFERENCE_EPOCH, sent))
+                    _send(producer.send_batch_in_place, producer.max_batch_bytes(), batch)
+                producer.end()
             finally:
-                if ch.local:
-                    ch.ring.unlock_session()
+                producer.release_session()
         except BaseException as e:  # re-raised on the reading side
             writer_error.append(e)
+            producer.close()  # wakes the reader
         finally:
             inputs.put(None)
 
     writer = threading.Thread(target=write_all, name=f"ember-feed-p{partition}", daemon=True)
     writer.start()
     try:
-        yield from _align_results(inputs, _ResultReader(ch, result_ring, options, endpoint, partition),
-                                  partition, endpoint, writer_error, sent)
+        yield from _align_results(inputs, producer, partition, endpoint, writer_error)
     finally:
-        if result_ring is not None:
-            result_ring.abort("the feeding task stopped reading results")
-        writer.join(timeout=options.feed_timeout)
-        if result_ring is not None:
-            result_ring.close()
-        ch.close()
+        producer.close()
+        writer.join(timeout=options.idle_timeout)
 
 
-class _ResultReader:
-    """Reads RESULTS / END_RESULTS / ERROR for one partition, watching the node's health."""
-
-    def __init__(self, ch: _Channel, result_ring, options: FeedOptions, endpoint: NodeEndpoint, partition: int):
-        self.ch, self.result_ring, self.options = ch, result_ring, options
-        self.endpoint, self.partition = endpoint, partition
-
-    def next(self):
-        waited = 0.0
-        while True:
-            try:
-                if self.result_ring is not None:
-                    return self.result_ring.read(_POLL_SECS)
-                return self.ch.client.read(_POLL_SECS)
-            except errors.DeadlineExceeded:
-                waited += _POLL_SECS
-                if self.ch.ring is not None:
-                    self.ch.ring.health()  # raises the node's failure at once
-                if waited >= self.options.feed_timeout:
-                    raise errors.DeadlineExceeded(
-                        f"inference: node {self.endpoint.name} ({self.endpoint.host}) sent no results for "
-                        f"partition {self.partition} in {self.options.feed_timeout:.0f}s (feed_timeout)") from None
-
-
-def _align_results(inputs: "queue.Queue", reader: _ResultReader, partition: int, endpoint: NodeEndpoint,
-                   writer_error: List[BaseException], sent: List[int]) -> Iterator[tuple]:
-    """Pairs each input batch with the same number of result rows, in order."""
-    where = f"node {endpoint.name} ({endpoint.host}), partition {partition}"
+def _align_results(inputs: "queue.Queue", producer, partition: int, endpoint: NodeEndpoint,
+                   writer_error: List[BaseException]) -> Iterator[tuple]:
+    """Pairs each input batch with the same number of result rows, in order (the core
+    has checked the counts)."""
+    where = f"inference: node {endpoint.describe()}, partition {partition}"
     results: List[pa.RecordBatch] = []   # received, not yet paired
     queued = 0                            # rows in `results`
-    answered = 0
     current: Optional[pa.RecordBatch] = None
     inputs_done = False
-
-    def mismatch() -> ValueError:
-        return ValueError(f"inference: {where} answered {answered} rows but was sent {sent[0]}: "
-                          "exactly one result per input row is required")
-
+    answers_done = False
     while True:
         if current is None and not inputs_done:
             item = inputs.get()  # the writer queues a batch before sending it, then None at its end
@@ -305,19 +196,19 @@ def _align_results(inputs: "queue.Queue", reader: _ResultReader, partition: int,
             yield current, paired[0]
             current = None
             continue
-        kind, payload = reader.next()
-        if kind == proto.RESULTS:
-            batch = proto.decode_results(payload)
-            results.append(batch)
-            queued += batch.num_rows
-            answered += batch.num_rows
-        elif kind == proto.END_RESULTS:
-            total = proto.decode_end_results(payload)
-            if current is not None or not inputs_done or queued or total != answered or answered != sent[0]:
-                raise mismatch()
+        if answers_done:
             return
-        elif kind == proto.ERROR:
-            raise ValueError(f"inference: {where}: {bytes(payload).decode(errors='replace')}")
-        else:
-            raise proto.FeedProtocolError(f"inference: {where} sent unexpected message "
-                                          f"{proto.KIND_NAMES.get(kind, kind)}")
+        try:
+            res = producer.next_result()
+        except errors.EmberError:
+            if writer_error:
+                raise writer_error[0] from None
+            raise
+        if res is None:
+            answers_done = True  # every row answered: pair what is queued, then stop
+            continue
+        batch = _read_ipc(res.ipc(), where)
+        if batch.num_rows != res.rows:
+            raise ValueError(f"{where}: a result message says {res.rows} rows but holds {batch.num_rows}")
+        results.append(batch)
+        queued += batch.num_rows

@@ -1,11 +1,18 @@
 """The node launcher: what each Spark barrier task of ``Cluster.run`` executes.
 
 One launcher per node.  It registers the node with the driver's coordinator,
-starts the node's own process (``python -m ember._node_main``) in a new
-process group that dies with the launcher, forwards the node's output to the
-driver, and reports how the node ended.  It ends the node when the driver
-stops it (ps/evaluator at shutdown) or the job aborts.  Nothing it started
-outlives it: the node's process group is killed and reaped on every path.
+starts the node's own process (``python -m ember._node_main`` for a Python
+``main_fun``, or the user's executable) in a new process group that dies with
+the launcher, forwards the node's output to the driver, and reports how the
+node ended.  It ends the node when the driver stops it (ps/evaluator at
+shutdown) or the job aborts.  Nothing it started outlives it: the node's
+process group is killed and reaped on every path.
+
+The node learns its context from one typed start-up message (docs/wire.md,
+"Node start-up"; encoded by the C++ core) that the launcher writes into a pipe
+the process inherits; EMBER_STARTUP_FD names the pipe's descriptor.  The
+job's secret is therefore in neither argv nor the environment, and the
+process's stdin is /dev/null.
 """
 from __future__ import annotations
 
@@ -13,7 +20,6 @@ import collections
 import dataclasses
 import json
 import os
-import pickle
 import shutil
 import socket
 import subprocess
@@ -40,7 +46,7 @@ class NodeSpec:
     coordinator_host: str
     coordinator_port: int
     secret: bytes
-    payload: bytes  # cloudpickled (main_fun, args)
+    payload: bytes  # cloudpickled (main_fun, args); empty for a program node
     num_nodes: int
     default_fs: str
     working_dir: str
@@ -53,6 +59,7 @@ class NodeSpec:
     echo_logs: bool  # echo node output to the task's stderr (not in local mode: that is the driver's)
     feed_ring_bytes: int = 64 << 20  # InputMode.SPARK: each training node's feed ring
     feed_timeout: float = 600.0      # InputMode.SPARK: how long the feed server waits without progress
+    argv: Optional[List[str]] = None  # a program node: the executable and its arguments
 
 
 class NodeFailed(RuntimeError):
@@ -137,8 +144,9 @@ class NodeFeed:
         except BaseException:
             self.ring.close()
             raise
-        self.endpoint = json.dumps({"name": label, "ring": self.ring.name, "host": host,
-                                    "port": self.server.port, "capacity": self.ring.capacity})
+        # Published as endpoint.encode(): the core's typed, versioned form (docs/wire.md).
+        self.endpoint = _ember.NodeEndpoint(executor_id, label, self.ring.name, host, self.server.port,
+                                            self.ring.capacity)
 
     def settle(self, outcome: str, reason: str, returncode: Optional[int], label: str) -> None:
         """Tells feeding tasks how the node ended (see the class docstring)."""
@@ -153,6 +161,38 @@ class NodeFeed:
     def close(self) -> None:
         self.server.close()
         self.ring.close()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Writes `data` to `fd` and closes it; a reader that died early is fine."""
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError:
+        pass  # the node died at start (EPIPE); its exit status tells the rest
+    finally:
+        os.close(fd)
+
+
+def end_node(child: subprocess.Popen, outcome: str, reason: str, feed: Optional["NodeFeed"],
+             label: str, kill_grace_secs: float) -> int:
+    """Ends the node process and its group, tells its feed how it ended, returns its exit status.
+
+    When the node exited by itself it is reaped first, so that the feed learns the real
+    exit status (``_proc.has_exited`` does not reap: ``child.returncode`` is still None
+    then, and a crash would have been settled as a quiet end).  When the driver stopped
+    it or the job aborted, the feed is settled first, so feeding tasks stop at once,
+    while the node gets `kill_grace_secs` to end.
+    """
+    if outcome == "exit":
+        returncode = _proc.stop_group(child, 0.0)  # also ends whatever main_fun left behind
+        if feed is not None:
+            feed.settle(outcome, reason, returncode, label)
+        return returncode
+    if feed is not None:
+        feed.settle(outcome, reason, None, label)
+    return _proc.stop_group(child, kill_grace_secs)
 
 
 class NodeLauncher:
@@ -205,20 +245,15 @@ class NodeLauncher:
                 feed = NodeFeed(spec, self.executor_id, self.label, host)
                 client.kv_set(feed.key, feed.endpoint.encode())
             port_sock.close()  # the node's framework binds this port now
-            child = _proc.spawn([sys.executable, "-m", "ember._node_main"], env,
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
+            traceback_path = os.path.join(tmpdir, "traceback.txt")
+            startup = self._startup_message(role, index, cluster_spec, log_dir, traceback_path,
+                                            feed.ring.name if feed is not None else "")
+            child = self._spawn_node(env, startup)
             forwarders = [self._forward(client, child.stdout, "stdout"),
                           self._forward(client, child.stderr, "stderr")]
-            traceback_path = os.path.join(tmpdir, "traceback.txt")
-            self._send_inputs(child, role, index, cluster_spec, traceback_path,
-                              feed.ring.name if feed is not None else None)
 
             outcome, reason = self._supervise(client, child)
-            if feed is not None:
-                feed.settle(outcome, reason, child.returncode, self.label)
-            grace = 0.0 if outcome == "exit" else spec.kill_grace_secs
-            returncode = _proc.stop_group(child, grace)  # also ends whatever main_fun left behind
+            returncode = end_node(child, outcome, reason, feed, self.label, spec.kill_grace_secs)
             for t in forwarders:
                 t.join(timeout=5.0)
 
@@ -265,26 +300,51 @@ class NodeLauncher:
             env["PYTHONPATH"] = os.pathsep.join(extra)
         return env
 
-    def _send_inputs(self, child: subprocess.Popen, role: str, index: int,
-                     cluster_spec: Dict[str, List[str]], traceback_path: str,
-                     feed_ring: Optional[str]) -> None:
+    def _startup_message(self, role: str, index: int, cluster_spec: Dict[str, List[str]],
+                         log_dir: Optional[str], traceback_path: str, feed_ring: str) -> bytes:
+        """The node's typed start-up message (docs/wire.md, "Node start-up")."""
         spec = self.spec
-        data = {
-            "payload": spec.payload,
-            "traceback_path": traceback_path,
-            "ctx": dict(
-                executor_id=self.executor_id, job_name=role, task_index=index,
-                cluster_spec=cluster_spec, default_fs=spec.default_fs,
-                working_dir=spec.working_dir, log_dir=spec.log_dir,
-                input_mode=spec.input_mode, job_id=spec.job_id, feed_ring=feed_ring,
-                coordinator=(spec.coordinator_host, spec.coordinator_port, spec.secret,
-                             spec.connect_timeout)),
-        }
+        ctx = _ember.NodeContext()
+        ctx.job_id = spec.job_id
+        ctx.executor_id = self.executor_id
+        ctx.job_name = role
+        ctx.task_index = index
+        ctx.cluster_spec = cluster_spec
+        ctx.coordinator_host = spec.coordinator_host
+        ctx.coordinator_port = spec.coordinator_port
+        ctx.secret = spec.secret
+        ctx.connect_timeout = spec.connect_timeout
+        ctx.input_mode = int(spec.input_mode)
+        ctx.feed_ring = feed_ring
+        ctx.default_fs = spec.default_fs
+        ctx.working_dir = spec.working_dir
+        ctx.log_dir = log_dir or ""
+        ctx.traceback_path = traceback_path
+        ctx.payload = spec.payload
+        return _ember.encode_node_startup(ctx)
+
+    def _spawn_node(self, env: Dict[str, str], startup: bytes) -> subprocess.Popen:
+        """Starts the node process with `startup` in an inherited pipe (EMBER_STARTUP_FD)."""
+        argv = list(self.spec.argv) if self.spec.argv else [sys.executable, "-m", "ember._node_main"]
+        read_fd, write_fd = os.pipe()  # both close-on-exec; pass_fds keeps read_fd in the child
         try:
-            child.stdin.write(pickle.dumps(data, protocol=pickle.HIGHEST_PROTOCOL))
-            child.stdin.close()
-        except BrokenPipeError:
-            pass  # the process died at start; its exit code tells the rest
+            env = dict(env, **{_ember.STARTUP_FD_ENV: str(read_fd)})
+            try:
+                child = _proc.spawn(argv, env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, pass_fds=(read_fd,))
+            except OSError as e:
+                raise RuntimeError(f"node {self.label}: cannot start {argv[0]!r} on host "
+                                 f"{socket.gethostname()}: {e}") from e
+        except BaseException:
+            os.close(write_fd)
+            raise
+        finally:
+            os.close(read_fd)
+        # From a thread: a message larger than the pipe holds must not block the launcher
+        # while the node has not read it yet (or never reads it).
+        threading.Thread(target=_write_all, args=(write_fd, startup), daemon=True,
+                         name=f"ember-startup-{self.executor_id}").start()
+        return child
 
     def _supervise(self, client, child: subprocess.Popen) -> Tuple[str, str]:
         """Waits for the node process to exit or a push; returns (outcome, reason)."""
@@ -306,7 +366,11 @@ class NodeLauncher:
         except OSError:
             pass
         tail = "\n".join(self._stderr_tail)
-        text = f"the node process ended with {_proc.describe_exit(returncode)} without a Python traceback"
+        if self.spec.argv:
+            text = f"the node program {self.spec.argv[0]} ended with {_proc.describe_exit(returncode)}"
+        else:
+            text = (f"the node process ended with {_proc.describe_exit(returncode)} "
+                    "without a Python traceback")
         return f"{text}; its last stderr lines:\n{tail}" if tail else text
 
     def _forward(self, client, pipe, stream: str) -> threading.Thread:

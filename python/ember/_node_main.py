@@ -1,35 +1,50 @@
 """A node's own process: ``python -m ember._node_main``, started by the launcher.
 
-Protocol with the launcher (ember/_launcher.py):
-  * stdin carries one pickled dict: ``payload`` (cloudpickled ``(main_fun, args)``),
-    ``ctx`` (keyword arguments of Context, including the coordinator address and
-    secret, which therefore never appear in argv or the environment) and
-    ``traceback_path``;
-  * stdout/stderr are pipes the launcher forwards line by line to the driver;
-  * exit code 0 means main_fun returned; otherwise the traceback is in
-    ``traceback_path`` (absent if the process was killed).
+Protocol with the launcher (ember/_launcher.py), the same for every node program:
+  * the descriptor named by EMBER_STARTUP_FD carries one typed start-up message
+    (docs/wire.md, "Node start-up"; decoded by the C++ core) up to end of file:
+    the node's context, including the coordinator address and secret, which
+    therefore never appear in argv or the environment.  Its opaque ``payload``
+    is the cloudpickled ``(main_fun, args)``, the only pickle: it is user code;
+  * stdin is /dev/null; stdout/stderr are pipes the launcher forwards line by
+    line to the driver;
+  * exit code 0 means main_fun returned; otherwise the traceback is in the
+    message's ``traceback_path`` (absent if the process was killed).
 """
 from __future__ import annotations
 
 import atexit
 import os
-import pickle
+import pickle  # the payload only: cloudpickled user code
 import sys
 import threading
 import traceback
 
 
+def _read_startup():
+    """The NodeContext from the launcher's pipe; the descriptor is closed and its
+    variable removed, so that processes main_fun starts do not inherit either."""
+    from ember import _ember
+
+    name = _ember.STARTUP_FD_ENV
+    value = os.environ.pop(name, "")
+    if not value.isdigit():
+        raise SystemExit(f"ember._node_main: {name} is not set; nodes are started by ember.Cluster.run")
+    fd = int(value)
+    try:
+        return _ember.read_node_startup(fd)
+    finally:
+        os.close(fd)
+
+
 def _run() -> int:
-    data = pickle.loads(sys.stdin.buffer.read())
-    fd = os.open(os.devnull, os.O_RDONLY)  # user code gets an empty stdin
-    os.dup2(fd, 0)
-    os.close(fd)
+    node = _read_startup()
 
     from ember.context import Context
 
-    ctx = Context(**data["ctx"])
+    ctx = Context.from_node_context(node)
     try:
-        main_fun, args = pickle.loads(data["payload"])
+        main_fun, args = pickle.loads(node.payload)
         main_fun(args, ctx)
         return 0
     except SystemExit as e:
@@ -40,7 +55,7 @@ def _run() -> int:
         error = traceback.format_exc()
     finally:
         ctx._close()
-    with open(data["traceback_path"], "w", encoding="utf-8") as f:
+    with open(node.traceback_path, "w", encoding="utf-8") as f:
         f.write(error)
     return 1
 

@@ -9,9 +9,10 @@ How a job runs:
   reports how it ended.
 * A driver thread drains the coordinator's events: node output lines,
   registrations, progress reports, failures.
-* Every wait on the driver is sliced, so a dead Spark job or a failed node
-  ends it within a second, and bounded by a deadline that names what was
-  awaited.
+* Every wait on the driver blocks inside the C++ coordinator with a deadline
+  that names what was awaited, and returns the moment its event happens, a
+  node fails, or the job is aborted (the thread hosting the Spark job aborts
+  the coordinator when that job fails), never on a polling tick.
 * On any failure the driver aborts the job (the coordinator tells every node
   to stop) and cancels the Spark job group, then raises.
 """
@@ -28,7 +29,7 @@ import threading
 import time
 import uuid
 import weakref
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Union
 
 from ember import _ember, _feed_driver, _feeding, config
 from ember._console import Console
@@ -37,7 +38,7 @@ from ember.context import WORKER_ROLES
 from ember.errors import Aborted, ClusterError, DeadlineExceeded, NodeError
 from ember.input_mode import InputMode
 
-_SLICE = 0.5  # seconds; how often driver-side waits look at the Spark job and failures
+_FOREVER = 10 * 365 * 86400.0  # seconds: "no deadline" for the core's waits
 _STOP_TIMEOUT = 30.0  # seconds stopped ps/evaluator nodes get to report done (besides kill grace)
 _active_clusters: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
 
@@ -83,6 +84,24 @@ def _check_slots(sc, needed: int, timeout: float) -> None:
     raise ClusterError(
         f"Cluster.run needs {needed} free task slots (one per node, Spark barrier execution) "
         f"but the Spark application has {have} ({where}). {advice}.")
+
+
+def _node_program(main_fun: Any, args: Any) -> Optional[List[str]]:
+    """The argv of a program node (main_fun given as a list/tuple of str), with its
+    executable made absolute when it exists on the driver; None for a Python main_fun."""
+    if callable(main_fun):
+        return None
+    if not isinstance(main_fun, (list, tuple)) or not main_fun or \
+            not all(isinstance(a, str) for a in main_fun):
+        raise TypeError("main_fun must be a callable main_fun(args, ctx) or a program's argv "
+                        f"(a non-empty list of str), got {main_fun!r:.200}")
+    if args is not None:
+        raise TypeError(f"Cluster.run: args={args!r:.100} is for a Python main_fun; pass a "
+                        "program's arguments in its argv list")
+    argv = list(main_fun)
+    if os.path.exists(argv[0]):
+        argv[0] = os.path.abspath(argv[0])
+    return argv
 
 
 def _spark_error_summary(error: BaseException) -> str:
@@ -143,7 +162,7 @@ class Cluster:
     # -- public API ----------------------------------------------------------
 
     @classmethod
-    def run(cls, spark: Any, main_fun: Callable[[Any, Any], Any], args: Any = None,
+    def run(cls, spark: Any, main_fun: Union[Callable[[Any, Any], Any], Sequence[str]], args: Any = None,
             num_executors: Optional[int] = None, num_ps: int = 0, tensorboard: bool = False,
             input_mode: InputMode = InputMode.TENSORFLOW, log_dir: Optional[str] = None,
             master_node: Optional[str] = None, eval_node: bool = False,
@@ -160,8 +179,14 @@ class Cluster:
         Args:
             spark: a SparkSession or SparkContext.
             main_fun: called as ``main_fun(args, ctx)`` in a process of its own on every
-                node; pickled with cloudpickle.
-            args: passed to main_fun (must pickle).
+                node; pickled with cloudpickle.  Or a program's argv, e.g.
+                ``["./my_trainer", "--lr=0.1"]``: that executable runs on every node with
+                the C++ node API (``include/ember/node.h``) available; a path that exists on
+                the driver is made absolute, anything else is run as given (found on the
+                executors' PATH).  Exit status 0 means the node is done; any other fails
+                the job with the tail of the program's stderr.
+            args: passed to main_fun (must pickle); must be None for a program (its
+                arguments belong in its argv).
             num_executors: number of nodes; default ``sc.defaultParallelism``.  Needs as
                 many free task slots: the nodes run as one Spark barrier stage.
             num_ps: number of parameter-server nodes.
@@ -186,8 +211,7 @@ class Cluster:
             InvalidArgument: the layout is impossible (e.g. more ps than nodes).
         """
         started = time.monotonic()
-        if not callable(main_fun):
-            raise TypeError(f"main_fun must be callable, got {type(main_fun).__name__}")
+        main_fun = _node_program(main_fun, args) or main_fun
         sc = _spark_context(spark)
         num_nodes = int(num_executors) if num_executors is not None else sc.defaultParallelism
         layout = _ember.ClusterLayout(num_nodes=num_nodes, num_ps=num_ps,
@@ -222,16 +246,11 @@ class Cluster:
         seconds for the coordinator to hear of it (a launcher closes its feed server and
         reports the end at about the same time).  A failed node is not "ended": the caller
         raises, and train() turns that into the node's NodeError."""
-        deadline = time.monotonic() + wait
-        while True:
-            info = next((n for n in self.nodes() if n.address.executor_id == endpoint.executor_id), None)
-            if info is not None and info.state == _ember.NodeInfo.State.DONE:
-                return True
-            if info is None or info.state not in (_ember.NodeInfo.State.REGISTERED, _ember.NodeInfo.State.RUNNING):
-                return False
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.05)
+        try:
+            info = self._server.wait_for_node_end(endpoint.executor_id, wait)
+        except (DeadlineExceeded, Aborted):
+            return False
+        return info.state == _ember.NodeInfo.State.DONE
 
     def _endpoints(self) -> List[_feeding.NodeEndpoint]:
         if self._feed_endpoints is None:
@@ -239,7 +258,7 @@ class Cluster:
         return self._feed_endpoints
 
     def _feed_options(self, feed_timeout: float) -> _feeding.FeedOptions:
-        return _feeding.FeedOptions(secret=self._secret, feed_timeout=float(feed_timeout),
+        return _feeding.feed_options(secret=self._secret, feed_timeout=float(feed_timeout),
                                     transport=str(config.get("feed_transport", self._sc)), job_id=self.job_id)
 
     def train(self, data: Any, num_epochs: int = 1, feed_timeout: float = 600.0, qname: str = "input") -> None:
@@ -383,10 +402,13 @@ class Cluster:
                          f"(chief/master/worker) to return from main_fun"),
                 "Pass a larger timeout (or None), or look at the nodes' output for why they "
                 "have not finished")
-            grace_end = time.monotonic() + max(0.0, grace_secs)
-            while time.monotonic() < grace_end:
-                self._raise_if_failed(spark_must_run=False)
-                time.sleep(min(0.1, max(0.0, grace_end - time.monotonic())))
+            if grace_secs > 0:  # watch for late failures (e.g. an evaluator's) for grace_secs
+                try:
+                    self._server.wait_for_nodes([], float(grace_secs))
+                except DeadlineExceeded:
+                    pass  # ps/evaluator nodes still run: expected, they are stopped next
+                except Aborted as e:
+                    self._raise_failure_or(ClusterError, f"the job was aborted: {e}")
             self._raise_if_failed(spark_must_run=False)
             others = ["ps", "evaluator"]
             self._server.stop_nodes(others)
@@ -425,8 +447,9 @@ class Cluster:
         from pyspark import cloudpickle
 
         sc = self._sc
+        argv = list(main_fun) if isinstance(main_fun, list) else None  # see _node_program
         try:
-            payload = cloudpickle.dumps((main_fun, args))
+            payload = b"" if argv else cloudpickle.dumps((main_fun, args))
         except Exception as e:  # noqa: BLE001 - any pickling failure means the same to the user
             raise TypeError(f"Cluster.run cannot send main_fun and args to the nodes: they do not "
                             f"pickle ({type(e).__name__}: {e})") from e
@@ -448,7 +471,7 @@ class Cluster:
             reservation_timeout=float(reservation_timeout), connect_timeout=float(connect_timeout),
             kill_grace_secs=float(config.get("kill_grace_secs", sc)),
             feed_ring_bytes=int(config.get("feed_ring_bytes", sc)),
-            echo_logs=not sc.master.startswith("local"))
+            echo_logs=not sc.master.startswith("local"), argv=argv)
 
         self._events_thread = threading.Thread(target=self._pump_events, daemon=True,
                                                name=f"{self.job_id}-events")
@@ -477,38 +500,49 @@ class Cluster:
                 self._spark_error = e
             finally:
                 self._spark_done.set()
+                self._wake_waits_after_spark()
 
         self._spark_thread = InheritableThread(spark_main, daemon=True, name=f"{self.job_id}-spark")
         self._spark_thread.start()
 
     def _wait_for_registration(self, started: float, reservation_timeout: float) -> None:
-        deadline = started + reservation_timeout
-        while True:
+        # One blocking wait in the core: it returns the moment the last node registers, a node
+        # fails, or the Spark job fails (the Spark thread aborts the coordinator then).
+        try:
+            self._server.wait_for_registration(max(0.0, started + reservation_timeout - time.monotonic()))
+        except DeadlineExceeded as e:
+            raise DeadlineExceeded(
+                f"Cluster.run waited {reservation_timeout:g}s (reservation_timeout) for all "
+                f"{self.num_nodes} nodes to register: {e}. Look at the executors' logs for "
+                f"why a node did not start, check that executors can reach the driver at "
+                f"{self.coordinator_address}, or raise reservation_timeout.") from None
+        except Aborted:
             self._raise_if_failed(spark_must_run=True)
-            left = deadline - time.monotonic()
-            wait = max(0.0, min(_SLICE, left))
-            try:
-                self._server.wait_for_registration(wait)
-                return
-            except DeadlineExceeded as e:
-                if wait >= left:
-                    raise DeadlineExceeded(
-                        f"Cluster.run waited {reservation_timeout:g}s (reservation_timeout) for all "
-                        f"{self.num_nodes} nodes to register: {e}. Look at the executors' logs for "
-                        f"why a node did not start, check that executors can reach the driver at "
-                        f"{self.coordinator_address}, or raise reservation_timeout.") from None
-            except Aborted:
-                self._raise_failure_or(ClusterError, "the job was aborted before every node registered")
+            self._raise_failure_or(ClusterError, "the job was aborted before every node registered")
+
+    def _wake_waits_after_spark(self) -> None:
+        """The Spark job hosting the nodes ended: when that was a failure (or it ended before
+        every node registered), abort the coordinator so every wait on the driver (all of them
+        block in the core) returns at once; they then raise the Spark job's error."""
+        server = self._server
+        if server is None or self._closed:
+            return
+        if self._spark_error is not None and not self._cancelled:
+            server.abort(f"the Spark job running the {self.num_nodes} nodes failed: "
+                         f"{_spark_error_summary(self._spark_error)}"[:2000])
+        elif not server.cluster_spec_json():  # the coordinator never saw every node register
+            server.abort(f"the Spark job running the {self.num_nodes} nodes ended before every node registered")
 
     def _fetch_tensorboard_url(self, timeout: float = 60.0) -> None:
         # The node that runs TensorBoard stores its URL right after registration.
-        deadline = time.monotonic() + timeout
-        while (value := self._server.kv_get(TENSORBOARD_URL_KEY)) is None:
+        try:
+            value = self._server.wait_for_key(TENSORBOARD_URL_KEY, timeout)
+        except DeadlineExceeded:
+            self._console.info(f"TensorBoard did not report its address within {timeout:g}s")
+            return
+        except Aborted:
             self._raise_if_failed(spark_must_run=False)
-            if time.monotonic() > deadline:
-                self._console.info(f"TensorBoard did not report its address within {timeout:g}s")
-                return
-            time.sleep(0.1)
+            self._raise_failure_or(ClusterError, "the job was aborted before TensorBoard started")
         self.tensorboard_url = value.decode()
         self._console.info(f"TensorBoard: {self.tensorboard_url}")
 
@@ -609,18 +643,18 @@ class Cluster:
 
     def _wait_nodes(self, roles: Sequence[str], deadline: Optional[float],
                     what: Callable[[], str], advice: str) -> None:
-        while True:
+        """One blocking wait in the core until every node of `roles` is done; it returns at
+        once when a node fails or the job is aborted (the Spark thread aborts it when the
+        Spark job fails)."""
+        self._raise_if_failed(spark_must_run=False)
+        left = _FOREVER if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            self._server.wait_for_nodes(list(roles), left)
+        except DeadlineExceeded as e:
+            raise DeadlineExceeded(f"{what()}: {e}. {advice}.") from None
+        except Aborted as e:
             self._raise_if_failed(spark_must_run=False)
-            left = None if deadline is None else deadline - time.monotonic()
-            wait = _SLICE if left is None else max(0.0, min(_SLICE, left))
-            try:
-                self._server.wait_for_nodes(list(roles), wait)
-                return
-            except DeadlineExceeded as e:
-                if left is not None and wait >= left:
-                    raise DeadlineExceeded(f"{what()}: {e}. {advice}.") from None
-            except Aborted as e:
-                self._raise_failure_or(ClusterError, f"the job was aborted: {e}")
+            self._raise_failure_or(ClusterError, f"the job was aborted: {e}")
 
     def _join_spark(self, timeout: float) -> None:
         if self._spark_thread is None:

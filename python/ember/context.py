@@ -88,6 +88,23 @@ class Context:
         self._client = None
         self._client_lock = threading.Lock()
 
+    @classmethod
+    def from_node_context(cls, node: Any) -> "Context":
+        """The Context of a node process, from the launcher's start-up message.
+
+        Args:
+            node: an ``ember._ember.NodeContext`` (the typed message of docs/wire.md,
+                "Node start-up").
+        """
+        return cls(executor_id=node.executor_id, job_name=node.job_name,
+                   task_index=node.task_index, cluster_spec=dict(node.cluster_spec),
+                   default_fs=node.default_fs, working_dir=node.working_dir,
+                   log_dir=node.log_dir or None, input_mode=InputMode(node.input_mode),
+                   job_id=node.job_id,
+                   coordinator=(node.coordinator_host, node.coordinator_port, node.secret,
+                                node.connect_timeout),
+                   feed_ring=node.feed_ring or None)
+
     @property
     def worker_num(self) -> int:
         return self.executor_id

@@ -13,9 +13,11 @@
 #include <chrono>
 #include <cmath>
 #include <exception>
+#include <functional>
 #include <string>
 #include <utility>
 
+#include "common/deadline.h"
 #include "ember/coordinator.h"
 #include "ember/result.h"
 #include "ember/status.h"
@@ -59,6 +61,28 @@ inline Duration SecondsToDuration(double seconds) {
 
 inline double DurationToSeconds(Duration d) { return static_cast<double>(d.count()) / 1000.0; }
 
+// Runs a blocking core wait for up to `timeout` seconds with the GIL released.
+// `wait(slice)` must return at once on whatever it waits for and
+// DeadlineExceeded when `slice` passes.  The core wakes a wait the moment its
+// event happens (a registration, a node failure, an abort); the slices of at
+// most 250 ms exist only so that the main thread runs Python's signal
+// handlers (Ctrl-C) during a long wait, which Python cannot do while C++
+// holds the thread.  Call with the GIL held; throws nb::python_error if a
+// handler raised.
+inline Status WaitInterruptibly(double timeout, const std::function<Status(Duration)>& wait) {
+  const Deadline deadline = Deadline::After(SecondsToDuration(timeout));
+  constexpr Duration kSlice{250};
+  while (true) {
+    Status status;
+    {
+      nb::gil_scoped_release release;
+      status = wait(std::min(deadline.remaining(), kSlice));
+    }
+    if (status.code() != StatusCode::kDeadlineExceeded || deadline.expired()) return status;
+    if (PyErr_CheckSignals() != 0) throw nb::python_error();
+  }
+}
+
 // Defines EmberError and one subclass per StatusCode in `m`, and registers
 // the StatusError translator.  Defined in module.cc.
 void RegisterStatusErrors(nb::module_& m);
@@ -68,5 +92,7 @@ void RegisterStatusErrors(nb::module_& m);
 void BindCoordinator(nb::module_& m);
 // Defined in feed_binding.cc: shm::Ring, FeedServer, FeedClient.
 void BindFeed(nb::module_& m);
+// Defined in node_binding.cc: NodeContext and the node start-up message.
+void BindNode(nb::module_& m);
 
 }  // namespace ember::python

@@ -153,9 +153,10 @@ void BindServer(nb::module_& m) {
       .def(
           "wait_for_registration",
           [](CoordinatorServer& s, double timeout) {
-            ThrowIfError(s.WaitForRegistration(SecondsToDuration(timeout)));
+            ThrowIfError(WaitInterruptibly(timeout, [&](Duration d) { return s.WaitForRegistration(d); }));
           },
-          "timeout"_a, Release())
+          "timeout"_a,
+          "Blocks until every node registered; wakes at once on a node failure or an abort.")
       .def("nodes", &CoordinatorServer::Nodes, Release())
       .def("cluster_spec_json", &CoordinatorServer::ClusterSpecJson, Release())
       .def(
@@ -179,9 +180,36 @@ void BindServer(nb::module_& m) {
       .def(
           "wait_for_nodes",
           [](CoordinatorServer& s, std::vector<std::string> job_names, double timeout) {
-            ThrowIfError(s.WaitForNodes(job_names, SecondsToDuration(timeout)));
+            ThrowIfError(WaitInterruptibly(timeout, [&](Duration d) { return s.WaitForNodes(job_names, d); }));
           },
-          "job_names"_a, "timeout"_a, Release())
+          "job_names"_a, "timeout"_a,
+          "Blocks until every node of these roles is done; wakes at once on a failure or an abort.")
+      .def(
+          "wait_for_key",
+          [](CoordinatorServer& s, std::string key, double timeout) {
+            std::string value;
+            ThrowIfError(WaitInterruptibly(timeout, [&](Duration d) {
+              Result<std::string> r = s.WaitForKey(key, d);
+              if (r.ok()) value = r.MoveValueUnsafe();
+              return r.status();
+            }));
+            return nb::bytes(value.data(), value.size());
+          },
+          "key"_a, "timeout"_a,
+          "The value a node stored under `key`, waiting for it; wakes at once on a failure or an abort.")
+      .def(
+          "wait_for_node_end",
+          [](CoordinatorServer& s, int executor_id, double timeout) {
+            NodeInfo info;
+            ThrowIfError(WaitInterruptibly(timeout, [&](Duration d) {
+              Result<NodeInfo> r = s.WaitForNodeEnd(executor_id, d);
+              if (r.ok()) info = r.MoveValueUnsafe();
+              return r.status();
+            }));
+            return info;
+          },
+          "executor_id"_a, "timeout"_a,
+          "The final NodeInfo of a node once it ended (done, failed or lost).")
       .def("stop_nodes", &CoordinatorServer::StopNodes, "job_names"_a, Release())
       .def("abort", &CoordinatorServer::Abort, "reason"_a, Release())
       .def("close", &CoordinatorServer::Close, Release());

@@ -1,27 +1,32 @@
-// Bindings of the data feed: shm::Ring (same host), FeedServer and FeedClient
-// (other hosts).  Type conversion only: payloads go in as any buffer-protocol
-// object (bytes, memoryview, numpy, pyarrow.Buffer) without a copy and come
-// out as uint8 numpy arrays that own the received bytes (no copy either);
-// durations cross as float seconds; failures as the exceptions of module.cc.
-// Every call that can block releases the GIL.
+// Bindings of the data feed: its public contract (ember/feed.h: options,
+// endpoints, producers, consumer) and the pieces the launcher and tests use
+// directly (shm::Ring, FeedServer, FeedClient).  Type conversion only:
+// payloads go in as any buffer-protocol object (bytes, memoryview, numpy,
+// pyarrow.Buffer) without a copy and come out as read-only uint8 numpy arrays
+// that share-own the received bytes (no copy either); durations cross as
+// float seconds; failures as the exceptions of module.cc.  Every call that
+// can block releases the GIL.
 #include <Python.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstdint>
 #include <memory>
-#include <shared_mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "bindings.h"
+#include "ember/feed.h"
+#include "feed/codec.h"
 #include "feed/feed_client.h"
 #include "feed/feed_server.h"
-#include "feed/messages.h"
 #include "transport/shm/ring.h"
 
 namespace ember::python {
@@ -42,8 +47,10 @@ std::string BytesToString(const nb::bytes& b) { return std::string(b.c_str(), b.
 // keeps the object alive).
 class BufferView {
  public:
-  explicit BufferView(nb::handle obj) {
-    if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_SIMPLE) != 0) throw nb::python_error();
+  explicit BufferView(nb::handle obj, bool writable = false) {
+    if (PyObject_GetBuffer(obj.ptr(), &view_, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) != 0) {
+      throw nb::python_error();
+    }
   }
   ~BufferView() { PyBuffer_Release(&view_); }
   BufferView(const BufferView&) = delete;
@@ -51,6 +58,9 @@ class BufferView {
 
   std::span<const uint8_t> bytes() const {
     return {static_cast<const uint8_t*>(view_.buf), static_cast<size_t>(view_.len)};
+  }
+  std::span<uint8_t> mutable_bytes() const {
+    return {static_cast<uint8_t*>(view_.buf), static_cast<size_t>(view_.len)};
   }
 
  private:
@@ -68,78 +78,43 @@ nb::object OwnedArray(std::vector<uint8_t> bytes) {
   return nb::cast(nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>(data, {size}, owner));
 }
 
-// shm::Ring as Python holds it.  Python code may close() a ring while another
-// thread is blocked in read()/write() on it (the GIL is released there), and
-// shm::Ring::Close() must not unmap under them: calls hold `mu_` shared,
-// close() exclusively, after aborting a consumer's ring so that its blocked
-// reader returns.
-class PyShmRing {
- public:
-  PyShmRing(std::unique_ptr<shm::Ring> ring, bool consumer)
-      : name_(ring->name()), capacity_(ring->capacity()), consumer_(consumer), ring_(std::move(ring)) {}
+// A read-only uint8 numpy view of bytes[offset:] that keeps `bytes` alive.
+nb::object SharedArray(std::shared_ptr<const std::vector<uint8_t>> bytes, size_t offset) {
+  auto* holder = new std::shared_ptr<const std::vector<uint8_t>>(std::move(bytes));
+  nb::capsule owner(holder, [](void* p) noexcept { delete static_cast<std::shared_ptr<const std::vector<uint8_t>>*>(p); });
+  const std::vector<uint8_t>& v = **holder;
+  static const uint8_t kEmpty = 0;
+  const uint8_t* data = offset < v.size() ? v.data() + offset : &kEmpty;
+  const size_t size = offset < v.size() ? v.size() - offset : 0;
+  return nb::cast(nb::ndarray<nb::numpy, const uint8_t, nb::ndim<1>>(data, {size}, owner));
+}
 
-  // Runs f(ring) under the shared lock; Aborted if closed.  Call without the GIL.
-  template <typename F>
-  auto Use(F&& f) {
-    std::shared_lock<std::shared_mutex> lock(mu_);
-    if (!ring_) throw StatusError(Status::Aborted("feed ring " + name_ + " is closed"));
-    return f(*ring_);
-  }
-
-  // Call without the GIL.
-  void Close() {
-    {
-      std::shared_lock<std::shared_mutex> lock(mu_);
-      if (ring_ && consumer_) ring_->Abort("the node closed its feed");
-    }
-    std::unique_lock<std::shared_mutex> lock(mu_);
-    if (ring_) ring_->Close();
-    ring_.reset();
-  }
-
-  const std::string& name() const { return name_; }
-  size_t capacity() const { return capacity_; }
-
- private:
-  const std::string name_;
-  const size_t capacity_;
-  const bool consumer_;
-  std::shared_mutex mu_;
-  std::unique_ptr<shm::Ring> ring_;
-};
-
+// shm::Ring::Close() is safe while other threads use the ring (its class
+// comment), so Python's close() needs no lock of its own.
 void BindShmRing(nb::module_& m) {
-  nb::class_<PyShmRing>(m, "ShmRing",
+  nb::class_<shm::Ring>(m, "ShmRing",
                         "A node's bounded shared-memory feed ring (many producers, one consumer).\n"
                         "Thread-safe; close() may be called while another thread reads or writes.")
       .def_static(
-          "create",
-          [](const std::string& name, size_t capacity) {
-            return std::make_unique<PyShmRing>(ValueOrThrow(shm::Ring::Create(name, capacity)), /*consumer=*/true);
-          },
+          "create", [](const std::string& name, size_t capacity) { return ValueOrThrow(shm::Ring::Create(name, capacity)); },
           "name"_a, "capacity"_a, Release(),
           "Creates ring `name` (\"/ember-...\") of `capacity` bytes; the caller is its consumer.\n"
-          "AlreadyExists if it exists; close() unlinks it.")
+          "AlreadyExists if it exists; close() aborts and unlinks it.")
       .def_static(
-          "open",
-          [](const std::string& name) {
-            return std::make_unique<PyShmRing>(ValueOrThrow(shm::Ring::Open(name)), /*consumer=*/false);
-          },
-          "name"_a, Release(), "Opens an existing ring as a producer.  NotFound if there is none.")
+          "open", [](const std::string& name) { return ValueOrThrow(shm::Ring::Open(name)); }, "name"_a, Release(),
+          "Opens an existing ring as a producer.  NotFound if there is none.")
       .def_static("max_payload", &shm::Ring::MaxPayload, "capacity"_a,
                   "Largest payload one message may carry in a ring of `capacity` bytes.")
-      .def_prop_ro("name", &PyShmRing::name)
-      .def_prop_ro("capacity", &PyShmRing::capacity)
+      .def_prop_ro("name", &shm::Ring::name)
+      .def_prop_ro("capacity", &shm::Ring::capacity)
       .def(
           "write",
-          [](PyShmRing& self, uint32_t kind, nb::handle payload, double timeout) {
+          [](shm::Ring& self, uint32_t kind, nb::handle payload, double timeout) {
             BufferView view(payload);  // released with the GIL held, after `release` ends
             Status st;
             {
               nb::gil_scoped_release release;
-              st = self.Use([&](shm::Ring& r) {
-                return r.Write(kind, view.bytes(), Deadline::After(SecondsToDuration(timeout)));
-              });
+              st = self.Write(kind, view.bytes(), Deadline::After(SecondsToDuration(timeout)));
             }
             ThrowIfError(st);
           },
@@ -149,44 +124,38 @@ void BindShmRing(nb::module_& m) {
           "node failed; Cancelled if it terminated its feed; InvalidArgument if too large.")
       .def(
           "read",
-          [](PyShmRing& self, double timeout) {
+          [](shm::Ring& self, double timeout) {
             uint32_t kind = 0;
-            std::vector<uint8_t> payload;
+            auto payload = std::make_shared<std::vector<uint8_t>>();
             Status st;
             {
               nb::gil_scoped_release release;
-              st = self.Use([&](shm::Ring& r) {
-                return r.Read(&kind, &payload, Deadline::After(SecondsToDuration(timeout)));
-              });
+              st = self.Read(&kind, payload.get(), Deadline::After(SecondsToDuration(timeout)));
             }
             ThrowIfError(st);
-            return nb::make_tuple(kind, OwnedArray(std::move(payload)));
+            return nb::make_tuple(kind, SharedArray(std::move(payload), 0));
           },
           "timeout"_a,
-          "Consumer: (kind, payload) of the next message; payload is a uint8 numpy array that owns\n"
-          "its bytes.  DeadlineExceeded if none arrives within `timeout` seconds.")
+          "Consumer: (kind, payload) of the next message; payload is a read-only uint8 numpy array\n"
+          "that owns its bytes.  DeadlineExceeded if none arrives within `timeout` seconds.")
       .def(
           "lock_session",
-          [](PyShmRing& self, double idle_timeout) {
-            ThrowIfError(self.Use([&](shm::Ring& r) { return r.LockSession(SecondsToDuration(idle_timeout)); }));
-          },
+          [](shm::Ring& self, double idle_timeout) { ThrowIfError(self.LockSession(SecondsToDuration(idle_timeout))); },
           "idle_timeout"_a, Release(),
           "Producer: takes the ring's session lock (keeps this producer's messages contiguous).\n"
           "Must be released by unlock_session() on the same thread.")
+      .def("unlock_session", &shm::Ring::UnlockSession, Release(),
+           "Releases the session lock taken by lock_session() on this thread; no-op if not held.")
       .def(
-          "unlock_session", [](PyShmRing& self) { self.Use([](shm::Ring& r) { r.UnlockSession(); }); }, Release(),
-          "Releases the session lock taken by lock_session() on this thread; no-op if not held.")
-      .def(
-          "health", [](PyShmRing& self) { ThrowIfError(self.Use([](shm::Ring& r) { return r.Health(); })); },
-          Release(), "Producer: raises Aborted/Cancelled as write() would now, else returns None.")
-      .def(
-          "abort", [](PyShmRing& self, const std::string& reason) { self.Use([&](shm::Ring& r) { r.Abort(reason); }); },
-          "reason"_a, Release(), "Consumer: fails blocked and future writes with Aborted(`reason`).")
-      .def(
-          "terminate", [](PyShmRing& self) { self.Use([](shm::Ring& r) { r.Terminate(); }); }, Release(),
-          "Consumer: drops queued data; producers' writes then raise Cancelled (stop quietly).")
-      .def("close", &PyShmRing::Close, Release(),
-           "Releases the ring (a consumer also aborts and unlinks it).  Idempotent.");
+          "health", [](shm::Ring& self) { ThrowIfError(self.Health()); }, Release(),
+          "Producer: raises Aborted/Cancelled as write() would now, else returns None.")
+      .def("abort", &shm::Ring::Abort, "reason"_a, Release(),
+           "Consumer: fails blocked and future writes with Aborted(`reason`).")
+      .def("terminate", &shm::Ring::Terminate, Release(),
+           "Consumer: drops queued data; producers' writes then raise Cancelled (stop quietly).")
+      .def("close", &shm::Ring::Close, Release(),
+           "Releases the ring (a consumer also aborts and unlinks it).  Idempotent; safe while other\n"
+           "threads use the ring.");
 }
 
 void BindFeedServer(nb::module_& m) {
@@ -237,13 +206,17 @@ void BindFeedClient(nb::module_& m) {
                          "One thread may write while another reads; close() is thread-safe.")
       .def_static(
           "connect",
-          [](const std::string& host, int port, nb::bytes secret, double timeout, size_t max_message_bytes) {
+          [](const std::string& host, int port, nb::bytes secret, double timeout, size_t max_message_bytes,
+             double idle_timeout) {
             std::string key = BytesToString(secret);
             nb::gil_scoped_release release;
-            return ValueOrThrow(FeedClient::Connect(host, port, key, SecondsToDuration(timeout), max_message_bytes));
+            return ValueOrThrow(FeedClient::Connect(host, port, key, SecondsToDuration(timeout), max_message_bytes,
+                                                    SecondsToDuration(idle_timeout)));
           },
           "host"_a, "port"_a, "secret"_a, "timeout"_a = 10.0, "max_message_bytes"_a = size_t{64} << 20,
-          "Connects and authenticates.  Unavailable (naming host:port) or Unauthenticated on failure.")
+          "idle_timeout"_a = 600.0,
+          "Connects and authenticates, then sends `idle_timeout` (kHello) for the server to apply.\n"
+          "Unavailable (naming host:port) or Unauthenticated on failure.")
       .def(
           "write",
           [](FeedClient& self, uint32_t kind, nb::handle payload, double timeout) {
@@ -278,12 +251,313 @@ void BindFeedClient(nb::module_& m) {
       .def("close", &FeedClient::Close, Release(), "Closes the connection.  Idempotent.");
 }
 
+
+// A Duration member as float seconds.
+template <typename T>
+void SecondsField(nb::class_<T>& cls, const char* name, Duration T::*field, const char* doc) {
+  cls.def_prop_rw(
+      name, [field](const T& self) { return DurationToSeconds(self.*field); },
+      [field](T& self, double seconds) { self.*field = SecondsToDuration(seconds); }, doc);
+}
+
+nb::list Ranges(const std::vector<feed::RowRange>& ranges) {
+  nb::list out;
+  for (const feed::RowRange& r : ranges) out.append(nb::cast(r));
+  return out;
+}
+
+void BindFeedContract(nb::module_& m) {
+  using feed::Consumer;
+  using feed::ConsumerOptions;
+  using feed::FeedOptions;
+  using feed::InferenceProducer;
+  using feed::NodeEndpoint;
+  using feed::Producer;
+  using feed::Transport;
+
+  m.attr("BATCH_HEADER_BYTES") = feed::kBatchHeaderBytes;
+  m.attr("INFERENCE_EPOCH") = feed::kInferenceEpoch;
+
+  nb::enum_<Transport>(m, "Transport", "How a producer reaches a node (ember/feed.h).")
+      .value("AUTO", Transport::kAuto)
+      .value("SHM", Transport::kShm)
+      .value("TCP", Transport::kTcp);
+
+  auto options = nb::class_<FeedOptions>(m, "FeedOptions", "A producer's options (ember/feed.h FeedOptions).")
+                     .def(nb::init<>())
+                     .def_prop_rw(
+                         "secret", [](const FeedOptions& o) { return nb::bytes(o.secret.data(), o.secret.size()); },
+                         [](FeedOptions& o, nb::bytes b) { o.secret = BytesToString(b); })
+                     .def_rw("transport", &FeedOptions::transport)
+                     .def_rw("max_message_bytes", &FeedOptions::max_message_bytes)
+                     .def_rw("result_ring_prefix", &FeedOptions::result_ring_prefix)
+                     .def_rw("result_ring_bytes", &FeedOptions::result_ring_bytes);
+  SecondsField(options, "connect_timeout", &FeedOptions::connect_timeout,
+               "Seconds to reach a node (its ring, or its feed server including the handshake).");
+  SecondsField(options, "idle_timeout", &FeedOptions::idle_timeout,
+               "Seconds any wait may make no progress; sent to the node's feed server too.");
+  options
+      .def("__getstate__",
+           [](const FeedOptions& o) {
+             return nb::make_tuple(nb::bytes(o.secret.data(), o.secret.size()), static_cast<int>(o.transport),
+                                   o.connect_timeout.count(), o.idle_timeout.count(), o.max_message_bytes,
+                                   o.result_ring_prefix, o.result_ring_bytes);
+           })
+      .def("__setstate__", [](FeedOptions& o, nb::tuple t) {
+        new (&o) FeedOptions();
+        o.secret = BytesToString(nb::cast<nb::bytes>(t[0]));
+        o.transport = static_cast<Transport>(nb::cast<int>(t[1]));
+        o.connect_timeout = Duration(nb::cast<int64_t>(t[2]));
+        o.idle_timeout = Duration(nb::cast<int64_t>(t[3]));
+        o.max_message_bytes = nb::cast<size_t>(t[4]);
+        o.result_ring_prefix = nb::cast<std::string>(t[5]);
+        o.result_ring_bytes = nb::cast<size_t>(t[6]);
+      });
+
+  nb::class_<NodeEndpoint>(m, "NodeEndpoint", "Where a node's feed is (ember/feed.h NodeEndpoint).")
+      .def(nb::init<>())
+      .def(
+          "__init__",
+          [](NodeEndpoint* e, int64_t executor_id, std::string name, std::string ring, std::string host, int port,
+             std::optional<uint64_t> ring_capacity) {
+            new (e) NodeEndpoint();
+            e->executor_id = executor_id;
+            e->name = std::move(name);
+            e->ring = std::move(ring);
+            e->host = std::move(host);
+            e->port = port;
+            if (ring_capacity) e->ring_capacity = *ring_capacity;
+          },
+          "executor_id"_a, "name"_a, "ring"_a, "host"_a, "port"_a, "ring_capacity"_a = nb::none())
+      .def_rw("executor_id", &NodeEndpoint::executor_id)
+      .def_rw("name", &NodeEndpoint::name)
+      .def_rw("ring", &NodeEndpoint::ring)
+      .def_rw("host", &NodeEndpoint::host)
+      .def_rw("port", &NodeEndpoint::port)
+      .def_rw("ring_capacity", &NodeEndpoint::ring_capacity)
+      .def("encode", [](const NodeEndpoint& e) { std::string b = e.Encode(); return nb::bytes(b.data(), b.size()); },
+           "The versioned binary form the launcher publishes (docs/wire.md).")
+      .def_static(
+          "decode", [](nb::bytes b) { return ValueOrThrow(NodeEndpoint::Decode(BytesToString(b))); }, "data"_a,
+          "Corruption naming the field on malformed bytes.")
+      .def("describe", &NodeEndpoint::Describe)
+      .def("__eq__", [](const NodeEndpoint& a, const NodeEndpoint& b) { return a == b; })
+      .def("__repr__", [](const NodeEndpoint& e) { return "NodeEndpoint(" + e.Describe() + ", ring " + e.ring + ")"; })
+      .def("__getstate__", [](const NodeEndpoint& e) { std::string b = e.Encode(); return nb::bytes(b.data(), b.size()); })
+      .def("__setstate__", [](NodeEndpoint& e, nb::bytes b) {
+        new (&e) NodeEndpoint(ValueOrThrow(NodeEndpoint::Decode(BytesToString(b))));
+      });
+
+  m.def(
+      "split_rows",
+      [](int64_t rows, const std::vector<int64_t>& sent, size_t first) { return feed::SplitRows(rows, sent, first); },
+      "rows"_a, "sent"_a, "first"_a, "How the next `rows` rows of a partition go to the nodes (ember/feed.h SplitRows).");
+  m.def("max_batch_bytes", &feed::MaxBatchBytes, "ring_capacity"_a, "max_message_bytes"_a);
+
+  nb::class_<Producer>(m, "FeedProducer",
+                       "One feeding task's partition of one training epoch, to every node (ember/feed.h Producer).\n"
+                       "Not thread-safe.")
+      .def_static(
+          "open",
+          [](std::vector<NodeEndpoint> nodes, uint32_t partition, uint32_t epoch, uint32_t attempt,
+             const FeedOptions& options) {
+            return ValueOrThrow(Producer::Open(std::move(nodes), partition, epoch, attempt, options));
+          },
+          "nodes"_a, "partition"_a, "epoch"_a, "attempt"_a, "options"_a, Release())
+      .def_prop_ro("num_nodes", &Producer::num_nodes)
+      .def("split", &Producer::Split, "rows"_a)
+      .def("max_batch_bytes", &Producer::MaxBatchBytes, "node"_a)
+      .def(
+          "send_batch",
+          [](Producer& self, size_t node, nb::handle ipc, int64_t rows) {
+            BufferView view(ipc);
+            Status st;
+            {
+              nb::gil_scoped_release release;
+              st = self.SendBatch(node, view.bytes(), rows);
+            }
+            ThrowIfError(st);
+          },
+          "node"_a, "ipc"_a, "rows"_a)
+      .def(
+          "send_batch_in_place",
+          [](Producer& self, size_t node, nb::handle message, int64_t rows) {
+            BufferView view(message, /*writable=*/true);
+            Status st;
+            {
+              nb::gil_scoped_release release;
+              st = self.SendBatchInPlace(node, view.mutable_bytes(), rows);
+            }
+            ThrowIfError(st);
+          },
+          "node"_a, "message"_a, "rows"_a,
+          "`message`: a writable buffer of BATCH_HEADER_BYTES of room, then the IPC stream.")
+      .def("end_partition", [](Producer& self) { ThrowIfError(self.EndPartition()); }, Release())
+      .def_prop_ro("sent", &Producer::sent)
+      .def("gone", &Producer::gone, "node"_a)
+      .def("cancelled", &Producer::cancelled, "node"_a)
+      .def("all_cancelled", &Producer::all_cancelled)
+      .def("close", &Producer::Close, Release());
+
+  nb::class_<feed::ResultBatch>(m, "ResultBatch", "Result rows of an inference partition, as Arrow IPC bytes.")
+      .def_ro("rows", &feed::ResultBatch::rows)
+      .def("ipc", [](const feed::ResultBatch& r) { return SharedArray(r.message, r.ipc_offset); },
+           "The IPC stream as a read-only uint8 numpy array (no copy).");
+
+  nb::class_<InferenceProducer>(m, "InferenceProducer",
+                                "One feeding task's inference partition (ember/feed.h InferenceProducer).\n"
+                                "begin/send/end/release_session on one thread, next_result on another.")
+      .def_static(
+          "open",
+          [](const NodeEndpoint& node, uint32_t partition, const FeedOptions& options) {
+            return ValueOrThrow(InferenceProducer::Open(node, partition, options));
+          },
+          "node"_a, "partition"_a, "options"_a, Release())
+      .def("max_batch_bytes", &InferenceProducer::MaxBatchBytes)
+      .def("begin", [](InferenceProducer& self) { ThrowIfError(self.Begin()); }, Release())
+      .def(
+          "send_batch_in_place",
+          [](InferenceProducer& self, nb::handle message, int64_t rows) {
+            BufferView view(message, /*writable=*/true);
+            Status st;
+            {
+              nb::gil_scoped_release release;
+              st = self.SendBatchInPlace(view.mutable_bytes(), rows);
+            }
+            ThrowIfError(st);
+          },
+          "message"_a, "rows"_a)
+      .def("end", [](InferenceProducer& self) { ThrowIfError(self.End()); }, Release())
+      .def("release_session", &InferenceProducer::ReleaseSession, Release())
+      .def(
+          "next_result",
+          [](InferenceProducer& self) {
+            Result<std::optional<feed::ResultBatch>> r = [&] {
+              nb::gil_scoped_release release;
+              return self.NextResult();
+            }();
+            return ValueOrThrow(std::move(r));
+          },
+          "The next ResultBatch, or None once every row was answered (counts checked).")
+      .def_prop_ro("rows_sent", &InferenceProducer::rows_sent)
+      .def_prop_ro("rows_answered", &InferenceProducer::rows_answered)
+      .def("close", &InferenceProducer::Close, Release());
+
+  m.def(
+      "feed_end_epoch",
+      [](const std::vector<NodeEndpoint>& nodes, uint32_t epoch, uint32_t partitions, const FeedOptions& options) {
+        return ValueOrThrow(feed::EndEpoch(nodes, epoch, partitions, options));
+      },
+      "nodes"_a, "epoch"_a, "partitions"_a, "options"_a, Release(),
+      "Tells every node the epoch's partition count; returns which nodes could not be reached.");
+  m.def(
+      "feed_end_feed",
+      [](const std::vector<NodeEndpoint>& nodes, const FeedOptions& options) {
+        return ValueOrThrow(feed::EndFeed(nodes, options));
+      },
+      "nodes"_a, "options"_a, Release(), "Tells every node no more data will come; returns the unreachable ones.");
+
+  auto copts = nb::class_<ConsumerOptions>(m, "ConsumerOptions", "The node's end (ember/feed.h ConsumerOptions).")
+                   .def(nb::init<>())
+                   .def_rw("node", &ConsumerOptions::node)
+                   .def_rw("train_mode", &ConsumerOptions::train_mode);
+  SecondsField(copts, "read_timeout", &ConsumerOptions::read_timeout, "Seconds a read may wait for a message.");
+  SecondsField(copts, "result_timeout", &ConsumerOptions::result_timeout,
+               "Seconds a result write may make no progress.");
+
+  nb::class_<feed::RowRange>(m, "RowRange", "Rows [offset, offset + rows) of a received record batch.")
+      .def_ro("message_id", &feed::RowRange::message_id)
+      .def_ro("offset", &feed::RowRange::offset)
+      .def_ro("rows", &feed::RowRange::rows)
+      .def_ro("partition", &feed::RowRange::partition)
+      .def_ro("epoch", &feed::RowRange::epoch)
+      .def("ipc", [](const feed::RowRange& r) { return SharedArray(r.message, r.ipc_offset); },
+           "The whole batch's IPC stream as a read-only uint8 numpy array (no copy).");
+
+  nb::class_<Consumer>(m, "FeedConsumer", "The node's end of the feed (ember/feed.h Consumer).  Not thread-safe.")
+      .def_static(
+          "open",
+          [](const std::string& ring, const ConsumerOptions& options) {
+            return ValueOrThrow(Consumer::Open(ring, options));
+          },
+          "ring"_a, "options"_a, Release())
+      .def_prop_rw(
+          "train_mode", [](const Consumer& c) { return c.options().train_mode; }, &Consumer::set_train_mode)
+      .def_prop_rw(
+          "read_timeout", [](const Consumer& c) { return DurationToSeconds(c.options().read_timeout); },
+          [](Consumer& c, double s) { c.set_read_timeout(SecondsToDuration(s)); })
+      .def(
+          "next",
+          [](Consumer& self, int64_t max_rows, bool stop_at_partition) {
+            Result<std::vector<feed::RowRange>> r = [&] {
+              nb::gil_scoped_release release;
+              return self.Next(max_rows, stop_at_partition);
+            }();
+            return Ranges(ValueOrThrow(std::move(r)));
+          },
+          "max_rows"_a, "stop_at_partition"_a)
+      .def(
+          "begin_epoch",
+          [](Consumer& self) {
+            Result<std::optional<uint32_t>> r = [&] {
+              nb::gil_scoped_release release;
+              return self.BeginEpoch();
+            }();
+            return ValueOrThrow(std::move(r));
+          })
+      .def(
+          "next_epoch_batch",
+          [](Consumer& self, int64_t batch_size, bool drop_remainder) {
+            Result<std::vector<feed::RowRange>> r = [&] {
+              nb::gil_scoped_release release;
+              return self.NextEpochBatch(batch_size, drop_remainder);
+            }();
+            return Ranges(ValueOrThrow(std::move(r)));
+          },
+          "batch_size"_a, "drop_remainder"_a)
+      .def(
+          "peek_row",
+          [](Consumer& self) {
+            Result<std::optional<feed::RowRange>> r = [&] {
+              nb::gil_scoped_release release;
+              return self.PeekRow();
+            }();
+            return ValueOrThrow(std::move(r));
+          })
+      .def("should_stop", &Consumer::ShouldStop)
+      .def(
+          "plan_results",
+          [](Consumer& self, int64_t rows) {
+            Result<std::vector<int64_t>> r = [&] {
+              nb::gil_scoped_release release;
+              return self.PlanResults(rows);
+            }();
+            return ValueOrThrow(std::move(r));
+          },
+          "rows"_a)
+      .def(
+          "send_results",
+          [](Consumer& self, nb::handle ipc, int64_t rows) {
+            BufferView view(ipc);
+            Status st;
+            {
+              nb::gil_scoped_release release;
+              st = self.SendResults(view.bytes(), rows);
+            }
+            ThrowIfError(st);
+          },
+          "ipc"_a, "rows"_a)
+      .def("terminate", &Consumer::Terminate, Release())
+      .def("close", &Consumer::Close, Release());
+}
+
 }  // namespace
 
 void BindFeed(nb::module_& m) {
   BindShmRing(m);
   BindFeedServer(m);
   BindFeedClient(m);
+  BindFeedContract(m);
 }
 
 }  // namespace ember::python

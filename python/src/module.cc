@@ -83,4 +83,5 @@ NB_MODULE(_ember, m) {
   ember::python::RegisterStatusErrors(m);
   ember::python::BindCoordinator(m);
   ember::python::BindFeed(m);
+  ember::python::BindNode(m);
 }

@@ -1,5 +1,7 @@
 """The data feed without Spark: row conversion, the row plan, and a real shared-memory
-ring between a feeding thread and a DataFeed (the node's end)."""
+ring between a feeding thread and a DataFeed (the node's end).  The protocol itself is
+the C++ core's (src/feed, with its own gtests: codec, epoch bound, producer/consumer);
+these tests run it through the Python layer."""
 import secrets
 import threading
 
@@ -8,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from ember import _arrow_rows as rows_mod
-from ember import _feed_protocol as proto
+from ember import _ember
 from ember import _feeding as feeding
 from ember import errors
 from ember.feed import DataFeed
@@ -73,40 +75,13 @@ def test_split_rows_spreads_the_odd_rows_over_the_nodes():
     assert feeding.split_rows(1, [1, 0, 0], 0) == [0, 1, 0]  # node 0 is ahead: the row goes on
 
 
-def test_epoch_usable_rows_is_a_lower_bound_that_becomes_exact():
-    from ember.feed import _Epoch
-    e = _Epoch()
-    e.add_rows(0, 5)              # partition 0 still arriving: others get at least 4 of it
-    assert e.usable == 4 and not e.complete
-    e.end_partition(0, [5, 4])
-    assert e.usable == 4
-    e.add_rows(1, 1)              # 1 row of partition 1: another node may get none
-    assert e.usable == 4
-    e.end_partition(1, [1, 2])
-    assert e.usable == 6 and not e.complete
-    e.num_partitions = 2          # the driver's END_EPOCH
-    assert e.complete
-
-
-def test_epoch_credits_a_retried_partition_with_its_largest_attempt():
-    from ember.feed import _Epoch
-    e = _Epoch()
-    e.add_rows(0, 50, attempt=0)  # a failed attempt delivered this node's whole share (of 100 rows)
-    e.add_rows(0, 30, attempt=1)  # the retry is under way: the other node still gets only 50
-    assert e.usable == 49
-    e.end_partition(0, [50, 50])
-    e.add_rows(0, 20, attempt=1)  # a late speculative duplicate changes nothing
-    assert e.usable == 50
-
-
 # ------------------------------------------------------------------ ring + DataFeed
 @pytest.fixture
 def two_nodes():
     """Two nodes' rings and their endpoints."""
     from ember import _ember
     rings = [_ember.ShmRing.create(f"/ember-test-{secrets.token_hex(6)}", 1 << 20) for _ in range(2)]
-    eps = [feeding.NodeEndpoint(executor_id=k, name=f"worker:{k}", ring=r.name, host="127.0.0.1", port=0)
-           for k, r in enumerate(rings)]
+    eps = [feeding.NodeEndpoint(k, f"worker:{k}", r.name, "127.0.0.1", 0) for k, r in enumerate(rings)]
     yield rings, eps
     for r in rings:
         r.close()
@@ -120,24 +95,41 @@ def ring():
 
 
 def _endpoint(ring):
-    return feeding.NodeEndpoint(executor_id=0, name="worker:0", ring=ring.name, host="127.0.0.1", port=0)
+    return feeding.NodeEndpoint(0, "worker:0", ring.name, "127.0.0.1", 0)
 
 
 def _options(**kw):
-    return feeding.FeedOptions(secret=b"s" * 32, feed_timeout=10.0, job_id="t" + secrets.token_hex(3), **kw)
+    return feeding.feed_options(b"s" * 32, feed_timeout=10.0, job_id="t" + secrets.token_hex(3), **kw)
 
 
-def _tell(rings, kind, payload=b""):
+class _FeedServers:
+    """Each ring's TCP feed server, as the node's launcher runs it: the driver tells nodes
+    END_EPOCH / END_FEED through them."""
+
+    def __init__(self, rings):
+        self.servers = [_ember.FeedServer.start(r.name, b"s" * 32, bind_host="127.0.0.1") for r in rings]
+        self.eps = [feeding.NodeEndpoint(k, f"worker:{k}", r.name, "127.0.0.1", s.port)
+                    for k, (r, s) in enumerate(zip(rings, self.servers))]
+
+    def close(self):
+        for s in self.servers:
+            s.close()
+
+
+def _tell(rings, what, *args):
     """What the driver sends each node after a feeding job (END_EPOCH) or at shutdown (END_FEED)."""
-    from ember import _ember
-    for r in rings:
-        producer = _ember.ShmRing.open(r.name)
-        producer.write(kind, proto.as_uint8(payload), 5.0)
-        producer.close()
+    servers = _FeedServers(rings)
+    try:
+        if what == "end_epoch":
+            assert _ember.feed_end_epoch(servers.eps, *args, _options()) == [False] * len(rings)
+        else:
+            assert _ember.feed_end_feed(servers.eps, _options()) == [False] * len(rings)
+    finally:
+        servers.close()
 
 
 def _end_epoch(rings, epoch, num_partitions):
-    _tell(rings, proto.END_EPOCH, proto.encode_end_epoch(epoch, num_partitions))
+    _tell(rings, "end_epoch", epoch, num_partitions)
 
 
 def _feed_rdd_rows(ring, rows, epoch=0, end_feed=True):
@@ -145,7 +137,7 @@ def _feed_rdd_rows(ring, rows, epoch=0, end_feed=True):
                            endpoints=[_endpoint(ring)], options=_options())
     _end_epoch([ring], epoch, 1)
     if end_feed:
-        _tell([ring], proto.END_FEED)
+        _tell([ring], "end_feed")
 
 
 def test_next_batch_matches_tfos(ring):
@@ -210,7 +202,7 @@ def test_every_node_yields_the_same_batches_from_uneven_partitions(two_nodes):
             sent.append(feeding.feed_partition(feeding.rdd_rows_to_batches(rows, chunk=7), p, 0, eps, _options())[0])
             start += n
         _end_epoch(rings, 0, len(counts))
-        _tell(rings, proto.END_FEED)
+        _tell(rings, "end_feed")
 
     got = [[], []]
 
@@ -254,7 +246,7 @@ def test_a_node_that_gets_no_rows_of_a_tiny_epoch_still_steps_through_it(two_nod
     _end_epoch(rings, 0, 1)
     feeding.feed_partition(feeding.rdd_rows_to_batches([(float(i),) for i in range(10)]), 0, 1, eps, _options())
     _end_epoch(rings, 1, 1)
-    _tell(rings, proto.END_FEED)
+    _tell(rings, "end_feed")
     for k, r in enumerate(rings):
         feed = DataFeed(r, node=f"worker:{k}", timeout=5)
         assert [len(list(feed.epoch_batches(2))) for _ in range(3)] == [0, 2, 0], f"worker:{k}"
@@ -268,8 +260,7 @@ def test_a_node_that_ended_is_skipped_and_reported_gone(two_nodes):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         closed_port = s.getsockname()[1]
-    ended = feeding.NodeEndpoint(executor_id=1, name="worker:1", ring="/ember-test-gone-" + secrets.token_hex(4),
-                                 host="127.0.0.1", port=closed_port)
+    ended = feeding.NodeEndpoint(1, "worker:1", "/ember-test-gone-" + secrets.token_hex(4), "127.0.0.1", closed_port)
     rows = [(float(i),) for i in range(10)]
     sent, gone = feeding.feed_partition(feeding.rdd_rows_to_batches(rows), 0, 0, [eps[0], ended], _options())
     assert sent == [5, 5] and gone == [False, True]
@@ -284,11 +275,14 @@ def test_a_retried_feeding_task_does_not_unbalance_the_nodes(two_nodes):
     failed attempt's rows too (at least once)."""
     rings, eps = two_nodes
     failed = rows_mod.rows_to_batch([(float(i),) for i in range(40)])
-    _tell(rings[:1], proto.BATCH, proto.encode_batch(0, 0, failed, attempt=0))
+    # Attempt 0 reaches only node 0 before it dies (its producer never ends the partition).
+    producer = _ember.FeedProducer.open([eps[0]], 0, 0, 0, _options())
+    producer.send_batch_in_place(0, feeding._framed(failed), 40)
+    producer.close()
     rows = [(float(i),) for i in range(100)]
     feeding.feed_partition(feeding.rdd_rows_to_batches(rows, chunk=10), 0, 0, eps, _options(), attempt=1)
     _end_epoch(rings, 0, 1)
-    _tell(rings, proto.END_FEED)
+    _tell(rings, "end_feed")
     feeds = [DataFeed(r, node=f"worker:{k}", timeout=5) for k, r in enumerate(rings)]
     got = [[b["_0"].tolist() for b in f.epoch_batches(8)] for f in feeds]
     assert [len(g) for g in got] == [50 // 8] * 2
@@ -303,7 +297,6 @@ def test_read_deadline_names_the_node(ring):
 
 def _run_inference(ring, rows, fn, chunk=3):
     """Runs a node loop (TFoS style) on a thread and feeds it one partition."""
-    from ember import _ember
     feed = DataFeed(ring, node="worker:0", train_mode=False, timeout=10)
     errors_seen = []
 
@@ -322,9 +315,7 @@ def _run_inference(ring, rows, fn, chunk=3):
         pairs = list(feeding.infer_partition(feeding.rdd_rows_to_batches(rows, chunk=chunk), 0,
                                              _endpoint(ring), _options()))
     finally:
-        producer = _ember.ShmRing.open(ring.name)
-        producer.write(proto.END_FEED, np.zeros(0, np.uint8), 5.0)
-        producer.close()
+        _tell([ring], "end_feed")
         t.join(timeout=15)
         assert not t.is_alive()
     return pairs, errors_seen
@@ -346,3 +337,31 @@ def test_inference_too_many_results_is_a_clear_error(ring):
 def test_inference_too_few_results_is_a_clear_error(ring):
     with pytest.raises(ValueError, match=r"worker:0.*partition 0"):
         _run_inference(ring, list(range(8)), lambda rows: [0] * (len(rows) - 1))
+
+
+def test_feed_timeout_reaches_the_node_side(ring):
+    """The node's feed server was started with a 10-minute idle timeout; the producer's
+    feed_timeout (0.5 s) travels in its connection's hello and is what the server applies."""
+    server = _ember.FeedServer.start(ring.name, b"s" * 32, bind_host="127.0.0.1", idle_timeout=600.0)
+    try:
+        ep = feeding.NodeEndpoint(0, "worker:0", ring.name, "127.0.0.1", server.port, ring.capacity)
+        producer = _ember.FeedProducer.open([ep], 0, 0, 0, feeding.feed_options(b"s" * 32, feed_timeout=0.5,
+                                                                                transport="tcp"))
+        big = bytearray(_ember.BATCH_HEADER_BYTES + producer.max_batch_bytes(0))
+        for _ in range(3):  # two fill the ring (nobody reads), the third blocks the server
+            producer.send_batch_in_place(0, big, 1)
+        import time
+        time.sleep(2.0)
+        with pytest.raises(errors.Aborted, match="DeadlineExceeded.*worker:0|worker:0.*DeadlineExceeded"):
+            producer.send_batch_in_place(0, big, 1)
+        producer.close()
+    finally:
+        server.close()
+
+
+def test_node_endpoint_round_trips_through_its_binary_form():
+    ep = feeding.NodeEndpoint(3, "worker:1", "/job-3", "10.0.0.5", 40123, 1 << 20)
+    back = feeding.NodeEndpoint.decode(ep.encode())
+    assert back == ep and back.describe() == "worker:1 (10.0.0.5)"
+    with pytest.raises(errors.Corruption, match="feed endpoint"):
+        feeding.NodeEndpoint.decode(ep.encode()[:-1])

@@ -118,6 +118,19 @@ def train_keras_from_feed(args, ctx):
     Path(args["out"], "keras.json").write_text(json.dumps({"loss": hist.history["loss"], "w": w}))
 
 
+def die_mid_inference(args, ctx):
+    """Answers one batch, then node 0 is killed (as the OOM killer would)."""
+    feed = ctx.get_data_feed(train_mode=False)
+    batch = feed.next_batch(5)
+    feed.batch_results([x * x for x in batch])
+    if ctx.task_index == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+    while not feed.should_stop():
+        batch = feed.next_batch(5)
+        if batch:
+            feed.batch_results([x * x for x in batch])
+
+
 def read_one_batch_and_return(args, ctx):
     """A node that stops early (TFoS allows it): one batch, then main_fun returns."""
     ctx.get_data_feed().next_batch(10)
@@ -252,6 +265,27 @@ def test_node_killed_mid_feed_fails_fast_without_orphans(spark):
     assert "worker:0" in str(info.value) or "SIGKILL" in str(info.value)
     assert time.monotonic() - start < 30  # well inside feed_timeout: the ring was aborted
     cluster.shutdown()  # a no-op: train() already tore the failed job down
+    no_leftovers(cluster.job_id)
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_node_killed_during_inference_is_named_by_collect(spark, monkeypatch, transport):
+    """The error raised by the driver's collect() names the node that died (role:index and
+    host) within seconds, not the feed ring or another node."""
+    monkeypatch.setenv("EMBER_FEED_TRANSPORT", transport)
+    cluster = _run(spark, die_mid_inference, {})
+    try:
+        ep = next(e for e in cluster._endpoints() if e.name == "worker:0")
+        start = time.monotonic()
+        with pytest.raises(Exception) as info:
+            cluster.inference(spark.sparkContext.parallelize(range(2000), 4), feed_timeout=120).collect()
+        text = str(info.value)
+        assert "node worker:0" in text and ep.host in text, text[-2000:]
+        assert "failed" in text and "SIGKILL" in text, text[-2000:]
+        assert time.monotonic() - start < 30  # well inside feed_timeout
+    finally:
+        with pytest.raises(ember.NodeError, match="worker:0"):
+            cluster.shutdown(timeout=60)
     no_leftovers(cluster.job_id)
 
 

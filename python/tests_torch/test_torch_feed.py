@@ -16,7 +16,6 @@ sys.path.append(str(TORCH_SITE))  # after the venv: its packages win where both 
 
 import torch  # noqa: E402
 
-from ember import _feed_protocol as proto  # noqa: E402
 from ember import _feeding as feeding  # noqa: E402
 from ember.feed import DataFeed  # noqa: E402
 
@@ -33,14 +32,14 @@ def ring():
 
 def _feed_epochs(ring, epochs: int, rows: int) -> None:
     from ember import _ember
-    ep = feeding.NodeEndpoint(executor_id=0, name="worker:0", ring=ring.name, host="127.0.0.1", port=0)
-    opts = feeding.FeedOptions(secret=b"s" * 32, feed_timeout=10.0, job_id="t" + secrets.token_hex(3))
+    server = _ember.FeedServer.start(ring.name, b"s" * 32, bind_host="127.0.0.1")  # the driver's way in
+    ep = feeding.NodeEndpoint(0, "worker:0", ring.name, "127.0.0.1", server.port)
+    opts = feeding.feed_options(b"s" * 32, feed_timeout=10.0, job_id="t" + secrets.token_hex(3))
     for e in range(epochs):
         data = [(np.full(3, e * 100 + i, np.float32), i % 10) for i in range(rows)]
         feeding.feed_partition(feeding.rdd_rows_to_batches(data, chunk=7), 0, e, [ep], opts)
-        producer = _ember.ShmRing.open(ring.name)
-        producer.write(proto.END_EPOCH, proto.as_uint8(proto.encode_end_epoch(e, 1)), 5.0)
-        producer.close()
+        _ember.feed_end_epoch([ep], e, 1, opts)
+    server.close()
 
 
 def test_each_pass_over_the_dataset_is_one_epoch_of_tensors(ring):

@@ -16,7 +16,7 @@
 #include "common/deadline.h"
 #include "common/fd.h"
 #include "common/logging.h"
-#include "common/thread_annotations.h"
+#include "common/mutex.h"
 #include "coordinator/protocol.h"
 #include "ember/coordinator.h"
 #include "transport/tcp/frame.h"
@@ -53,8 +53,8 @@ struct CoordinatorClient::Impl {
   std::jthread heartbeat;
   std::mutex write_mu;  // one frame at a time on fd
 
-  std::mutex mu;
-  std::condition_variable cv;  // pending replies, pushes, loss
+  Mutex mu;
+  CondVar cv;  // pending replies, pushes, loss
   uint32_t next_id GUARDED_BY(mu) = 1;
   std::map<uint32_t, std::shared_ptr<Pending>> pending GUARDED_BY(mu);
   std::deque<Push> pushes GUARDED_BY(mu);
@@ -73,7 +73,7 @@ struct CoordinatorClient::Impl {
 
   Status SendOneWay(MsgType type, const codec::Writer& fields) {
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(&mu);
       if (lost) return Status::Unavailable(lost_reason);
       if (closed) return Status::Cancelled("the coordinator client was closed");
     }
@@ -88,7 +88,7 @@ struct CoordinatorClient::Impl {
     auto slot = std::make_shared<Pending>();
     uint32_t id;
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(&mu);
       if (lost) return Status::Unavailable(lost_reason);
       if (closed) return Status::Cancelled("the coordinator client was closed");
       id = next_id++;
@@ -99,13 +99,16 @@ struct CoordinatorClient::Impl {
     w.PutU32(id);
     w.PutRaw(fields.data());
     Status sent = Write(type, w.data());
-    std::unique_lock<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     if (!sent.ok()) {
       pending.erase(id);
       return Status::Unavailable("cannot send " + std::string(coord::MsgTypeName(uint16_t(type))) +
                                  " to the Ember coordinator at " + address + ": " + sent.message());
     }
-    if (!cv.wait_until(lock, Deadline::After(wait).when(), [&] { return slot->done; })) {
+    const Deadline deadline = Deadline::After(wait);
+    while (!slot->done && cv.WaitUntil(&mu, deadline.when())) {
+    }
+    if (!slot->done) {
       pending.erase(id);
       return Status::DeadlineExceeded("no reply to " +
                                       std::string(coord::MsgTypeName(uint16_t(type))) +
@@ -117,7 +120,7 @@ struct CoordinatorClient::Impl {
   }
 
   void FailAll(const Status& why) {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     if (!closed && !lost) {
       lost = true;
       lost_reason = "lost the connection to the Ember coordinator at " + address + ": " +
@@ -130,7 +133,7 @@ struct CoordinatorClient::Impl {
       slot->status = st;
     }
     pending.clear();
-    cv.notify_all();
+    cv.SignalAll();
   }
 
   void ReaderLoop() {
@@ -145,14 +148,14 @@ struct CoordinatorClient::Impl {
         std::string body;
         Status parsed = coord::DecodeReply(frame->payload, &id, &status, &body);
         if (!parsed.ok()) return FailAll(parsed);
-        std::lock_guard<std::mutex> lock(mu);
+        MutexLock lock(&mu);
         auto it = pending.find(id);
         if (it == pending.end()) continue;  // its caller gave up waiting
         it->second->done = true;
         it->second->status = std::move(status);
         it->second->body = std::move(body);
         pending.erase(it);
-        cv.notify_all();
+        cv.SignalAll();
       } else if (type == MsgType::kAbort || type == MsgType::kStop) {
         codec::Reader r(frame->payload);
         uint32_t id = 0;
@@ -161,9 +164,9 @@ struct CoordinatorClient::Impl {
         if (parsed.ok()) parsed = r.GetString(&push.reason);
         if (parsed.ok()) parsed = r.ExpectEnd();
         if (!parsed.ok()) return FailAll(parsed);
-        std::lock_guard<std::mutex> lock(mu);
+        MutexLock lock(&mu);
         pushes.push_back(std::move(push));
-        cv.notify_all();
+        cv.SignalAll();
       } else {
         return FailAll(Status::Corruption("unknown message type " + std::to_string(frame->type)));
       }
@@ -217,7 +220,7 @@ Result<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Connect(
 void CoordinatorClient::Close() {
   Impl& impl = *impl_;
   {
-    std::lock_guard<std::mutex> lock(impl.mu);
+    MutexLock lock(&impl.mu);
     if (impl.closed) return;
     impl.closed = true;
   }
@@ -308,9 +311,10 @@ Status CoordinatorClient::Fail(const std::string& error) {
 
 std::optional<CoordinatorClient::Push> CoordinatorClient::NextPush(Duration timeout) {
   Impl& impl = *impl_;
-  std::unique_lock<std::mutex> lock(impl.mu);
-  impl.cv.wait_until(lock, Deadline::After(timeout).when(),
-                     [&] { return !impl.pushes.empty() || impl.lost || impl.closed; });
+  const Deadline deadline = Deadline::After(timeout);
+  MutexLock lock(&impl.mu);
+  while (impl.pushes.empty() && !impl.lost && !impl.closed && impl.cv.WaitUntil(&impl.mu, deadline.when())) {
+  }
   if (!impl.pushes.empty()) {
     Push p = std::move(impl.pushes.front());
     impl.pushes.pop_front();

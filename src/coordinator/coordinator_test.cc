@@ -556,6 +556,66 @@ TEST(CoordinatorTest, ConnectWithoutListenerIsUnavailable) {
 
 // ---- protocol helpers ----
 
+// The driver's blocking waits wake at the event itself, never on a polling tick.
+TEST(CoordinatorTest, WaitForKeyWakesWhenANodeStoresIt) {
+  auto server = StartServer(Options(Layout(2, 0)));
+  ASSERT_TRUE(server);
+  auto clients = RegisterAll(server->port(), 2);
+  EXPECT_EQ(server->WaitForKey("ember/k", Duration(30)).status().code(),
+            StatusCode::kDeadlineExceeded);
+  std::thread setter([&] {
+    std::this_thread::sleep_for(100ms);
+    EXPECT_TRUE(clients[1]->KvSet("ember/k", "v1").ok());
+  });
+  const auto start = Deadline::Clock::now();
+  Result<std::string> v = server->WaitForKey("ember/k", kLong);
+  setter.join();
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(*v, "v1");
+  EXPECT_LT(Deadline::Clock::now() - start, 5s);
+  for (auto& c : clients) EXPECT_TRUE(c->Done().ok());
+}
+
+TEST(CoordinatorTest, WaitForKeyFailsAtOnceWhenANodeFails) {
+  auto server = StartServer(Options(Layout(2, 0)));
+  ASSERT_TRUE(server);
+  auto clients = RegisterAll(server->port(), 2);
+  std::thread failer([&] {
+    std::this_thread::sleep_for(100ms);
+    EXPECT_TRUE(clients[0]->Fail("Traceback: RuntimeError: no url").ok());
+  });
+  const auto start = Deadline::Clock::now();
+  Result<std::string> v = server->WaitForKey("never/set", kLong);
+  failer.join();
+  EXPECT_EQ(v.status().code(), StatusCode::kAborted);
+  EXPECT_TRUE(Contains(v.status().message(), "worker:0 (executor 0")) << v.status().message();
+  EXPECT_TRUE(Contains(v.status().message(), "no url")) << v.status().message();
+  EXPECT_LT(Deadline::Clock::now() - start, 5s);
+}
+
+TEST(CoordinatorTest, WaitForNodeEndReturnsTheFinalState) {
+  auto server = StartServer(Options(Layout(2, 0)));
+  ASSERT_TRUE(server);
+  EXPECT_EQ(server->WaitForNodeEnd(2, kLong).status().code(), StatusCode::kInvalidArgument);
+  auto clients = RegisterAll(server->port(), 2);
+  Result<NodeInfo> running = server->WaitForNodeEnd(1, Duration(30));
+  EXPECT_EQ(running.status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(Contains(running.status().message(), "worker:1 (executor 1")) << running.status().message();
+  std::thread done([&] {
+    std::this_thread::sleep_for(100ms);
+    EXPECT_TRUE(clients[1]->Done().ok());
+  });
+  Result<NodeInfo> info = server->WaitForNodeEnd(1, kLong);
+  done.join();
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_EQ(info->state, NodeInfo::State::kDone);
+  EXPECT_TRUE(clients[0]->Fail("boom").ok());
+  Result<NodeInfo> failed = server->WaitForNodeEnd(0, kLong);
+  ASSERT_TRUE(failed.ok()) << failed.status().ToString();
+  EXPECT_EQ(failed->state, NodeInfo::State::kFailed);
+  EXPECT_TRUE(Contains(failed->error, "boom"));
+}
+
 TEST(ProtocolTest, ClusterSpecEscapesAndOrders) {
   std::vector<NodeInfo> nodes(3);
   nodes[0].address = {0, "w\"1", 1, 0};

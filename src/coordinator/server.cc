@@ -1,9 +1,4 @@
-// CoordinatorServer: lifecycle, the driver-side API, accept and monitor threads.
-#include <fcntl.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
+// CoordinatorServer: lifecycle, the driver-side API, the monitor thread.
 #include <algorithm>
 
 #include "common/logging.h"
@@ -24,8 +19,6 @@ std::string RoleName(const RoleAssignment& r) {
 
 }  // namespace
 
-void Conn::Shutdown() { ::shutdown(fd.get(), SHUT_RDWR); }
-
 CoordinatorServer::CoordinatorServer() : impl_(std::make_unique<Impl>()) {}
 
 CoordinatorServer::~CoordinatorServer() { Close(); }
@@ -40,101 +33,60 @@ Result<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   if (options.max_message_bytes < 64) {
     return Status::InvalidArgument("CoordinatorOptions.max_message_bytes must be >= 64");
   }
-  EMBER_ASSIGN_OR_RAISE(Fd listener, tcp::Listen(options.bind_host, options.port));
-  EMBER_ASSIGN_OR_RAISE(int port, tcp::LocalPort(listener.get()));
-  int pipe_fds[2];
-  if (::pipe2(pipe_fds, O_CLOEXEC | O_NONBLOCK) != 0) return Status::FromErrno(errno, "pipe2");
-
   std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
   Impl& impl = *server->impl_;
   impl.options = options;
-  impl.listen_fd = std::move(listener);
-  impl.port = port;
-  impl.wake_read = Fd(pipe_fds[0]);
-  impl.wake_write = Fd(pipe_fds[1]);
-  impl.accept_thread = std::thread(&Impl::AcceptLoop, &impl);
+  tcp::ServerOptions transport;
+  transport.name = "coordinator";
+  transport.bind_host = options.bind_host;
+  transport.port = options.port;
+  transport.secret = options.secret;
+  transport.handshake_timeout = options.handshake_timeout;
+  EMBER_ASSIGN_OR_RAISE(impl.server,
+                        tcp::Server::Start(transport, [&impl](tcp::Connection& c) { impl.ServeConnection(c); }));
   impl.monitor_thread = std::thread(&Impl::MonitorLoop, &impl);
-  EMBER_LOG(INFO) << "Ember coordinator listening on " << options.bind_host << ":" << port
+  EMBER_LOG(INFO) << "Ember coordinator listening on " << options.bind_host << ":" << impl.server->port()
                   << " for " << options.layout.num_nodes << " nodes";
   return server;
 }
 
 void CoordinatorServer::Close() {
   Impl& impl = *impl_;
-  std::vector<std::shared_ptr<Conn>> conns;
   {
-    std::lock_guard<std::mutex> lock(impl.mu);
+    MutexLock lock(&impl.mu);
     if (impl.closed) return;
     impl.closed = true;
     impl.waiters.clear();
   }
-  impl.state_cv.notify_all();
-  impl.events_cv.notify_all();
-  const char byte = 1;
-  (void)!::write(impl.wake_write.get(), &byte, 1);
-  if (impl.accept_thread.joinable()) impl.accept_thread.join();
+  impl.state_cv.SignalAll();
+  impl.events_cv.SignalAll();
   if (impl.monitor_thread.joinable()) impl.monitor_thread.join();
-  {
-    std::lock_guard<std::mutex> lock(impl.mu);
-    conns.swap(impl.conns);  // no new ones: the accept thread is gone
-  }
-  for (auto& c : conns) c->Shutdown();
-  for (auto& c : conns) {
-    if (c->reader.joinable()) c->reader.join();
-  }
-  (void)impl.listen_fd.Close();
+  // Shuts every connection down and joins their threads; handlers see
+  // `closed` and leave without touching job state.
+  if (impl.server) impl.server->Close();
 }
 
-int CoordinatorServer::port() const { return impl_->port; }
-
-void CoordinatorServer::Impl::AcceptLoop() {
-  for (;;) {
-    Fd fd = tcp::AcceptUntilWoken(listen_fd.get(), wake_read.get(), "coordinator");
-    if (!fd.valid()) return;  // woken: the server is closing
-    auto conn = std::make_shared<Conn>();
-    conn->fd = std::move(fd);
-    conn->peer = tcp::PeerAddress(conn->fd.get());
-    ReapFinished();
-    std::lock_guard<std::mutex> lock(mu);
-    if (closed) return;
-    conn->id = next_conn_id++;
-    conns.push_back(conn);
-    conn->reader = std::thread(&Impl::ServeConnection, this, conn);
-  }
-}
-
-void CoordinatorServer::Impl::ReapFinished() {
-  std::vector<std::shared_ptr<Conn>> done;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = std::partition(conns.begin(), conns.end(),
-                             [](const std::shared_ptr<Conn>& c) { return !c->finished.load(); });
-    done.assign(std::make_move_iterator(it), std::make_move_iterator(conns.end()));
-    conns.erase(it, conns.end());
-  }
-  for (auto& c : done) c->reader.join();
-}
+int CoordinatorServer::port() const { return impl_->server->port(); }
 
 void CoordinatorServer::Impl::MonitorLoop() {
-  std::unique_lock<std::mutex> lock(mu);
+  MutexLock lock(&mu);
   while (!closed) {
-    state_cv.wait_for(lock, kMonitorTick);
+    state_cv.WaitFor(&mu, kMonitorTick);
     if (closed) break;
     Outbox out;
     const auto now = Clock::now();
     ExpireWaiters(now, out);
     CheckHeartbeats(now, out);
-    lock.unlock();
+    lock.Unlock();
     Send(out);
-    ReapFinished();
-    lock.lock();
+    lock.Lock();
   }
 }
 
 void CoordinatorServer::Impl::Send(Outbox& out) {
   for (Outgoing& o : out) {
     std::lock_guard<std::mutex> lock(o.conn->write_mu);
-    Status st = tcp::WriteFrame(o.conn->fd.get(), static_cast<uint16_t>(o.type), o.payload,
+    Status st = tcp::WriteFrame(o.conn->fd(), static_cast<uint16_t>(o.type), o.payload,
                                 Deadline::After(kWriteTimeout), o.conn->peer);
     if (!st.ok()) {
       EMBER_LOG(INFO) << "dropping connection from " << o.conn->peer << ": " << st.message();
@@ -147,7 +99,7 @@ void CoordinatorServer::Impl::Send(Outbox& out) {
 void CoordinatorServer::Impl::AddEvent(Event e) {
   if (events.size() >= kMaxQueuedEvents) events.pop_front();
   events.push_back(std::move(e));
-  events_cv.notify_all();
+  events_cv.SignalAll();
 }
 
 std::string CoordinatorServer::Impl::MissingNodesLocked(const std::set<int>& present) const {
@@ -240,9 +192,9 @@ void CoordinatorServer::Impl::AbortLocked(const std::string& reason, Outbox& out
   push.PutU32(0);
   push.PutString(reason);
   for (const auto& c : conns) {
-    if (c->authenticated && !c->finished) out.push_back({c, coord::MsgType::kAbort, push.data()});
+    out.push_back({c, coord::MsgType::kAbort, push.data()});
   }
-  state_cv.notify_all();
+  state_cv.SignalAll();
 }
 
 void CoordinatorServer::Impl::NodeFailedLocked(int executor_id, NodeInfo::State state,
@@ -266,50 +218,91 @@ void CoordinatorServer::Impl::NodeFailedLocked(int executor_id, NodeInfo::State 
   AddEvent(std::move(e));
   if (first_failure.empty()) first_failure = what;
   AbortLocked("Ember job aborted: " + what, out);
-  state_cv.notify_all();
+  state_cv.SignalAll();
 }
 
 // ---- driver-side API ----
 
 Status CoordinatorServer::WaitForRegistration(Duration timeout) {
   Impl& impl = *impl_;
-  std::unique_lock<std::mutex> lock(impl.mu);
-  impl.state_cv.wait_until(lock, Deadline::After(timeout).when(),
-                           [&] { return impl.all_registered || impl.aborted || impl.closed; });
+  const Deadline deadline = Deadline::After(timeout);
+  MutexLock lock(&impl.mu);
+  while (!(impl.all_registered || impl.aborted || impl.closed) &&
+         impl.state_cv.WaitUntil(&impl.mu, deadline.when())) {
+  }
   if (impl.all_registered) return Status::OK();
   if (impl.aborted) return Status::Aborted(impl.abort_reason);
   if (impl.closed) return Status::Cancelled("the coordinator was closed");
   std::set<int> present;
   for (const auto& [id, node] : impl.nodes) present.insert(id);
   return Status::DeadlineExceeded("registration: " + impl.MissingNodesLocked(present) +
-                                  "; registered: " + impl.RegisteredSummaryLocked() +
-                                  " (waited " + FormatDuration(timeout) + ")");
+                                  "; registered: " + impl.RegisteredSummaryLocked());
 }
 
 std::vector<NodeInfo> CoordinatorServer::Nodes() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   std::vector<NodeInfo> out;
   for (const auto& [id, node] : impl_->nodes) out.push_back(node);
   return out;
 }
 
 std::string CoordinatorServer::ClusterSpecJson() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   return impl_->cluster_spec;
 }
 
 std::optional<std::string> CoordinatorServer::KvGet(const std::string& key) const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
+  MutexLock lock(&impl_->mu);
   auto it = impl_->kv.find(key);
   if (it == impl_->kv.end()) return std::nullopt;
   return it->second;
 }
 
+Result<std::string> CoordinatorServer::WaitForKey(const std::string& key, Duration timeout) {
+  Impl& impl = *impl_;
+  const Deadline deadline = Deadline::After(timeout);
+  MutexLock lock(&impl.mu);
+  while (!(impl.kv.count(key) != 0 || !impl.first_failure.empty() || impl.aborted || impl.closed) &&
+         impl.state_cv.WaitUntil(&impl.mu, deadline.when())) {
+  }
+  if (auto it = impl.kv.find(key); it != impl.kv.end()) return it->second;
+  if (!impl.first_failure.empty()) return Status::Aborted(impl.first_failure);
+  if (impl.aborted) return Status::Aborted(impl.abort_reason);
+  if (impl.closed) return Status::Cancelled("the coordinator was closed");
+  return Status::DeadlineExceeded("no node stored key '" + key + "'");
+}
+
+Result<NodeInfo> CoordinatorServer::WaitForNodeEnd(int executor_id, Duration timeout) {
+  Impl& impl = *impl_;
+  if (executor_id < 0 || executor_id >= impl.options.layout.num_nodes) {
+    return Status::InvalidArgument("executor id " + std::to_string(executor_id) +
+                                   " is outside the job's " +
+                                   std::to_string(impl.options.layout.num_nodes) + " nodes");
+  }
+  const auto ended = [&]() EXCLUSIVE_LOCKS_REQUIRED(impl.mu) {
+    auto it = impl.nodes.find(executor_id);
+    return it != impl.nodes.end() && it->second.state != NodeInfo::State::kRegistered &&
+           it->second.state != NodeInfo::State::kRunning;
+  };
+  const Deadline deadline = Deadline::After(timeout);
+  MutexLock lock(&impl.mu);
+  while (!(ended() || impl.aborted || impl.closed) && impl.state_cv.WaitUntil(&impl.mu, deadline.when())) {
+  }
+  if (ended()) return impl.nodes.at(executor_id);
+  if (impl.aborted) return Status::Aborted(impl.abort_reason);
+  if (impl.closed) return Status::Cancelled("the coordinator was closed");
+  auto it = impl.nodes.find(executor_id);
+  return Status::DeadlineExceeded(
+      it == impl.nodes.end() ? "executor " + std::to_string(executor_id) + " never registered"
+                             : coord::DescribeNode(it->second) + " is still running");
+}
+
 std::vector<Event> CoordinatorServer::PollEvents(Duration timeout) {
   Impl& impl = *impl_;
-  std::unique_lock<std::mutex> lock(impl.mu);
-  impl.events_cv.wait_until(lock, Deadline::After(timeout).when(),
-                            [&] { return !impl.events.empty() || impl.closed; });
+  const Deadline deadline = Deadline::After(timeout);
+  MutexLock lock(&impl.mu);
+  while (impl.events.empty() && !impl.closed && impl.events_cv.WaitUntil(&impl.mu, deadline.when())) {
+  }
   if (impl.closed) return {};
   std::vector<Event> out(std::make_move_iterator(impl.events.begin()),
                          std::make_move_iterator(impl.events.end()));
@@ -344,29 +337,29 @@ Status CoordinatorServer::WaitForNodes(const std::vector<std::string>& job_names
     }
     return running == 0;
   };
-  std::unique_lock<std::mutex> lock(impl.mu);
-  impl.state_cv.wait_until(lock, Deadline::After(timeout).when(), [&] {
-    return !impl.first_failure.empty() || impl.aborted || impl.closed || all_done();
-  });
+  const Deadline deadline = Deadline::After(timeout);
+  MutexLock lock(&impl.mu);
+  while (!(!impl.first_failure.empty() || impl.aborted || impl.closed || all_done()) &&
+         impl.state_cv.WaitUntil(&impl.mu, deadline.when())) {
+  }
   if (!impl.first_failure.empty()) return Status::Aborted(impl.first_failure);
   if (impl.aborted) return Status::Aborted(impl.abort_reason);
   if (all_done()) return Status::OK();
   if (impl.closed) return Status::Cancelled("the coordinator was closed");
   return Status::DeadlineExceeded(std::to_string(running) + " of " + std::to_string(total) +
-                                  " nodes still running after " + FormatDuration(timeout) + ": " +
-                                  still_running);
+                                  " nodes still running: " + still_running);
 }
 
 void CoordinatorServer::StopNodes(const std::vector<std::string>& job_names) {
   Impl& impl = *impl_;
   Outbox out;
   {
-    std::lock_guard<std::mutex> lock(impl.mu);
+    MutexLock lock(&impl.mu);
     codec::Writer push;
     push.PutU32(0);
     push.PutString("stopped by the driver");
     for (const auto& c : impl.conns) {
-      if (!c->authenticated || c->finished || c->executor_id < 0) continue;
+      if (c->executor_id < 0) continue;
       auto it = impl.nodes.find(c->executor_id);
       if (it == impl.nodes.end()) continue;
       const std::string& job = it->second.role.job_name;
@@ -383,7 +376,7 @@ void CoordinatorServer::StopNodes(const std::vector<std::string>& job_names) {
 void CoordinatorServer::Abort(const std::string& reason) {
   Outbox out;
   {
-    std::lock_guard<std::mutex> lock(impl_->mu);
+    MutexLock lock(&impl_->mu);
     impl_->AbortLocked(reason, out);
   }
   impl_->Send(out);

@@ -1,16 +1,15 @@
 // CoordinatorServer internals, shared by server.cc (lifecycle, driver-side
-// API, accept and monitor threads) and server_requests.cc (per-connection
-// reader threads and request handlers).
+// API, monitor thread) and server_requests.cc (per-connection handler and
+// request handlers).
 //
-// Threads: one accept thread, one monitor thread (waiter deadlines and
-// heartbeats), one reader thread per connection.  All job state sits behind
+// Threads: the transport's (tcp::Server: accept thread, handshake, one
+// thread per connection, which runs ServeConnection), and one monitor
+// thread (waiter deadlines and heartbeats).  All job state sits behind
 // `mu`.  Nothing writes to a socket while holding `mu`: handlers collect
 // frames into an Outbox and send them after unlocking, each connection's
 // writes serialized by its own `write_mu`.
 #pragma once
 
-#include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <list>
@@ -23,30 +22,28 @@
 #include <vector>
 
 #include "common/deadline.h"
-#include "common/fd.h"
-#include "common/thread_annotations.h"
+#include "common/mutex.h"
 #include "coordinator/protocol.h"
 #include "ember/coordinator.h"
+#include "transport/tcp/server.h"
 
 namespace ember {
 
 using Clock = std::chrono::steady_clock;
 
-// One accepted connection.  The fd is only shut down (never closed) while
-// the reader thread may still use it; it is closed when the Conn dies.
+// One authenticated connection, in Impl::conns while its handler runs.  The
+// socket is only shut down (never closed) while anyone may still use it:
+// `link` keeps it open as long as an Outbox holds this Conn.
 struct Conn {
-  uint64_t id = 0;
-  Fd fd;
+  std::shared_ptr<tcp::Connection> link;
   std::string peer;
-  std::mutex write_mu;  // serializes frames written to fd
-  std::thread reader;   // joined by the reaper or Close(), never by itself
-  std::atomic<bool> finished{false};
+  std::mutex write_mu;  // serializes frames written to the socket
   // Guarded by Impl::mu:
-  bool authenticated = false;
   int executor_id = -1;   // set by Register or Attach
   bool lifeline = false;  // this connection registered the node
 
-  void Shutdown();  // wakes the reader; safe from any thread
+  int fd() const { return link->fd(); }
+  void Shutdown() { link->Shutdown(); }  // wakes the handler; safe from any thread
 };
 
 struct Outgoing {
@@ -68,18 +65,14 @@ struct Waiter {
 
 struct CoordinatorServer::Impl {
   CoordinatorOptions options;
-  Fd listen_fd;
-  int port = 0;
-  Fd wake_read, wake_write;  // a byte on wake_write stops the accept thread
-  std::thread accept_thread;
+  std::unique_ptr<tcp::Server> server;
   std::thread monitor_thread;
 
-  mutable std::mutex mu;
-  std::condition_variable state_cv;   // nodes, abort, close changed
-  std::condition_variable events_cv;  // events appended
+  mutable Mutex mu;
+  CondVar state_cv;   // nodes, abort, close changed
+  CondVar events_cv;  // events appended
   bool closed GUARDED_BY(mu) = false;
-  uint64_t next_conn_id GUARDED_BY(mu) = 1;
-  std::vector<std::shared_ptr<Conn>> conns GUARDED_BY(mu);
+  std::vector<std::shared_ptr<Conn>> conns GUARDED_BY(mu);  // authenticated, handler running
   std::map<int, NodeInfo> nodes GUARDED_BY(mu);
   std::map<int, Clock::time_point> last_seen GUARDED_BY(mu);  // lifeline traffic
   bool all_registered GUARDED_BY(mu) = false;
@@ -93,9 +86,7 @@ struct CoordinatorServer::Impl {
   std::deque<Event> events GUARDED_BY(mu);
 
   // server.cc
-  void AcceptLoop();
   void MonitorLoop();
-  void ReapFinished();
   void Send(Outbox& out);
   void ExpireWaiters(Clock::time_point now, Outbox& out) EXCLUSIVE_LOCKS_REQUIRED(mu);
   void CheckHeartbeats(Clock::time_point now, Outbox& out) EXCLUSIVE_LOCKS_REQUIRED(mu);
@@ -108,7 +99,7 @@ struct CoordinatorServer::Impl {
   Registration RegistrationFor(int executor_id) const EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // server_requests.cc
-  void ServeConnection(std::shared_ptr<Conn> conn);
+  void ServeConnection(tcp::Connection& link);
   Status HandleFrame(const std::shared_ptr<Conn>& conn, uint16_t type, std::string_view payload,
                      Outbox& out) EXCLUSIVE_LOCKS_REQUIRED(mu);
   void OnDisconnect(const std::shared_ptr<Conn>& conn, Outbox& out) EXCLUSIVE_LOCKS_REQUIRED(mu);

@@ -5,7 +5,6 @@
 #include "common/logging.h"
 #include "coordinator/server_impl.h"
 #include "transport/tcp/frame.h"
-#include "transport/tcp/handshake.h"
 #include "transport/tcp/socket.h"
 
 namespace ember {
@@ -18,22 +17,18 @@ Duration ClampTimeout(int64_t ms) { return Duration(std::clamp<int64_t>(ms, 0, k
 
 }  // namespace
 
-void CoordinatorServer::Impl::ServeConnection(std::shared_ptr<Conn> conn) {
-  Status hs = tcp::ServerHandshake(conn->fd.get(), options.secret,
-                                   Deadline::After(options.handshake_timeout), conn->peer);
-  if (!hs.ok()) {
-    EMBER_LOG(WARN) << "rejected unauthenticated connection from " << conn->peer << ": "
-                    << hs.message();
-    conn->Shutdown();
-    conn->finished = true;
-    return;
-  }
+// Runs on the connection's thread (tcp::Server), after the handshake.
+void CoordinatorServer::Impl::ServeConnection(tcp::Connection& link) {
+  auto conn = std::make_shared<Conn>();
+  conn->link = link.shared_from_this();
+  conn->peer = link.peer();
   {
-    std::lock_guard<std::mutex> lock(mu);
-    conn->authenticated = true;
+    MutexLock lock(&mu);
+    if (closed) return;
+    conns.push_back(conn);
   }
   for (;;) {
-    Result<tcp::Frame> frame = tcp::ReadFrame(conn->fd.get(), options.max_message_bytes,
+    Result<tcp::Frame> frame = tcp::ReadFrame(conn->fd(), options.max_message_bytes,
                                               Deadline::Infinite(), conn->peer);
     if (!frame.ok()) {
       if (frame.status().code() == StatusCode::kCorruption) {
@@ -45,7 +40,7 @@ void CoordinatorServer::Impl::ServeConnection(std::shared_ptr<Conn> conn) {
     Outbox out;
     Status st;
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(&mu);
       if (closed) break;
       st = HandleFrame(conn, frame->type, frame->payload, out);
     }
@@ -58,11 +53,11 @@ void CoordinatorServer::Impl::ServeConnection(std::shared_ptr<Conn> conn) {
   conn->Shutdown();
   Outbox out;
   {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     OnDisconnect(conn, out);
+    conns.erase(std::remove(conns.begin(), conns.end(), conn), conns.end());
   }
   Send(out);
-  conn->finished = true;  // last touch of shared state: the reaper may now join us
 }
 
 void CoordinatorServer::Impl::Reply(const std::shared_ptr<Conn>& conn, uint32_t request_id,
@@ -90,7 +85,7 @@ Status CoordinatorServer::Impl::HandleFrame(const std::shared_ptr<Conn>& conn, u
   const auto now = Clock::now();
   if (conn->lifeline) last_seen[conn->executor_id] = now;  // any traffic proves liveness
   const int num_nodes = options.layout.num_nodes;
-  const auto node_event = [&](Event::Kind kind) {
+  const auto node_event = [&](Event::Kind kind) EXCLUSIVE_LOCKS_REQUIRED(mu) {
     Event e;
     e.kind = kind;
     e.executor_id = conn->executor_id;
@@ -160,7 +155,7 @@ Status CoordinatorServer::Impl::HandleFrame(const std::shared_ptr<Conn>& conn, u
         all.push_back(n);
       }
       cluster_spec = coord::ClusterSpecJson(all);
-      state_cv.notify_all();
+      state_cv.SignalAll();
       waiters.push_back({Waiter::Kind::kRegister, conn, rid, now, "", Duration(0)});
       for (auto it = waiters.begin(); it != waiters.end();) {
         if (it->kind != Waiter::Kind::kRegister) {
@@ -237,6 +232,7 @@ Status CoordinatorServer::Impl::HandleFrame(const std::shared_ptr<Conn>& conn, u
         }
       }
       kv[key] = std::move(value);
+      state_cv.SignalAll();  // CoordinatorServer::WaitForKey
       Reply(conn, rid, Status::OK(), {}, out);
       break;
     }
@@ -287,7 +283,7 @@ Status CoordinatorServer::Impl::HandleFrame(const std::shared_ptr<Conn>& conn, u
         node.state = NodeInfo::State::kDone;
         AddEvent(node_event(Event::Kind::kNodeDone));
         EMBER_LOG(INFO) << "node " << coord::DescribeNode(node) << " finished";
-        state_cv.notify_all();
+        state_cv.SignalAll();
       }
       Reply(conn, rid, Status::OK(), {}, out);
       break;

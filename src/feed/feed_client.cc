@@ -19,7 +19,8 @@ constexpr Duration kErrorGrace{500};
 
 bool IsResultKind(uint32_t kind) {
   const auto k = static_cast<FeedKind>(kind);
-  return k == FeedKind::kResults || k == FeedKind::kEndResults || k == FeedKind::kError;
+  return k == FeedKind::kResults || k == FeedKind::kEndResults || k == FeedKind::kError ||
+         k == FeedKind::kFlushed;
 }
 
 }  // namespace
@@ -30,7 +31,8 @@ FeedClient::FeedClient(Fd fd, std::string peer, size_t max_message_bytes)
 FeedClient::~FeedClient() { Close(); }
 
 Result<std::unique_ptr<FeedClient>> FeedClient::Connect(const std::string& host, int port, const std::string& secret,
-                                                        Duration timeout, size_t max_message_bytes) {
+                                                        Duration timeout, size_t max_message_bytes,
+                                                        Duration idle_timeout) {
   const std::string peer = host + ":" + std::to_string(port);
   const Deadline deadline = Deadline::After(timeout);
   Result<Fd> fd = tcp::Connect(host, port, deadline);
@@ -47,6 +49,11 @@ Result<std::unique_ptr<FeedClient>> FeedClient::Connect(const std::string& host,
   if (!hs.ok()) {
     return Status::Unavailable("handshake with the feed server at " + peer + " failed: " + hs.message() +
                                "; check that " + peer + " is this job's feed server and that the job's secret matches");
+  }
+  Status hello = SendFeedFrame(fd->get(), FeedKind::kHello, EncodeHello({idle_timeout}), deadline, peer);
+  if (!hello.ok()) {
+    return Status::Unavailable("feed server at " + peer + " dropped the connection after the handshake: " +
+                               hello.message());
   }
   return std::unique_ptr<FeedClient>(new FeedClient(fd.MoveValueUnsafe(), peer, max_message_bytes));
 }
@@ -69,14 +76,14 @@ Status FeedClient::CheckUsable() const {
 }
 
 void FeedClient::MarkBroken(const Status& status) {
-  std::lock_guard<std::mutex> lock(state_mu_);
+  MutexLock lock(&state_mu_);
   if (broken_.ok()) broken_ = status.WithContext("feed connection to " + peer_ + " is unusable after an earlier error");
 }
 
 Status FeedClient::Write(FeedKind kind, std::span<const uint8_t> payload, Deadline deadline) {
   std::lock_guard<std::mutex> lock(write_mu_);
   {
-    std::lock_guard<std::mutex> state(state_mu_);
+    MutexLock state(&state_mu_);
     EMBER_RETURN_NOT_OK(CheckUsable());
   }
   EMBER_RETURN_NOT_OK(TakePendingError(Duration(0)));
@@ -86,11 +93,35 @@ Status FeedClient::Write(FeedKind kind, std::span<const uint8_t> payload, Deadli
   // The server usually says why it dropped us; prefer its reason.
   EMBER_RETURN_NOT_OK(TakePendingError(st.code() == StatusCode::kDeadlineExceeded ? Duration(0) : kErrorGrace));
   {
-    std::lock_guard<std::mutex> state(state_mu_);
+    MutexLock state(&state_mu_);
     if (error_seen_) return ErrorStatus();  // a concurrent Read got it
   }
   MarkBroken(st);
   return st;
+}
+
+Status FeedClient::Flush(Deadline deadline) {
+  EMBER_RETURN_NOT_OK(Write(FeedKind::kFlush, {}, deadline));
+  FeedKind kind = FeedKind::kError;
+  std::vector<uint8_t> payload;
+  Status st = Read(&kind, &payload, deadline);
+  if (st.code() == StatusCode::kDeadlineExceeded) {
+    const Status late = Status::DeadlineExceeded(
+        "the node's feed server at " + peer_ +
+        " did not confirm in time that it relayed every message into the node's ring (the node is not reading its feed)");
+    MarkBroken(late);  // its kFlushed may still come and must not answer a later Flush
+    return late;
+  }
+  EMBER_RETURN_NOT_OK(st);
+  if (kind == FeedKind::kFlushed) return Status::OK();
+  if (kind == FeedKind::kError) {
+    MutexLock state(&state_mu_);
+    return ErrorStatus();
+  }
+  const Status bad = Status::Corruption("feed server at " + peer_ + " answered kFlush with a message of kind " +
+                                        std::string(KindName(static_cast<uint32_t>(kind))));
+  MarkBroken(bad);
+  return bad;
 }
 
 Status FeedClient::TakePendingError(Duration wait) {
@@ -107,7 +138,7 @@ Status FeedClient::TakePendingError(Duration wait) {
       std::vector<uint8_t> text;
       Status st = RecvFeedFrame(fd_.get(), max_message_bytes_, Deadline::After(kErrorGrace), peer_, &kind, &text);
       if (!st.ok()) return Status::OK();  // let the caller report its own error
-      std::lock_guard<std::mutex> state(state_mu_);
+      MutexLock state(&state_mu_);
       error_seen_ = true;
       error_unread_ = true;
       error_text_.assign(text.begin(), text.end());
@@ -124,7 +155,7 @@ Status FeedClient::TakePendingError(Duration wait) {
 Status FeedClient::Read(FeedKind* kind, std::vector<uint8_t>* payload, Deadline deadline) {
   std::lock_guard<std::mutex> lock(read_mu_);
   {
-    std::lock_guard<std::mutex> state(state_mu_);
+    MutexLock state(&state_mu_);
     if (error_unread_) {
       error_unread_ = false;
       *kind = FeedKind::kError;
@@ -154,7 +185,7 @@ Status FeedClient::Read(FeedKind* kind, std::vector<uint8_t>* payload, Deadline 
   }
   *kind = static_cast<FeedKind>(k);
   if (*kind == FeedKind::kError) {
-    std::lock_guard<std::mutex> state(state_mu_);
+    MutexLock state(&state_mu_);
     error_seen_ = true;
     error_text_.assign(payload->begin(), payload->end());
   }
@@ -164,7 +195,7 @@ Status FeedClient::Read(FeedKind* kind, std::vector<uint8_t>* payload, Deadline 
 void FeedClient::Close() {
   std::lock_guard<std::mutex> closing(close_mu_);
   {
-    std::lock_guard<std::mutex> state(state_mu_);
+    MutexLock state(&state_mu_);
     if (closed_) return;
     closed_ = true;
   }

@@ -19,9 +19,9 @@
 
 #include "common/deadline.h"
 #include "common/fd.h"
-#include "common/thread_annotations.h"
+#include "common/mutex.h"
 #include "ember/result.h"
-#include "feed/messages.h"
+#include "feed/codec.h"
 
 namespace ember::feed {
 
@@ -31,10 +31,12 @@ class FeedClient {
   // Unavailable (naming host:port and what to check) if the server cannot be
   // reached or is not an Ember feed server; Unauthenticated if the secrets
   // differ.  Frames from the server larger than `max_message_bytes` are
-  // refused (Corruption).
+  // refused (Corruption).  The first frame is a kHello carrying
+  // `idle_timeout`, which the server applies to its side of the connection.
   static Result<std::unique_ptr<FeedClient>> Connect(const std::string& host, int port,
                                                      const std::string& secret, Duration timeout,
-                                                     size_t max_message_bytes = size_t{64} << 20);
+                                                     size_t max_message_bytes = size_t{64} << 20,
+                                                     Duration idle_timeout = Duration(600000));
 
   ~FeedClient();  // Close()s
   FeedClient(const FeedClient&) = delete;
@@ -57,6 +59,14 @@ class FeedClient {
   // `deadline` (Read may be retried); Unavailable once the server closed the
   // connection; Corruption for a frame that is not one of those kinds.
   Status Read(FeedKind* kind, std::vector<uint8_t>* payload, Deadline deadline);
+
+  // Asks the server to confirm that every message written so far is in the
+  // node's ring (kFlush -> kFlushed), and waits for it until `deadline`.
+  // Connections relay in parallel, so without this a later connection's
+  // messages (the next epoch's) could reach the ring before this one's last.
+  // Errors as Write; DeadlineExceeded if no confirmation came in time.  Not
+  // for a connection whose results another thread reads (inference).
+  Status Flush(Deadline deadline);
 
   // Closes the connection.  Idempotent; later calls return Unavailable.
   void Close();
@@ -82,7 +92,7 @@ class FeedClient {
   std::mutex write_mu_;  // one Write at a time
   std::mutex read_mu_;   // one Read (or error check) at a time
 
-  mutable std::mutex state_mu_;
+  mutable Mutex state_mu_;
   bool closed_ GUARDED_BY(state_mu_) = false;
   Status broken_ GUARDED_BY(state_mu_);             // a socket error desynchronized the stream
   bool error_seen_ GUARDED_BY(state_mu_) = false;   // the server sent kError

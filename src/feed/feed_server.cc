@@ -1,5 +1,6 @@
-// FeedServer: accept thread, one thread per connection, one result pump per
-// inference connection.  See feed_server.h for the protocol.
+// FeedServer: a tcp::Server user (listener, handshake and connection threads
+// are the transport's); one handler per producer connection, one result
+// pump per inference connection.  See feed_server.h for the protocol.
 #include "feed/feed_server.h"
 
 #include <fcntl.h>
@@ -13,16 +14,16 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <vector>
 
-#include "common/fd.h"
 #include "common/logging.h"
-#include "common/thread_annotations.h"
+#include "common/mutex.h"
+#include "feed/codec.h"
 #include "feed/feed_wire.h"
-#include "feed/messages.h"
 #include "transport/shm/ring.h"
-#include "transport/tcp/handshake.h"
+#include "transport/tcp/server.h"
 #include "transport/tcp/socket.h"
 
 namespace ember::feed {
@@ -43,20 +44,6 @@ std::span<const uint8_t> TextBytes(const std::string& s) {
   return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
 }
 
-const char* KindName(uint32_t kind) {
-  switch (static_cast<FeedKind>(kind)) {
-    case FeedKind::kBatch: return "kBatch";
-    case FeedKind::kEndPartition: return "kEndPartition";
-    case FeedKind::kEndFeed: return "kEndFeed";
-    case FeedKind::kBeginPartition: return "kBeginPartition";
-    case FeedKind::kResults: return "kResults";
-    case FeedKind::kEndResults: return "kEndResults";
-    case FeedKind::kError: return "kError";
-    case FeedKind::kEndEpoch: return "kEndEpoch";
-  }
-  return "unknown";
-}
-
 class Connection;
 
 }  // namespace
@@ -64,51 +51,59 @@ class Connection;
 struct FeedServer::Impl {
   FeedServerOptions options;
   uint64_t server_id = 0;
-  Fd listen_fd;
-  int port = 0;
-  Fd wake_read, wake_write;  // a byte on wake_write stops the accept thread
-  std::thread accept_thread;
+  // Listener, handshake and connection threads; runs Serve() per producer.
+  std::unique_ptr<tcp::Server> server;
+  // The node's ring, for its health only (each connection opens its own to write).
+  std::unique_ptr<shm::Ring> node_ring;
+  // Live connections, so that Close() can tell their producers how the node
+  // ended (its launcher settles the ring, then closes this server) before the
+  // transport shuts their sockets.
+  Mutex conns_mu;
+  std::set<Connection*> conns GUARDED_BY(conns_mu);
 
-  std::mutex mu;
-  bool closed GUARDED_BY(mu) = false;
-  uint64_t next_conn_id GUARDED_BY(mu) = 1;
-  std::vector<std::shared_ptr<Connection>> conns GUARDED_BY(mu);
+  std::atomic<uint64_t> messages{0}, bytes{0}, results{0};
 
-  std::atomic<uint64_t> accepted{0}, rejected{0}, messages{0}, bytes{0}, results{0};
-
-  void AcceptLoop();
-  void ReapFinished();
+  void Serve(tcp::Connection& link);
 };
 
 namespace {
 
-// One producer's connection.  Its thread reads frames and writes the node's
-// ring; the pump thread (inference only) drains result rings to the socket.
-// Socket writes from both are serialized by write_mu_; the fd is shut down
-// (never closed) while either thread may use it, and closed on destruction.
+// One producer's connection, alive while the transport runs its handler.
+// The handler's thread reads frames and writes the node's ring; the pump
+// thread (inference only) drains result rings to the socket.  Socket writes
+// from both are serialized by write_mu_.  The transport owns the socket and
+// only shuts it down while either thread may use it.
 class Connection {
  public:
-  Connection(FeedServer::Impl* server, uint64_t id, Fd fd)
-      : server_(server), options_(server->options), id_(id), fd_(std::move(fd)),
-        peer_(tcp::PeerAddress(fd_.get())) {}
-
-  ~Connection() { (void)fd_.Close(); }
-
-  void Start() { thread_ = std::thread(&Connection::Serve, this); }
-  void Join() {
-    if (thread_.joinable()) thread_.join();
+  Connection(FeedServer::Impl* server, tcp::Connection& link)
+      : server_(server), options_(server->options), idle_timeout_(server->options.idle_timeout), link_(link),
+        id_(link.id()), fd_(link.fd()), peer_(link.peer()) {
+    link_.OnShutdown([this] { Stop(); });  // FeedServer::Close(): wake the pump and the tick loops
+    MutexLock lock(&server_->conns_mu);
+    server_->conns.insert(this);
   }
-  bool finished() const { return finished_.load(); }
+  ~Connection() {
+    {
+      MutexLock lock(&server_->conns_mu);
+      server_->conns.erase(this);
+    }
+    link_.OnShutdown(nullptr);
+  }
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
 
+  void Serve();
+  // Any thread: sends `why` as the connection's one kError (see Fail).
+  void Tell(const Status& why) { Fail(why); }
+
+ private:
   // Any thread: makes the connection's threads finish promptly.
   void Stop() {
     stop_ = true;
     WakePump();
-    ::shutdown(fd_.get(), SHUT_RDWR);
+    ::shutdown(fd_, SHUT_RDWR);
   }
 
- private:
-  void Serve();
   Status ReadLoop();
   Status WaitForFrame(bool* eof);
   Status Handle(uint32_t kind, std::vector<uint8_t>* payload);
@@ -131,12 +126,15 @@ class Connection {
 
   FeedServer::Impl* const server_;
   const FeedServerOptions& options_;
+  // options_.idle_timeout until the producer's kHello says otherwise (its
+  // FeedOptions.idle_timeout); set only before the pump thread starts.
+  Duration idle_timeout_;
+  bool first_frame_ = true;  // connection thread only
+  tcp::Connection& link_;
   const uint64_t id_;
-  Fd fd_;
+  const int fd_;  // link_'s
   const std::string peer_;
-  std::thread thread_;
   std::atomic<bool> stop_{false};
-  std::atomic<bool> finished_{false};
 
   // The node's ring, opened by this connection (a shm::Ring tracks the session
   // lock per object and thread).  Set before, and reset after, the pump runs.
@@ -147,27 +145,17 @@ class Connection {
   uint32_t session_epoch_ = 0;
   uint64_t next_result_seq_ = 0;
 
-  std::mutex write_mu_;  // one frame at a time on fd_
+  Mutex write_mu_;  // one frame at a time on fd_
   bool error_sent_ GUARDED_BY(write_mu_) = false;  // after the kError nothing more is written
 
-  std::mutex pump_mu_;
-  std::condition_variable pump_cv_;
+  Mutex pump_mu_;
+  CondVar pump_cv_;
   std::deque<std::unique_ptr<shm::Ring>> pending_results_ GUARDED_BY(pump_mu_);
   std::thread pump_;
 };
 
+// Runs after the handshake (tcp::Server does it).
 void Connection::Serve() {
-  Status hs = tcp::ServerHandshake(fd_.get(), options_.secret, Deadline::After(options_.handshake_timeout), peer_);
-  if (!hs.ok()) {
-    if (!stop_) {
-      EMBER_LOG(WARN) << "feed server: rejected connection from " << peer_ << ": " << hs.ToString();
-    }
-    ++server_->rejected;  // after the log line: a caller that sees the count finds the line too
-    ::shutdown(fd_.get(), SHUT_RDWR);
-    finished_ = true;
-    return;
-  }
-  ++server_->accepted;
   EMBER_LOG(DEBUG) << "feed server: producer connected from " << peer_;
 
   Result<std::unique_ptr<shm::Ring>> ring = shm::Ring::Open(options_.ring_name);
@@ -186,12 +174,11 @@ void Connection::Serve() {
   ring_.reset();
   bool lingers;
   {
-    std::lock_guard<std::mutex> lock(write_mu_);
+    MutexLock lock(&write_mu_);
     lingers = error_sent_;
   }
   if (lingers) Linger();
-  ::shutdown(fd_.get(), SHUT_RDWR);
-  finished_ = true;
+  ::shutdown(fd_, SHUT_RDWR);
 }
 
 Status Connection::ReadLoop() {
@@ -201,7 +188,7 @@ Status Connection::ReadLoop() {
     bool eof = false;
     EMBER_RETURN_NOT_OK(WaitForFrame(&eof));
     if (eof) return Status::OK();
-    EMBER_RETURN_NOT_OK(RecvFeedFrame(fd_.get(), options_.max_message_bytes, Deadline::After(options_.idle_timeout),
+    EMBER_RETURN_NOT_OK(RecvFeedFrame(fd_, options_.max_message_bytes, Deadline::After(idle_timeout_),
                                       peer_, &kind, &payload));
     EMBER_RETURN_NOT_OK(Handle(kind, &payload));
   }
@@ -212,12 +199,12 @@ Status Connection::ReadLoop() {
 Status Connection::WaitForFrame(bool* eof) {
   for (;;) {
     if (stop_) return Closing();
-    pollfd p{fd_.get(), POLLIN, 0};
+    pollfd p{fd_, POLLIN, 0};
     const int rc = ::poll(&p, 1, static_cast<int>(kTick.count()));
     if (rc < 0 && errno != EINTR) return Status::FromErrno(errno, "poll feed connection from " + peer_);
     if (rc > 0) {
       char byte;
-      const ssize_t n = ::recv(fd_.get(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+      const ssize_t n = ::recv(fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
       if (n > 0) return Status::OK();
       if (n == 0) {
         *eof = true;
@@ -232,15 +219,31 @@ Status Connection::WaitForFrame(bool* eof) {
 }
 
 Status Connection::Handle(uint32_t kind, std::vector<uint8_t>* payload) {
+  const bool first = first_frame_;
+  first_frame_ = false;
+  if (static_cast<FeedKind>(kind) == FeedKind::kHello) {
+    if (!first) return Status::InvalidArgument("kHello from " + peer_ + " after other frames: it must come first");
+    EMBER_ASSIGN_OR_RAISE(Hello hello, DecodeHello(*payload));
+    idle_timeout_ = hello.idle_timeout;  // the producer's FeedOptions.idle_timeout, for this connection
+    return Status::OK();
+  }
   switch (static_cast<FeedKind>(kind)) {
+    case FeedKind::kFlush:
+      // Frames are relayed in order on this thread, so every earlier one is in the ring now.
+      if (!payload->empty()) return Status::InvalidArgument("kFlush from " + peer_ + " carries a payload");
+      if (!SendToProducer(static_cast<uint32_t>(FeedKind::kFlushed), {})) return Closing();
+      return Status::OK();
     case FeedKind::kBeginPartition:
       return Begin(payload);
     case FeedKind::kEndPartition:
       return EndPartition(*payload);
     case FeedKind::kBatch:
     case FeedKind::kEndFeed:
-    case FeedKind::kEndEpoch:
+    case FeedKind::kEndEpoch: {
+      Status valid = ValidateMessage(kind, *payload);  // fail here, naming the peer, not in the node
+      if (!valid.ok()) return valid.WithContext("feed message from " + peer_);
       return Forward(static_cast<FeedKind>(kind), *payload);
+    }
     default:
       return Status::InvalidArgument("feed message of kind " + std::to_string(kind) + " (" + KindName(kind) +
                                      ") from " + peer_ + " is not one a producer sends");
@@ -248,7 +251,7 @@ Status Connection::Handle(uint32_t kind, std::vector<uint8_t>* payload) {
 }
 
 Status Connection::Begin(std::vector<uint8_t>* payload) {
-  EMBER_ASSIGN_OR_RAISE(BeginPartition begin, ParseBeginPartition(*payload));
+  EMBER_ASSIGN_OR_RAISE(BeginPartition begin, DecodeBeginPartition(*payload));
   if (session_held_) {
     return Status::InvalidArgument("kBeginPartition for partition " + std::to_string(begin.partition) + " from " +
                                    peer_ + " while partition " + std::to_string(session_partition_) +
@@ -275,8 +278,9 @@ Status Connection::Begin(std::vector<uint8_t>* payload) {
 }
 
 Status Connection::EndPartition(std::span<const uint8_t> payload) {
-  uint32_t partition = 0, epoch = 0;
-  EMBER_RETURN_NOT_OK(ParsePartitionPrefix(payload, &partition, &epoch).WithContext("malformed kEndPartition from " + peer_));
+  Result<EndPartitionMsg> end = DecodeEndPartition(payload);
+  if (!end.ok()) return end.status().WithContext("from " + peer_);
+  const uint32_t partition = end->partition, epoch = end->epoch;
   if (session_held_ && (partition != session_partition_ || epoch != session_epoch_)) {
     return Status::InvalidArgument("kEndPartition for partition " + std::to_string(partition) + " epoch " +
                                    std::to_string(epoch) + " from " + peer_ + " does not match the open partition " +
@@ -293,7 +297,7 @@ Status Connection::EndPartition(std::span<const uint8_t> payload) {
 // Writes into the node's ring, tick by tick so Close() is noticed, failing
 // once the ring stays full for idle_timeout.
 Status Connection::Forward(FeedKind kind, std::span<const uint8_t> payload) {
-  const Deadline idle = Deadline::After(options_.idle_timeout);
+  const Deadline idle = Deadline::After(idle_timeout_);
   for (;;) {
     if (stop_) return Closing();
     Status st = ring_->Write(static_cast<uint32_t>(kind), payload, std::min(idle, Deadline::After(kTick)));
@@ -319,9 +323,9 @@ Status Connection::LockSession() {
     if (st.ok() || st.code() != StatusCode::kDeadlineExceeded) return st;
     const Clock::time_point now = Clock::now();
     if (now - start > 2 * kTick) idle_since = now - kTick;
-    if (now - idle_since >= options_.idle_timeout) {
+    if (now - idle_since >= idle_timeout_) {
       return Status::DeadlineExceeded("feed ring " + ring_->name() + ": another feeding task held the node's session for " +
-                                      FormatDuration(options_.idle_timeout) + " while the node consumed nothing");
+                                      FormatDuration(idle_timeout_) + " while the node consumed nothing");
     }
   }
 }
@@ -332,7 +336,7 @@ Status Connection::LockSession() {
 void Connection::Fail(const Status& status) {
   stop_ = true;
   WakePump();
-  std::lock_guard<std::mutex> lock(write_mu_);
+  MutexLock lock(&write_mu_);
   if (error_sent_) return;
   error_sent_ = true;
   if (status.code() == StatusCode::kCancelled) {
@@ -340,23 +344,23 @@ void Connection::Fail(const Status& status) {
   } else {
     EMBER_LOG(WARN) << "feed server: failing connection from " << peer_ << ": " << status.ToString();
   }
-  Status sent = SendFeedFrame(fd_.get(), FeedKind::kError, TextBytes(status.ToString()),
-                              Deadline::After(std::min(options_.idle_timeout, kErrorWriteTimeout)), peer_);
+  Status sent = SendFeedFrame(fd_, FeedKind::kError, TextBytes(status.ToString()),
+                              Deadline::After(std::min(idle_timeout_, kErrorWriteTimeout)), peer_);
   if (!sent.ok()) {
     EMBER_LOG(DEBUG) << "feed server: could not tell " << peer_ << ": " << sent.message();
   }
 }
 
 void Connection::Linger() {
-  ::shutdown(fd_.get(), SHUT_WR);
+  ::shutdown(fd_, SHUT_WR);
   const Deadline until = Deadline::After(kLinger);
   char buf[16384];
   while (!until.expired()) {
-    pollfd p{fd_.get(), POLLIN, 0};
+    pollfd p{fd_, POLLIN, 0};
     const int rc = ::poll(&p, 1, until.PollTimeoutMs());
     if (rc < 0 && errno == EINTR) continue;
     if (rc <= 0) return;
-    const ssize_t n = ::recv(fd_.get(), buf, sizeof(buf), MSG_DONTWAIT);
+    const ssize_t n = ::recv(fd_, buf, sizeof(buf), MSG_DONTWAIT);
     if (n == 0) return;
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return;
   }
@@ -364,23 +368,23 @@ void Connection::Linger() {
 
 void Connection::QueueResultRing(std::unique_ptr<shm::Ring> ring) {
   {
-    std::lock_guard<std::mutex> lock(pump_mu_);
+    MutexLock lock(&pump_mu_);
     pending_results_.push_back(std::move(ring));
   }
-  pump_cv_.notify_one();
+  pump_cv_.Signal();
   if (!pump_.joinable()) pump_ = std::thread(&Connection::PumpLoop, this);
 }
 
 void Connection::WakePump() {
-  { std::lock_guard<std::mutex> lock(pump_mu_); }  // a waiter between its check and wait sees stop_
-  pump_cv_.notify_all();
+  { MutexLock lock(&pump_mu_); }  // a waiter between its check and wait sees stop_
+  pump_cv_.SignalAll();
 }
 
 void Connection::StopPump() {
   stop_ = true;
   WakePump();
   if (pump_.joinable()) pump_.join();
-  std::lock_guard<std::mutex> lock(pump_mu_);
+  MutexLock lock(&pump_mu_);
   for (auto& ring : pending_results_) ring->Abort("the feeding task's connection from " + peer_ + " ended");
   pending_results_.clear();  // closes and unlinks them
 }
@@ -390,8 +394,8 @@ void Connection::PumpLoop() {
   for (;;) {
     std::unique_ptr<shm::Ring> results;
     {
-      std::unique_lock<std::mutex> lock(pump_mu_);
-      pump_cv_.wait(lock, [&] { return stop_ || !pending_results_.empty(); });
+      MutexLock lock(&pump_mu_);
+      while (!stop_ && pending_results_.empty()) pump_cv_.Wait(&pump_mu_);
       if (stop_) return;
       results = std::move(pending_results_.front());
       pending_results_.pop_front();
@@ -434,15 +438,15 @@ bool Connection::DrainResultRing(shm::Ring* results) {
 }
 
 bool Connection::SendToProducer(uint32_t kind, std::span<const uint8_t> payload) {
-  std::lock_guard<std::mutex> lock(write_mu_);
+  MutexLock lock(&write_mu_);
   if (error_sent_) return false;
-  Status st = SendFeedFrame(fd_.get(), static_cast<FeedKind>(kind), payload,
-                            Deadline::After(options_.idle_timeout), peer_);
+  Status st = SendFeedFrame(fd_, static_cast<FeedKind>(kind), payload,
+                            Deadline::After(idle_timeout_), peer_);
   if (!st.ok()) {
     EMBER_LOG(WARN) << "feed server: dropping connection from " << peer_ << ": " << st.ToString();
     error_sent_ = true;  // the producer is unreachable: nothing more to tell it
     stop_ = true;
-    ::shutdown(fd_.get(), SHUT_RDWR);
+    ::shutdown(fd_, SHUT_RDWR);
     return false;
   }
   ++server_->results;
@@ -451,29 +455,9 @@ bool Connection::SendToProducer(uint32_t kind, std::span<const uint8_t> payload)
 
 }  // namespace
 
-void FeedServer::Impl::AcceptLoop() {
-  for (;;) {
-    Fd fd = tcp::AcceptUntilWoken(listen_fd.get(), wake_read.get(), "feed server");
-    if (!fd.valid()) return;  // woken: the server is closing
-    ReapFinished();
-    std::lock_guard<std::mutex> lock(mu);
-    if (closed) return;
-    auto conn = std::make_shared<Connection>(this, next_conn_id++, std::move(fd));
-    conns.push_back(conn);
-    conn->Start();
-  }
-}
-
-void FeedServer::Impl::ReapFinished() {
-  std::vector<std::shared_ptr<Connection>> done;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = std::partition(conns.begin(), conns.end(),
-                             [](const std::shared_ptr<Connection>& c) { return !c->finished(); });
-    done.assign(std::make_move_iterator(it), std::make_move_iterator(conns.end()));
-    conns.erase(it, conns.end());
-  }
-  for (auto& c : done) c->Join();
+void FeedServer::Impl::Serve(tcp::Connection& link) {
+  Connection conn(this, link);
+  conn.Serve();
 }
 
 FeedServer::FeedServer() : impl_(std::make_unique<Impl>()) {}
@@ -497,32 +481,32 @@ Result<std::unique_ptr<FeedServer>> FeedServer::Start(const FeedServerOptions& o
     return Status::InvalidArgument("FeedServerOptions: idle_timeout and handshake_timeout must be positive");
   }
   // Fail early if the node's ring is missing; each connection opens its own.
-  EMBER_RETURN_NOT_OK(shm::Ring::Open(options.ring_name).status());
-  EMBER_ASSIGN_OR_RAISE(Fd listener, tcp::Listen(options.bind_host, options.port));
-  EMBER_ASSIGN_OR_RAISE(int port, tcp::LocalPort(listener.get()));
-  int pipe_fds[2];
-  if (::pipe2(pipe_fds, O_CLOEXEC | O_NONBLOCK) != 0) return Status::FromErrno(errno, "pipe2");
-
+  EMBER_ASSIGN_OR_RAISE(std::unique_ptr<shm::Ring> node_ring, shm::Ring::Open(options.ring_name));
   std::unique_ptr<FeedServer> server(new FeedServer());
   Impl& impl = *server->impl_;
+  impl.node_ring = std::move(node_ring);
   impl.options = options;
   impl.server_id = g_next_server_id++;
-  impl.listen_fd = std::move(listener);
-  impl.port = port;
-  impl.wake_read = Fd(pipe_fds[0]);
-  impl.wake_write = Fd(pipe_fds[1]);
-  impl.accept_thread = std::thread(&Impl::AcceptLoop, &impl);
-  EMBER_LOG(INFO) << "Ember feed server listening on " << options.bind_host << ":" << port << " for ring "
+  tcp::ServerOptions transport;
+  transport.name = "feed server";
+  transport.bind_host = options.bind_host;
+  transport.port = options.port;
+  transport.secret = options.secret;
+  transport.handshake_timeout = options.handshake_timeout;
+  EMBER_ASSIGN_OR_RAISE(impl.server,
+                        tcp::Server::Start(transport, [&impl](tcp::Connection& c) { impl.Serve(c); }));
+  EMBER_LOG(INFO) << "Ember feed server listening on " << options.bind_host << ":" << impl.server->port() << " for ring "
                   << options.ring_name;
   return server;
 }
 
-int FeedServer::port() const { return impl_->port; }
+int FeedServer::port() const { return impl_->server->port(); }
 
 FeedServerStats FeedServer::stats() const {
   FeedServerStats s;
-  s.connections_accepted = impl_->accepted;
-  s.connections_rejected = impl_->rejected;
+  const tcp::ServerStats transport = impl_->server->stats();
+  s.connections_accepted = transport.accepted;
+  s.connections_rejected = transport.rejected;
   s.messages_relayed = impl_->messages;
   s.bytes_relayed = impl_->bytes;
   s.results_sent = impl_->results;
@@ -530,23 +514,15 @@ FeedServerStats FeedServer::stats() const {
 }
 
 void FeedServer::Close() {
-  Impl& impl = *impl_;
-  {
-    std::lock_guard<std::mutex> lock(impl.mu);
-    if (impl.closed) return;
-    impl.closed = true;
+  if (impl_->node_ring) {
+    const Status why = impl_->node_ring->Health();
+    if (!why.ok()) {  // the node failed or terminated its feed: say so, not "connection closed"
+      MutexLock lock(&impl_->conns_mu);
+      for (Connection* c : impl_->conns) c->Tell(why);
+    }
   }
-  const char byte = 1;
-  (void)!::write(impl.wake_write.get(), &byte, 1);
-  if (impl.accept_thread.joinable()) impl.accept_thread.join();
-  std::vector<std::shared_ptr<Connection>> conns;
-  {
-    std::lock_guard<std::mutex> lock(impl.mu);
-    conns.swap(impl.conns);  // no new ones: the accept thread is gone
-  }
-  for (auto& c : conns) c->Stop();
-  for (auto& c : conns) c->Join();
-  (void)impl.listen_fd.Close();
+  // Stops accepting; each connection's Stop() runs as its shutdown hook.
+  if (impl_->server) impl_->server->Close();
 }
 
 }  // namespace ember::feed

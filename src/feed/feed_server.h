@@ -3,9 +3,9 @@
 // producer (FeedClient) sends into the node's shm::Ring, exactly as a local
 // producer would write it, and for inference pumps the node's answers back.
 //
-// Per connection: the authenticated handshake (net/handshake.h) comes first,
-// and a peer that fails it is logged with its address and dropped before any
-// frame is parsed.  Then, per frame (type = FeedKind, docs/wire.md "Feed"):
+// Connections are served by tcp::Server (transport/tcp/server.h): the
+// authenticated handshake comes first, and a peer that fails it is logged
+// with its address and dropped before any frame is parsed.  Then, per frame (type = FeedKind, docs/wire.md "Feed"):
 //   kBeginPartition  takes the ring's session lock (held until the matching
 //                    kEndPartition is forwarded).  With the results flag it
 //                    creates a local result ring, writes its name into the
@@ -13,7 +13,11 @@
 //                    connection's pump, which sends everything the node
 //                    writes there (kResults, kEndResults, kError) back over
 //                    the socket, one partition after another, in order.
-//   kBatch, kEndPartition, kEndEpoch, kEndFeed   forwarded unchanged.
+//   kHello           (first frame only, optional) the producer's idle timeout:
+//                    replaces idle_timeout for this connection, so the
+//                    user's feed_timeout reaches the node side.
+//   kBatch, kEndPartition, kEndEpoch, kEndFeed   validated (feed/codec.h),
+//                    forwarded unchanged.
 //   anything else    a protocol error.
 // A failure (the node aborted its ring or died, a ring write or session wait
 // made no progress for idle_timeout, a malformed frame) goes back to the
@@ -48,7 +52,8 @@ struct FeedServerOptions {
   size_t result_ring_capacity = size_t{4} << 20;
   Duration handshake_timeout{10000};
   // How long a blocked ring write, a session wait or a socket write may make
-  // no progress before the connection is failed.
+  // no progress before the connection is failed, until a producer's kHello
+  // sets its own for its connection.
   Duration idle_timeout{600000};
   size_t max_message_bytes = size_t{64} << 20;  // largest frame accepted
 };

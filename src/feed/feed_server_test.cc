@@ -20,7 +20,7 @@
 #include "common/logging.h"
 #include "feed/feed_client.h"
 #include "feed/feed_wire.h"
-#include "feed/messages.h"
+#include "feed/codec.h"
 #include "transport/shm/ring.h"
 #include "transport/tcp/socket.h"
 
@@ -60,23 +60,16 @@ uint32_t GetU32(const std::vector<uint8_t>& v, size_t at) {
   return x;
 }
 
-// kBatch: u32 partition | u32 epoch | body (seq-derived bytes, seq first).
+// kBatch with the task attempt field carrying `seq` (offset 8) and a body
+// of seq-derived bytes standing in for the Arrow IPC stream.
 std::vector<uint8_t> Batch(uint32_t partition, uint32_t seq, size_t body) {
-  std::vector<uint8_t> v;
-  PutU32(&v, partition);
-  PutU32(&v, 0);
-  PutU32(&v, seq);
-  for (size_t i = 0; i < body; ++i) v.push_back(static_cast<uint8_t>(seq * 7 + i));
-  return v;
+  std::vector<uint8_t> ipc;
+  for (size_t i = 0; i < body; ++i) ipc.push_back(static_cast<uint8_t>(seq * 7 + i));
+  return EncodeBatch({partition, 0, seq, body > 0 ? 1 : 0}, ipc);
 }
 
 std::vector<uint8_t> EndPartition(uint32_t partition, int64_t rows) {
-  std::vector<uint8_t> v;
-  PutU32(&v, partition);
-  PutU32(&v, 0);  // epoch
-  PutU32(&v, 1);  // nodes
-  for (int i = 0; i < 8; ++i) v.push_back(static_cast<uint8_t>(static_cast<uint64_t>(rows) >> (8 * i)));
-  return v;
+  return EncodeEndPartition({partition, 0, {rows}});
 }
 
 std::vector<uint8_t> Begin(uint32_t partition, bool results) {
@@ -134,13 +127,15 @@ class FeedServerTest : public ::testing::Test {
     o.result_ring_capacity = 1 << 16;
     o.handshake_timeout = Duration(500);
     o.idle_timeout = idle_timeout;
+    idle_timeout_ = idle_timeout;
     auto server = FeedServer::Start(o);
     ASSERT_TRUE(server.ok()) << server.status().ToString();
     server_ = server.MoveValueUnsafe();
   }
 
   std::unique_ptr<FeedClient> Connect() {
-    auto c = FeedClient::Connect("127.0.0.1", server_->port(), kSecret, Duration(2000));
+    auto c = FeedClient::Connect("127.0.0.1", server_->port(), kSecret, Duration(2000), size_t{64} << 20,
+                                 idle_timeout_);
     EXPECT_TRUE(c.ok()) << c.status().ToString();
     return c.ok() ? c.MoveValueUnsafe() : nullptr;
   }
@@ -154,6 +149,7 @@ class FeedServerTest : public ::testing::Test {
 
   std::unique_ptr<shm::Ring> ring_;  // the node's, read by the test's consumer
   std::unique_ptr<FeedServer> server_;
+  Duration idle_timeout_{3000};  // the server's, and what Connect's kHello asks for
 };
 
 TEST_F(FeedServerTest, TrainingRelayKeepsOrderKindsAndBytes) {
@@ -229,6 +225,53 @@ TEST_F(FeedServerTest, FullRingBlocksTheClientUntilTheNodeReads) {
   EXPECT_EQ(written.load(), kMessages);
 }
 
+// Regression (flaky FeedTest.AConsumerThatStopsEarlyGetsTheNextEpoch/Tcp): a producer's last
+// messages could still be on their way into the ring, relayed by this connection's thread,
+// when the next epoch's rows arrived on another connection and overtook them.  Flush returns
+// only once every earlier message is in the ring; while the node reads nothing it cannot.
+TEST_F(FeedServerTest, FlushReturnsOnlyOnceEveryMessageIsInTheRing) {
+  StartNode(1 << 16, Duration(5000));
+  constexpr uint32_t kMessages = 20;  // 320 KB: past the ring, into the socket's buffers
+  uint32_t kind;
+  std::vector<uint8_t> payload;
+  {
+    auto client = Connect();
+    ASSERT_NE(client, nullptr);
+    for (uint32_t seq = 0; seq < kMessages; ++seq) {
+      ASSERT_TRUE(client->Write(FeedKind::kBatch, Batch(3, seq, 16 * 1024), Soon()).ok());
+    }
+    // The node reads nothing: the relay cannot finish, so neither can Flush.
+    Status early = client->Flush(Deadline::After(Duration(300)));
+    EXPECT_EQ(early.code(), StatusCode::kDeadlineExceeded) << early.ToString();
+    EXPECT_TRUE(early.message().find("did not confirm") != std::string::npos) << early.ToString();
+    EXPECT_FALSE(client->Write(FeedKind::kEndFeed, {}, Soon()).ok()) << "a timed-out Flush leaves the stream unusable";
+    for (uint32_t seq = 0; seq < kMessages; ++seq) ASSERT_TRUE(ring_->Read(&kind, &payload, Soon()).ok());
+  }
+  // A slow node: once Flush returns, every message is in the ring (read, or readable at once).
+  auto client = Connect();
+  ASSERT_NE(client, nullptr);
+  std::atomic<bool> stop{false};
+  std::atomic<uint32_t> read{0};
+  std::thread node([&] {
+    uint32_t k;
+    std::vector<uint8_t> p;
+    while (!stop) {
+      if (ring_->Read(&k, &p, Deadline::After(Duration(20))).ok()) ++read;
+      std::this_thread::sleep_for(Duration(5));
+    }
+  });
+  for (uint32_t seq = 0; seq < kMessages; ++seq) {
+    ASSERT_TRUE(client->Write(FeedKind::kBatch, Batch(4, seq, 16 * 1024), Soon()).ok());
+  }
+  Status st = client->Flush(Soon());
+  stop = true;
+  node.join();
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  uint32_t in_ring = 0;
+  while (ring_->Read(&kind, &payload, Deadline::After(Duration(0))).ok()) ++in_ring;
+  EXPECT_EQ(read + in_ring, kMessages) << read.load() << " read before Flush returned";
+}
+
 // The node's side of inference: answers each batch with a kResults naming
 // (partition, seq) and each partition with kEndResults.  Checks that the
 // messages of one partition are contiguous in the node's ring.
@@ -242,7 +285,7 @@ void RunNode(shm::Ring* ring, int partitions, std::atomic<int>* interleavings) {
     ASSERT_TRUE(ring->Read(&kind, &payload, Soon()).ok());
     switch (static_cast<FeedKind>(kind)) {
       case FeedKind::kBeginPartition: {
-        auto begin = ParseBeginPartition(payload);
+        auto begin = DecodeBeginPartition(payload);
         ASSERT_TRUE(begin.ok()) << begin.status().ToString();
         if (open_partition != -1) ++*interleavings;
         open_partition = static_cast<int>(begin->partition);
@@ -498,7 +541,7 @@ TEST_F(FeedServerTest, BadPeersAreRejectedAndOthersStillServed) {
   EXPECT_EQ(payload, Batch(1, 0, 10));
   EXPECT_TRUE(WaitUntil([&] { return server_->stats().connections_rejected == 3; }))
       << server_->stats().connections_rejected;
-  EXPECT_EQ(log.Count("rejected connection from 127.0.0.1:"), 3);
+  EXPECT_EQ(log.Count("feed server: rejected unauthenticated connection from 127.0.0.1:"), 3);
   EXPECT_EQ(server_->stats().messages_relayed, 1u);  // nothing from the bad peers
   ASSERT_TRUE(client->Write(FeedKind::kBatch, Batch(1, 1, 10), Soon()).ok());
   ASSERT_TRUE(ring_->Read(&kind, &payload, Soon()).ok());

@@ -13,14 +13,6 @@ namespace {
 // together); above it the payload is sent from the caller's buffer.
 constexpr size_t kCoalesceBytes = 64 * 1024;
 
-std::string_view AsChars(std::span<const uint8_t> bytes) {
-  return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
-}
-
-void PutU32(std::vector<uint8_t>* out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out->push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
-
 }  // namespace
 
 Status SendFeedFrame(int fd, FeedKind kind, std::span<const uint8_t> payload, Deadline deadline,
@@ -69,36 +61,6 @@ Status RecvFeedFrame(int fd, size_t max_payload_bytes, Deadline deadline, const 
   payload->resize(length);
   if (length == 0) return Status::OK();
   return tcp::ReadExactly(fd, payload->data(), length, deadline, "read feed frame payload from " + peer);
-}
-
-Result<BeginPartition> ParseBeginPartition(std::span<const uint8_t> payload) {
-  codec::Reader r(AsChars(payload));
-  BeginPartition b;
-  Status st = r.GetU32(&b.partition);
-  if (st.ok()) st = r.GetU32(&b.epoch);
-  if (st.ok()) st = r.GetU32(&b.flags);
-  if (st.ok()) st = r.GetString(&b.result_ring);
-  if (st.ok()) st = r.ExpectEnd();
-  if (!st.ok()) return st.WithContext("malformed kBeginPartition");
-  return b;
-}
-
-std::vector<uint8_t> EncodeBeginPartition(const BeginPartition& begin) {
-  std::vector<uint8_t> out;
-  out.reserve(16 + begin.result_ring.size());
-  PutU32(&out, begin.partition);
-  PutU32(&out, begin.epoch);
-  PutU32(&out, begin.flags);
-  PutU32(&out, static_cast<uint32_t>(begin.result_ring.size()));
-  out.insert(out.end(), begin.result_ring.begin(), begin.result_ring.end());
-  return out;
-}
-
-Status ParsePartitionPrefix(std::span<const uint8_t> payload, uint32_t* partition, uint32_t* epoch) {
-  codec::Reader r(AsChars(payload));
-  Status st = r.GetU32(partition);
-  if (st.ok()) st = r.GetU32(epoch);
-  return st;
 }
 
 }  // namespace ember::feed

@@ -1,8 +1,8 @@
 // The feed over TCP: each (kind, payload) message is one net frame whose
 // type is the FeedKind (net/frame.h, docs/wire.md "Feed").  These helpers
 // move payloads straight between the socket and the caller's buffer, without
-// the std::string copies of tcp::ReadFrame/WriteFrame, and encode the one
-// payload the feed server rewrites (kBeginPartition).
+// the std::string copies of tcp::ReadFrame/WriteFrame.  Message payloads are
+// feed/codec.h's.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +12,7 @@
 
 #include "common/deadline.h"
 #include "ember/result.h"
-#include "feed/messages.h"
+#include "feed/codec.h"
 
 namespace ember::feed {
 
@@ -27,22 +27,5 @@ Status SendFeedFrame(int fd, FeedKind kind, std::span<const uint8_t> payload, De
 // kind is not checked against FeedKind: that is the caller's protocol.
 Status RecvFeedFrame(int fd, size_t max_payload_bytes, Deadline deadline, const std::string& peer,
                      uint32_t* kind, std::vector<uint8_t>* payload);
-
-// kBeginPartition's payload (messages.h).
-struct BeginPartition {
-  uint32_t partition = 0;
-  uint32_t epoch = 0;
-  uint32_t flags = 0;
-  std::string result_ring;  // empty over TCP; the feed server fills it in
-  bool wants_results() const { return (flags & kBeginWantsResults) != 0; }
-};
-
-// Corruption (naming the field) on a truncated or over-long payload.
-Result<BeginPartition> ParseBeginPartition(std::span<const uint8_t> payload);
-std::vector<uint8_t> EncodeBeginPartition(const BeginPartition& begin);
-
-// The leading "u32 partition | u32 epoch" of kBatch and kEndPartition.
-// Corruption if the payload is shorter than 8 bytes.
-Status ParsePartitionPrefix(std::span<const uint8_t> payload, uint32_t* partition, uint32_t* epoch);
 
 }  // namespace ember::feed

@@ -1,10 +1,7 @@
 #include "transport/shm/ring.h"
 
-#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,7 +10,7 @@
 #include <cstring>
 #include <ctime>
 
-#include "common/fd.h"
+#include "common/logging.h"
 
 namespace ember::shm {
 
@@ -96,12 +93,39 @@ size_t Ring::MaxPayload(size_t capacity) {
   return Align8(capacity) / 2 - kRecordHeader;
 }
 
-Ring::Ring(std::string name, bool owner, RingHeader* header, size_t mapped_bytes)
-    : name_(std::move(name)), owner_(owner), header_(header), mapped_bytes_(mapped_bytes) {}
+// A public method's stay on the ring: while one exists, Close() does not
+// unmap.  ok() is false once Close() began; the method then returns
+// ClosedStatus() without touching the segment.
+class Ring::Call {
+ public:
+  explicit Call(Ring* ring) : ring_(ring) {
+    ring_->in_flight_.fetch_add(1);
+    ok_ = !ring_->closing_.load();
+  }
+  ~Call() {
+    if (ring_->in_flight_.fetch_sub(1) == 1 && ring_->closing_.load()) ring_->in_flight_.notify_all();
+  }
+  Call(const Call&) = delete;
+  Call& operator=(const Call&) = delete;
+  bool ok() const { return ok_; }
+
+ private:
+  Ring* const ring_;
+  bool ok_;
+};
+
+Ring::Ring(std::string name, SharedMemory segment, Mapping mapping)
+    : name_(std::move(name)),
+      segment_(std::move(segment)),
+      mapping_(std::move(mapping)),
+      header_(static_cast<RingHeader*>(mapping_.data())),
+      capacity_(header_->capacity) {}
 
 Ring::~Ring() { Close(); }
 
-size_t Ring::capacity() const { return header_ ? header_->capacity : 0; }
+size_t Ring::capacity() const { return capacity_; }
+
+Status Ring::ClosedStatus() const { return Status::Aborted("feed ring " + name_ + " is closed"); }
 
 Result<std::unique_ptr<Ring>> Ring::Create(const std::string& name, size_t capacity) {
   capacity = Align8(capacity);
@@ -109,24 +133,18 @@ Result<std::unique_ptr<Ring>> Ring::Create(const std::string& name, size_t capac
     return Status::InvalidArgument("feed ring " + name + ": capacity " + std::to_string(capacity) +
                                    " is below the minimum of 4096 bytes");
   }
-  Fd fd(shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
-  if (!fd.valid()) {
-    if (errno == EEXIST) return Status::AlreadyExists("feed ring " + name + " already exists");
-    return Status::FromErrno(errno, "shm_open(" + name + ")");
-  }
   const size_t bytes = sizeof(RingHeader) + capacity;
-  if (ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
-    Status st = Status::FromErrno(errno, "ftruncate feed ring " + name + " to " + std::to_string(bytes) + " bytes");
-    shm_unlink(name.c_str());
-    return st;
+  Result<SharedMemory> created = SharedMemory::Create(name, bytes);
+  if (!created.ok()) {
+    if (created.status().code() == StatusCode::kAlreadyExists) {
+      return Status::AlreadyExists("feed ring " + name + " already exists");
+    }
+    return created.status();
   }
-  void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-  if (mem == MAP_FAILED) {
-    Status st = Status::FromErrno(errno, "mmap feed ring " + name);
-    shm_unlink(name.c_str());
-    return st;
-  }
-  auto* h = static_cast<RingHeader*>(mem);
+  SharedMemory segment = created.MoveValueUnsafe();  // unlinks the name if we fail below
+  EMBER_ASSIGN_OR_RAISE(Mapping mapping, Mapping::Map(segment.fd(), bytes, "feed ring " + name));
+  (void)segment.Close();  // the mapping keeps the memory; only the name is still needed
+  auto* h = static_cast<RingHeader*>(mapping.data());
   h->version = kVersion;
   h->capacity = capacity;
   h->head = h->tail = 0;
@@ -152,37 +170,38 @@ Result<std::unique_ptr<Ring>> Ring::Create(const std::string& name, size_t capac
   // Publish last: Open() checks the magic before touching anything else.
   std::atomic_thread_fence(std::memory_order_release);
   h->magic = kMagic;
-  return std::unique_ptr<Ring>(new Ring(name, /*owner=*/true, h, bytes));
+  return std::unique_ptr<Ring>(new Ring(name, std::move(segment), std::move(mapping)));
 }
 
 Result<std::unique_ptr<Ring>> Ring::Open(const std::string& name) {
-  Fd fd(shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0));
-  if (!fd.valid()) {
-    if (errno == ENOENT) return Status::NotFound("feed ring " + name + " does not exist (has the node started?)");
-    return Status::FromErrno(errno, "shm_open(" + name + ")");
+  Result<SharedMemory> opened = SharedMemory::Open(name);
+  if (!opened.ok()) {
+    if (opened.status().code() == StatusCode::kNotFound) {
+      return Status::NotFound("feed ring " + name + " does not exist (has the node started?)");
+    }
+    return opened.status();
   }
-  struct stat st;
-  if (fstat(fd.get(), &st) != 0) return Status::FromErrno(errno, "fstat feed ring " + name);
-  const size_t bytes = static_cast<size_t>(st.st_size);
+  SharedMemory segment = opened.MoveValueUnsafe();
+  const size_t bytes = segment.size();
   if (bytes < sizeof(RingHeader) + kMinCapacity) {
     return Status::Corruption("feed ring " + name + " is " + std::to_string(bytes) + " bytes, too small to be a ring");
   }
-  void* mem = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-  if (mem == MAP_FAILED) return Status::FromErrno(errno, "mmap feed ring " + name);
-  auto* h = static_cast<RingHeader*>(mem);
+  EMBER_ASSIGN_OR_RAISE(Mapping mapping, Mapping::Map(segment.fd(), bytes, "feed ring " + name));
+  (void)segment.Close();
+  auto* h = static_cast<RingHeader*>(mapping.data());
   std::atomic_thread_fence(std::memory_order_acquire);
   if (h->magic != kMagic || h->version != kVersion || sizeof(RingHeader) + h->capacity != bytes) {
-    munmap(mem, bytes);
     return Status::Corruption("feed ring " + name + " is not an Ember feed ring of version " +
                               std::to_string(kVersion));
   }
-  return std::unique_ptr<Ring>(new Ring(name, /*owner=*/false, h, bytes));
+  return std::unique_ptr<Ring>(new Ring(name, std::move(segment), std::move(mapping)));
 }
 
 Status Ring::Write(uint32_t kind, std::span<const uint8_t> payload, Deadline deadline) {
-  if (header_ == nullptr) return Status::Aborted("feed ring " + name_ + " is closed");
+  Call call(this);
+  if (!call.ok()) return ClosedStatus();
   RingHeader* h = header_;
-  const uint64_t cap = h->capacity;
+  const uint64_t cap = capacity_;
   if (payload.size() > MaxPayload(cap)) {
     return Status::InvalidArgument("feed message of " + std::to_string(payload.size()) +
                                    " bytes exceeds the ring's limit of " + std::to_string(MaxPayload(cap)) +
@@ -191,6 +210,7 @@ Status Ring::Write(uint32_t kind, std::span<const uint8_t> payload, Deadline dea
   const uint64_t record = kRecordHeader + Align8(payload.size());
   RobustLock lock(&h->mu);
   for (;;) {
+    if (closing_) return ClosedStatus();
     if (h->aborted) return Status::Aborted("feed ring " + name_ + ": " + h->abort_reason);
     if (h->terminated) return Status::Cancelled("feed ring " + name_ + ": the node terminated its feed");
     const uint64_t pos = h->head % cap;
@@ -227,7 +247,8 @@ Status Ring::Write(uint32_t kind, std::span<const uint8_t> payload, Deadline dea
 }
 
 Status Ring::LockSession(Duration idle_timeout) {
-  if (header_ == nullptr) return Status::Aborted("feed ring " + name_ + " is closed");
+  Call call(this);
+  if (!call.ok()) return ClosedStatus();
   RingHeader* h = header_;
   uint64_t last_tail;
   {
@@ -239,6 +260,7 @@ Status Ring::LockSession(Duration idle_timeout) {
   for (;;) {
     {
       RobustLock lock(&h->mu);
+      if (closing_) return ClosedStatus();
       if (h->aborted) return Status::Aborted("feed ring " + name_ + ": " + h->abort_reason);
       if (h->terminated) return Status::Cancelled("feed ring " + name_ + ": the node terminated its feed");
     }
@@ -249,9 +271,11 @@ Status Ring::LockSession(Duration idle_timeout) {
     }
     if (rc == 0) {
       session_held_ = true;
+      session_thread_ = std::this_thread::get_id();
       return Status::OK();
     }
     RobustLock lock(&h->mu);
+    if (closing_) return ClosedStatus();
     if (h->tail != last_tail) {  // the node is consuming: keep waiting
       last_tail = h->tail;
       deadline = Deadline::After(idle_timeout);
@@ -271,7 +295,8 @@ Status Ring::LockSession(Duration idle_timeout) {
 }
 
 void Ring::UnlockSession() {
-  if (header_ == nullptr || !session_held_) return;
+  Call call(this);
+  if (!call.ok() || !session_held_) return;
   session_held_ = false;
   pthread_mutex_unlock(&header_->session_mu);
   RobustLock lock(&header_->mu);
@@ -279,11 +304,13 @@ void Ring::UnlockSession() {
 }
 
 Status Ring::Read(uint32_t* kind, std::vector<uint8_t>* payload, Deadline deadline) {
-  if (header_ == nullptr) return Status::Aborted("feed ring " + name_ + " is closed");
+  Call call(this);
+  if (!call.ok()) return ClosedStatus();
   RingHeader* h = header_;
-  const uint64_t cap = h->capacity;
+  const uint64_t cap = capacity_;
   RobustLock lock(&h->mu);
   for (;;) {
+    if (closing_) return ClosedStatus();
     if (h->aborted) return Status::Aborted("feed ring " + name_ + ": " + h->abort_reason);
     if (h->head != h->tail) {
       uint64_t pos = h->tail % cap;
@@ -314,7 +341,8 @@ Status Ring::Read(uint32_t* kind, std::vector<uint8_t>* payload, Deadline deadli
 }
 
 void Ring::Abort(const std::string& reason) {
-  if (header_ == nullptr) return;
+  Call call(this);
+  if (!call.ok()) return;
   RobustLock lock(&header_->mu);
   if (!header_->aborted) {
     header_->aborted = 1;
@@ -325,7 +353,8 @@ void Ring::Abort(const std::string& reason) {
 }
 
 Status Ring::Health() {
-  if (header_ == nullptr) return Status::Aborted("feed ring " + name_ + " is closed");
+  Call call(this);
+  if (!call.ok()) return ClosedStatus();
   RingHeader* h = header_;
   RobustLock lock(&h->mu);
   if (h->aborted) return Status::Aborted("feed ring " + name_ + ": " + h->abort_reason);
@@ -338,7 +367,8 @@ Status Ring::Health() {
 }
 
 void Ring::Terminate() {
-  if (header_ == nullptr) return;
+  Call call(this);
+  if (!call.ok()) return;
   RobustLock lock(&header_->mu);
   header_->terminated = 1;
   header_->tail = header_->head;  // drop what is queued
@@ -346,16 +376,41 @@ void Ring::Terminate() {
 }
 
 void Ring::Close() {
-  if (header_ == nullptr) return;
-  // A locked robust mutex must not outlive its mapping: glibc's robust list
-  // would write to unmapped memory.
-  UnlockSession();
-  if (owner_) {
-    Abort("the node closed its feed");
-    shm_unlink(name_.c_str());
+  MutexLock lock(&close_mu_);
+  if (closed_) return;
+  closed_ = true;
+  if (!mapping_.valid()) return;  // moved-from parts: nothing mapped
+  RingHeader* h = header_;
+  closing_ = true;  // no new call touches the segment from here on
+  {
+    // Every wait below re-checks closing_ under h->mu before it sleeps, so
+    // this broadcast cannot slip in between a check and a wait.
+    RobustLock shared(&h->mu);
+    if (segment_.owner() && !h->aborted) {  // producers elsewhere: the node is gone
+      h->aborted = 1;
+      SetReason(h, "the node closed its feed");
+    }
+    pthread_cond_broadcast(&h->not_full);
+    pthread_cond_broadcast(&h->not_empty);
   }
-  munmap(header_, mapped_bytes_);
-  header_ = nullptr;
+  for (int n = in_flight_.load(); n != 0; n = in_flight_.load()) in_flight_.wait(n);
+  (void)segment_.Unlink();
+  if (session_held_) {
+    if (session_thread_ == std::this_thread::get_id()) {
+      session_held_ = false;
+      pthread_mutex_unlock(&h->session_mu);
+      RobustLock shared(&h->mu);
+      pthread_cond_broadcast(&h->not_full);
+    } else {
+      // glibc keeps a locked robust mutex on its owner thread's list and
+      // writes to it when that thread locks or exits: never unmap it.
+      EMBER_LOG(WARN) << "feed ring " << name_ << " closed while another thread holds its session lock; "
+                      << "the mapping is kept until the process exits";
+      (void)mapping_.Leak();
+      return;
+    }
+  }
+  (void)mapping_.Close();
 }
 
 }  // namespace ember::shm

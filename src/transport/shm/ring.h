@@ -11,15 +11,23 @@
 // on the other side has died, so nothing waits forever.
 //
 // Thread-safe: any number of producer threads/processes; one consumer.
+// Close() is safe while other threads use the ring: it wakes their blocked
+// calls, which return Aborted ("... is closed") within moments, waits for
+// every call on this object to leave, and only then unmaps the segment.
+// Calls made after Close() return the same Aborted status.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/deadline.h"
+#include "common/mutex.h"
+#include "common/shm.h"
 #include "ember/result.h"
 
 namespace ember::shm {
@@ -87,18 +95,39 @@ class Ring {
   // Idempotent.
   void Terminate();
 
-  // Releases the session lock if held and the mapping (and, for the
-  // consumer, unlinks the name).  Idempotent.
+  // Wakes and waits out calls in flight on other threads (see the class
+  // comment), releases the session lock if held, unmaps the segment and, for
+  // the consumer, aborts the ring for producers ("the node closed its feed")
+  // and unlinks the name.  If another thread still holds the session lock,
+  // the mapping is left in place (a locked robust mutex must not be
+  // unmapped).  Idempotent and thread-safe; returns once the ring is closed.
   void Close();
 
  private:
-  Ring(std::string name, bool owner, RingHeader* header, size_t mapped_bytes);
+  class Call;  // counts one call in flight; see Close()
 
-  std::string name_;
-  bool owner_;
-  bool session_held_ = false;  // by this object; see LockSession()
-  RingHeader* header_;
-  size_t mapped_bytes_;
+  Ring(std::string name, SharedMemory segment, Mapping mapping);
+  Status ClosedStatus() const;
+
+  const std::string name_;
+  SharedMemory segment_;  // owner (consumer): unlinked by Close()
+  Mapping mapping_;
+  RingHeader* const header_;  // in mapping_; used only inside a Call
+  const size_t capacity_;
+
+  // Close() safety: a call enters by incrementing in_flight_, then checks
+  // closing_; Close() sets closing_, wakes the waits in shared memory and
+  // waits for in_flight_ to drop to zero (sequentially consistent, so one
+  // side always sees the other).
+  std::atomic<bool> closing_{false};
+  std::atomic<int> in_flight_{0};
+  Mutex close_mu_;  // serializes Close()
+  bool closed_ GUARDED_BY(close_mu_) = false;
+
+  // The session lock, by this object (see LockSession()); written only
+  // inside Calls, read by Close() after they drained.
+  bool session_held_ = false;
+  std::thread::id session_thread_;
 };
 
 }  // namespace ember::shm

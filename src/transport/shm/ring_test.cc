@@ -6,7 +6,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <numeric>
+#include <tuple>
 #include <thread>
 #include <vector>
 
@@ -334,6 +337,228 @@ TEST(Ring, SessionWaitTimesOutOnlyWhenNodeIsIdle) {
   });
   waiter.join();
   (*holder)->UnlockSession();
+}
+
+// ---- many threads: N producers x 1 consumer per ring, several rings at once ----
+
+struct MpscParam {
+  int producers;
+  int rings;
+  size_t message_bytes;
+};
+
+class RingMpsc : public ::testing::TestWithParam<MpscParam> {};
+
+// Each ring has its own consumer thread and `producers` producer threads;
+// half the producers share one Ring object (threads of one process), the
+// others open their own.  Every message arrives once, each producer's in
+// order, with its bytes intact.
+TEST_P(RingMpsc, EveryMessageArrivesOnceInProducerOrder) {
+  const MpscParam param = GetParam();
+  const int kEach = 300;
+  std::vector<std::unique_ptr<Ring>> consumers, shared;
+  for (int r = 0; r < param.rings; ++r) {
+    auto ring = Ring::Create(UniqueName(), 16384);
+    ASSERT_TRUE(ring.ok()) << ring.status().ToString();
+    auto opened = Ring::Open((*ring)->name());
+    ASSERT_TRUE(opened.ok());
+    consumers.push_back(ring.MoveValueUnsafe());
+    shared.push_back(opened.MoveValueUnsafe());
+  }
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int r = 0; r < param.rings; ++r) {
+    for (int p = 0; p < param.producers; ++p) {
+      threads.emplace_back([&, r, p] {
+        std::unique_ptr<Ring> own;
+        Ring* w = shared[r].get();
+        if (p % 2 == 1) {
+          auto opened = Ring::Open(consumers[r]->name());
+          if (!opened.ok()) return (void)++failures;
+          own = opened.MoveValueUnsafe();
+          w = own.get();
+        }
+        for (int i = 0; i < kEach; ++i) {
+          std::vector<uint8_t> body = Bytes(static_cast<uint32_t>(i), param.message_bytes);
+          const uint32_t seq = static_cast<uint32_t>(i);
+          std::memcpy(body.data(), &seq, sizeof(seq));
+          if (!w->Write(static_cast<uint32_t>(p), body, Soon()).ok()) return (void)++failures;
+        }
+      });
+    }
+  }
+  std::vector<std::thread> readers;
+  for (int r = 0; r < param.rings; ++r) {
+    readers.emplace_back([&, r] {
+      std::vector<uint32_t> next(param.producers, 0);
+      uint32_t kind;
+      std::vector<uint8_t> payload;
+      for (int i = 0; i < param.producers * kEach; ++i) {
+        if (!consumers[r]->Read(&kind, &payload, Soon()).ok() || kind >= static_cast<uint32_t>(param.producers)) {
+          ++failures;
+          return;
+        }
+        uint32_t seq;
+        std::memcpy(&seq, payload.data(), sizeof(seq));
+        std::vector<uint8_t> expected = Bytes(seq, param.message_bytes);
+        std::memcpy(expected.data(), &seq, sizeof(seq));
+        if (seq != next[kind] || payload != expected) {
+          ++failures;
+          return;
+        }
+        ++next[kind];
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& t : readers) t.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, RingMpsc,
+                         ::testing::Values(MpscParam{1, 1, 8}, MpscParam{4, 1, 100}, MpscParam{8, 1, 1000},
+                                           MpscParam{3, 3, 64}, MpscParam{2, 4, 3000}),
+                         [](const ::testing::TestParamInfo<MpscParam>& info) {
+                           return std::to_string(info.param.producers) + "x" + std::to_string(info.param.rings) +
+                                  "rings_" + std::to_string(info.param.message_bytes) + "B";
+                         });
+
+// ---- Close() while other threads use the same object ----
+
+using std::chrono::steady_clock;
+
+// Runs `call` on a thread, lets it block, closes `ring` from this thread and
+// returns what the call returned; fails the test if either took long.
+template <typename Call>
+Status CloseDuring(Ring* ring, Call call) {
+  std::atomic<bool> started{false};
+  Status result;
+  steady_clock::time_point returned;
+  std::thread t([&] {
+    started = true;
+    result = call();
+    returned = steady_clock::now();
+  });
+  while (!started) std::this_thread::yield();
+  std::this_thread::sleep_for(Duration(50));  // let it block
+  const auto closing = steady_clock::now();
+  ring->Close();
+  const auto closed = steady_clock::now();
+  t.join();
+  EXPECT_LT(closed - closing, Duration(1000)) << "Close() waited too long for the blocked call";
+  EXPECT_LT(returned - closing, Duration(1000)) << "the blocked call did not return promptly";
+  return result;
+}
+
+TEST(RingClose, DuringBlockedReadReturnsClosed) {
+  auto ring = Ring::Create(UniqueName(), 4096);
+  ASSERT_TRUE(ring.ok());
+  Status st = CloseDuring(ring->get(), [&] {
+    uint32_t kind;
+    std::vector<uint8_t> payload;
+    return (*ring)->Read(&kind, &payload, Deadline::After(Duration(10000)));
+  });
+  EXPECT_EQ(st.code(), StatusCode::kAborted) << st.ToString();
+  EXPECT_NE(st.message().find("closed"), std::string::npos) << st.ToString();
+}
+
+TEST(RingClose, DuringBlockedWriteOnFullRingReturnsClosed) {
+  auto ring = Ring::Create(UniqueName(), 4096);
+  ASSERT_TRUE(ring.ok());
+  auto producer = Ring::Open((*ring)->name());
+  ASSERT_TRUE(producer.ok());
+  const std::vector<uint8_t> body(1000, 7);
+  while ((*producer)->Write(1, body, Deadline::After(Duration(0))).ok()) {
+  }
+  Status st = CloseDuring(producer->get(), [&] { return (*producer)->Write(1, body, Deadline::After(Duration(10000))); });
+  EXPECT_EQ(st.code(), StatusCode::kAborted) << st.ToString();
+  EXPECT_NE(st.message().find("closed"), std::string::npos) << st.ToString();
+  // The consumer's ring is untouched by a producer's Close().
+  uint32_t kind;
+  std::vector<uint8_t> payload;
+  EXPECT_TRUE((*ring)->Read(&kind, &payload, Soon()).ok());
+}
+
+TEST(RingClose, DuringSessionWaitReturnsClosed) {
+  auto ring = Ring::Create(UniqueName(), 4096);
+  ASSERT_TRUE(ring.ok());
+  auto holder = Ring::Open((*ring)->name());
+  auto waiter = Ring::Open((*ring)->name());
+  ASSERT_TRUE(holder.ok() && waiter.ok());
+  ASSERT_TRUE((*holder)->LockSession(Duration(1000)).ok());
+  Status st = CloseDuring(waiter->get(), [&] { return (*waiter)->LockSession(Duration(10000)); });
+  EXPECT_EQ(st.code(), StatusCode::kAborted) << st.ToString();
+  (*holder)->UnlockSession();
+}
+
+TEST(RingClose, ConsumerCloseWakesProducersOnTheirOwnObjects) {
+  auto ring = Ring::Create(UniqueName(), 4096);
+  ASSERT_TRUE(ring.ok());
+  auto producer = Ring::Open((*ring)->name());
+  ASSERT_TRUE(producer.ok());
+  const std::vector<uint8_t> body(1000, 7);
+  while ((*producer)->Write(1, body, Deadline::After(Duration(0))).ok()) {
+  }
+  std::thread t([&] {
+    Status st = (*producer)->Write(1, body, Deadline::After(Duration(10000)));
+    EXPECT_EQ(st.code(), StatusCode::kAborted) << st.ToString();
+    EXPECT_NE(st.message().find("the node closed its feed"), std::string::npos) << st.ToString();
+  });
+  std::this_thread::sleep_for(Duration(50));
+  (*ring)->Close();
+  t.join();
+}
+
+TEST(RingClose, CallsAfterCloseReturnClosedAndCloseIsIdempotent) {
+  auto ring = Ring::Create(UniqueName(), 4096);
+  ASSERT_TRUE(ring.ok());
+  (*ring)->Close();
+  (*ring)->Close();
+  uint32_t kind;
+  std::vector<uint8_t> payload;
+  EXPECT_EQ((*ring)->Read(&kind, &payload, Soon()).code(), StatusCode::kAborted);
+  EXPECT_EQ((*ring)->Write(1, {}, Soon()).code(), StatusCode::kAborted);
+  EXPECT_EQ((*ring)->Health().code(), StatusCode::kAborted);
+  EXPECT_EQ((*ring)->LockSession(Duration(10)).code(), StatusCode::kAborted);
+  (*ring)->UnlockSession();
+  (*ring)->Abort("late");
+  (*ring)->Terminate();
+  EXPECT_EQ((*ring)->capacity(), 4096u);
+}
+
+// Readers, writers and health checks hammer one consumer object and one
+// shared producer object while two threads close them; nothing may crash or
+// touch unmapped memory (ASan/TSan builds), and every call ends.
+TEST(RingClose, ConcurrentCloseUnderLoad) {
+  for (int round = 0; round < 5; ++round) {
+    auto ring = Ring::Create(UniqueName(), 8192);
+    ASSERT_TRUE(ring.ok());
+    auto producer = Ring::Open((*ring)->name());
+    ASSERT_TRUE(producer.ok());
+    std::atomic<bool> stop{false};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 3; ++i) {
+      threads.emplace_back([&] {
+        const std::vector<uint8_t> body(200, 1);
+        while (!stop) (void)(*producer)->Write(2, body, Deadline::After(Duration(200)));
+      });
+    }
+    threads.emplace_back([&] {
+      uint32_t kind;
+      std::vector<uint8_t> payload;
+      while (!stop) (void)(*ring)->Read(&kind, &payload, Deadline::After(Duration(200)));
+    });
+    threads.emplace_back([&] {
+      while (!stop) (void)(*producer)->Health();
+    });
+    std::this_thread::sleep_for(Duration(20 + 10 * round));
+    std::thread closer1([&] { (*producer)->Close(); });
+    std::thread closer2([&] { (*ring)->Close(); });
+    closer1.join();
+    closer2.join();
+    stop = true;
+    for (auto& t : threads) t.join();
+  }
 }
 
 }  // namespace

@@ -1,0 +1,524 @@
+// Producers and consumers of the feed (ember/feed.h) on threads, over real
+// shm rings and over TCP through a node's FeedServer.  A stand-in for Arrow:
+// a batch's "IPC stream" is the i64 value of its first row; row i of it is
+// that value + i.
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <set>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "ember/feed.h"
+#include "feed/codec.h"
+#include "feed/feed_client.h"
+#include "feed/feed_server.h"
+#include "transport/shm/ring.h"
+
+namespace ember::feed {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+const std::string kSecret = "feed-test-secret-0123456789";
+
+std::string UniqueName(const std::string& what) {
+  static std::atomic<int> counter{0};
+  return "/ember-pctest-" + std::to_string(getpid()) + "-" + what + std::to_string(counter++);
+}
+
+std::vector<uint8_t> Ipc(int64_t first) {
+  std::vector<uint8_t> v(8);
+  std::memcpy(v.data(), &first, 8);
+  return v;
+}
+
+int64_t FirstValue(std::span<const uint8_t> ipc) {
+  int64_t v = 0;
+  std::memcpy(&v, ipc.data(), 8);
+  return v;
+}
+
+std::vector<int64_t> Values(const std::vector<RowRange>& ranges) {
+  std::vector<int64_t> out;
+  for (const RowRange& r : ranges) {
+    for (int64_t i = 0; i < r.rows; ++i) out.push_back(FirstValue(r.ipc()) + r.offset + i);
+  }
+  return out;
+}
+
+int64_t Count(const std::vector<RowRange>& ranges) {
+  int64_t n = 0;
+  for (const RowRange& r : ranges) n += r.rows;
+  return n;
+}
+
+// A node as its launcher sets it up: the ring, and (tcp) the feed server.
+struct TestNode {
+  std::unique_ptr<shm::Ring> ring;
+  std::unique_ptr<FeedServer> server;
+  NodeEndpoint endpoint;
+};
+
+enum class Via { kShm, kTcp };
+
+class FeedTest : public ::testing::TestWithParam<Via> {
+ protected:
+  void StartNodes(int n, size_t capacity = 1 << 20, Duration server_idle = Duration(600000)) {
+    for (int k = 0; k < n; ++k) {
+      auto node = std::make_unique<TestNode>();
+      auto ring = shm::Ring::Create(UniqueName("node"), capacity);
+      ASSERT_TRUE(ring.ok()) << ring.status().ToString();
+      node->ring = ring.MoveValueUnsafe();
+      FeedServerOptions o;
+      o.bind_host = "127.0.0.1";
+      o.secret = kSecret;
+      o.ring_name = node->ring->name();
+      o.result_ring_prefix = UniqueName("results");
+      o.result_ring_capacity = 1 << 16;
+      o.idle_timeout = server_idle;
+      auto server = FeedServer::Start(o);
+      ASSERT_TRUE(server.ok()) << server.status().ToString();
+      node->server = server.MoveValueUnsafe();
+      node->endpoint = NodeEndpoint{k, "worker:" + std::to_string(k), node->ring->name(), "127.0.0.1",
+                                    node->server->port(), capacity};
+      nodes_.push_back(std::move(node));
+    }
+  }
+
+  void TearDown() override {
+    for (auto& n : nodes_) n->server->Close();
+    nodes_.clear();
+  }
+
+  FeedOptions Options() const {
+    FeedOptions o;
+    o.secret = kSecret;
+    o.transport = GetParam() == Via::kShm ? Transport::kAuto : Transport::kTcp;  // auto: the ring is here
+    o.connect_timeout = Duration(5000);
+    o.idle_timeout = Duration(10000);
+    o.result_ring_prefix = UniqueName("r");
+    o.result_ring_bytes = 1 << 16;
+    return o;
+  }
+
+  std::vector<NodeEndpoint> Endpoints() const {
+    std::vector<NodeEndpoint> out;
+    for (auto& n : nodes_) out.push_back(n->endpoint);
+    return out;
+  }
+
+  std::unique_ptr<Consumer> OpenConsumer(int k, bool train_mode = true, Duration read_timeout = Duration(10000)) {
+    ConsumerOptions o;
+    o.node = "worker:" + std::to_string(k);
+    o.train_mode = train_mode;
+    o.read_timeout = read_timeout;
+    auto c = Consumer::Open(nodes_[k]->ring->name(), o);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.MoveValueUnsafe();
+  }
+
+  // Feeds rows [start, start + rows) as partition `p` in chunks; returns sent.
+  std::vector<int64_t> FeedPartition(uint32_t p, uint32_t epoch, int64_t start, int64_t rows, int64_t chunk = 7,
+                                     uint32_t attempt = 0) {
+    auto producer = Producer::Open(Endpoints(), p, epoch, attempt, Options());
+    EXPECT_TRUE(producer.ok()) << producer.status().ToString();
+    if (!producer.ok()) return {};
+    Producer& prod = **producer;
+    for (int64_t at = 0; at < rows; at += chunk) {
+      const int64_t n = std::min(chunk, rows - at);
+      int64_t offset = 0;
+      std::vector<int64_t> split = prod.Split(n);
+      for (size_t k = 0; k < split.size(); ++k) {
+        if (split[k] == 0) continue;
+        EXPECT_TRUE(prod.SendBatch(k, Ipc(start + at + offset), split[k]).ok());
+        offset += split[k];
+      }
+    }
+    EXPECT_TRUE(prod.EndPartition().ok());
+    return prod.sent();
+  }
+
+  void EndEpochAll(uint32_t epoch, uint32_t partitions) {
+    auto r = EndEpoch(Endpoints(), epoch, partitions, Options());
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+  }
+  void EndFeedAll() {
+    auto r = EndFeed(Endpoints(), Options());
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+  }
+
+  std::vector<std::unique_ptr<TestNode>> nodes_;
+};
+
+INSTANTIATE_TEST_SUITE_P(Transports, FeedTest, ::testing::Values(Via::kShm, Via::kTcp),
+                         [](const auto& info) { return info.param == Via::kShm ? "Shm" : "Tcp"; });
+
+// Consumes one epoch in batches of `batch`; returns the batches' values.
+std::vector<std::vector<int64_t>> ConsumeEpoch(Consumer& c, int64_t batch, bool drop_remainder = true) {
+  std::vector<std::vector<int64_t>> out;
+  auto epoch = c.BeginEpoch();
+  EXPECT_TRUE(epoch.ok()) << epoch.status().ToString();
+  if (!epoch.ok() || !*epoch) return out;
+  for (;;) {
+    auto b = c.NextEpochBatch(batch, drop_remainder);
+    EXPECT_TRUE(b.ok()) << b.status().ToString();
+    if (!b.ok() || b->empty()) return out;
+    out.push_back(Values(*b));
+  }
+}
+
+TEST_P(FeedTest, EveryNodeYieldsTheSameBatchesFromUnevenConcurrentPartitions) {
+  StartNodes(3);
+  const std::vector<int64_t> counts = {0, 17, 1000, 3, 0, 250, 1, 64};
+  std::vector<std::vector<int64_t>> sent(counts.size());
+  std::vector<std::vector<std::vector<int64_t>>> got(3);
+  std::vector<std::thread> threads;
+  for (int k = 0; k < 3; ++k) {
+    threads.emplace_back([&, k] {
+      auto c = OpenConsumer(k);
+      got[k] = ConsumeEpoch(*c, 8);
+    });
+  }
+  std::vector<std::thread> producers;
+  int64_t start = 0;
+  for (size_t p = 0; p < counts.size(); ++p) {  // several feeding tasks at once
+    producers.emplace_back([&, p, start] { sent[p] = FeedPartition(p, 0, start, counts[p], 5 + p); });
+    start += counts[p];
+  }
+  for (auto& t : producers) t.join();
+  EndEpochAll(0, counts.size());
+  for (auto& t : threads) t.join();
+  std::vector<int64_t> totals(3, 0);
+  for (const auto& s : sent) {
+    ASSERT_EQ(s.size(), 3u);
+    EXPECT_LE(*std::max_element(s.begin(), s.end()) - *std::min_element(s.begin(), s.end()), 1);
+    for (int k = 0; k < 3; ++k) totals[k] += s[k];
+  }
+  const int64_t least = *std::min_element(totals.begin(), totals.end());
+  std::set<int64_t> seen;
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_EQ(static_cast<int64_t>(got[k].size()), least / 8) << "worker:" << k;
+    for (const auto& b : got[k]) {
+      EXPECT_EQ(b.size(), 8u);
+      for (int64_t v : b) EXPECT_TRUE(seen.insert(v).second) << "row " << v << " went to two nodes";
+    }
+  }
+}
+
+TEST_P(FeedTest, AnEpochEndsOnlyWhenTheDriverSaysHowManyPartitionsItHad) {
+  StartNodes(2);
+  FeedPartition(0, 0, 0, 12);
+  auto c = OpenConsumer(0, true, Duration(500));
+  ASSERT_TRUE(c->BeginEpoch().ok());
+  auto first = c->NextEpochBatch(4, true);
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(Count(*first), 4);  // 5 of its 6 rows are provably usable before the epoch ends
+  auto second = c->NextEpochBatch(4, true);
+  ASSERT_EQ(second.status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(second.status().message().find("worker:0"), std::string::npos);
+  EndEpochAll(0, 1);
+  auto other = OpenConsumer(1);
+  auto batches = ConsumeEpoch(*other, 4, /*drop_remainder=*/false);
+  ASSERT_EQ(batches.size(), 2u);
+  EXPECT_EQ(batches[1].size(), 2u);
+}
+
+TEST_P(FeedTest, ANodeWithNoRowsOfATinyEpochStillStepsThroughIt) {
+  StartNodes(2);
+  FeedPartition(0, 0, 0, 1);
+  EndEpochAll(0, 1);
+  FeedPartition(0, 1, 100, 10);
+  EndEpochAll(1, 1);
+  EndFeedAll();
+  for (int k = 0; k < 2; ++k) {
+    auto c = OpenConsumer(k);
+    std::vector<size_t> sizes;
+    for (int e = 0; e < 3; ++e) sizes.push_back(ConsumeEpoch(*c, 2).size());
+    EXPECT_EQ(sizes, (std::vector<size_t>{0, 2, 0})) << "worker:" << k;
+    EXPECT_TRUE(c->ShouldStop());
+  }
+}
+
+TEST_P(FeedTest, ARetriedFeedingTaskDoesNotUnbalanceTheNodes) {
+  StartNodes(2);
+  {  // attempt 0 dies after writing 40 rows to node 0 only
+    auto producer = Producer::Open({Endpoints()[0]}, 0, 0, 0, Options());
+    ASSERT_TRUE(producer.ok());
+    ASSERT_TRUE((*producer)->SendBatch(0, Ipc(1000), 40).ok());
+  }
+  FeedPartition(0, 0, 0, 100, 10, /*attempt=*/1);
+  EndEpochAll(0, 1);
+  EndFeedAll();
+  for (int k = 0; k < 2; ++k) {
+    auto c = OpenConsumer(k);
+    auto batches = ConsumeEpoch(*c, 8);
+    EXPECT_EQ(batches.size(), 50u / 8) << "worker:" << k;
+    if (k == 0) EXPECT_EQ(batches[0][0], 1000);  // the failed attempt's rows come first
+  }
+}
+
+TEST_P(FeedTest, AConsumerThatStopsEarlyGetsTheNextEpoch) {
+  StartNodes(1);
+  for (uint32_t e = 0; e < 2; ++e) {
+    FeedPartition(0, e, e * 100, 10);
+    EndEpochAll(e, 1);
+  }
+  EndFeedAll();
+  auto c = OpenConsumer(0);
+  for (uint32_t e = 0; e < 2; ++e) {
+    auto epoch = c->BeginEpoch();
+    ASSERT_TRUE(epoch.ok() && *epoch);
+    EXPECT_EQ(**epoch, e);
+    auto b = c->NextEpochBatch(4, true);
+    ASSERT_TRUE(b.ok());
+    EXPECT_EQ(Values(*b)[0], e * 100);  // one step, then stop pulling
+  }
+  auto rest = c->Next(5, false);
+  ASSERT_TRUE(rest.ok());
+  EXPECT_TRUE(rest->empty());
+  EXPECT_TRUE(c->ShouldStop());
+}
+
+TEST_P(FeedTest, NextHandsOutRowsAcrossMessagesLikeTfos) {
+  StartNodes(1);
+  FeedPartition(0, 0, 0, 10, 3);
+  EndEpochAll(0, 1);
+  EndFeedAll();
+  auto c = OpenConsumer(0);
+  std::vector<int64_t> sizes;
+  for (int64_t n : {2, 4, 10}) sizes.push_back(Count(*c->Next(n, false)));
+  EXPECT_EQ(sizes, (std::vector<int64_t>{2, 4, 4}));
+  EXPECT_TRUE(c->ShouldStop());
+}
+
+TEST_P(FeedTest, TerminateStopsProducersQuietly) {
+  StartNodes(1);
+  auto c = OpenConsumer(0);
+  c->Terminate();
+  auto producer = Producer::Open(Endpoints(), 0, 0, 0, Options());
+  ASSERT_TRUE(producer.ok());
+  Status st;
+  // Over TCP the node's feed server says so a moment later.
+  const auto until = Clock::now() + std::chrono::seconds(3);
+  for (int i = 0; st.ok() && !(*producer)->all_cancelled() && Clock::now() < until; ++i) {
+    st = (*producer)->SendBatch(0, Ipc(i), 1);
+    if (GetParam() == Via::kTcp) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_TRUE((*producer)->all_cancelled());
+  EXPECT_TRUE((*producer)->EndPartition().ok());
+  EXPECT_TRUE(c->ShouldStop());
+  auto epoch = c->BeginEpoch();
+  ASSERT_TRUE(epoch.ok());
+  EXPECT_FALSE(epoch->has_value());
+}
+
+TEST_P(FeedTest, ANodeThatEndedIsSkippedAndReportedGone) {
+  StartNodes(1);
+  NodeEndpoint ended{1, "worker:1", UniqueName("gone"), "127.0.0.1", 1, 1 << 20};
+  auto producer = Producer::Open({Endpoints()[0], ended}, 0, 0, 0, Options());
+  ASSERT_TRUE(producer.ok()) << producer.status().ToString();
+  std::vector<int64_t> split = (*producer)->Split(10);
+  ASSERT_TRUE((*producer)->SendBatch(0, Ipc(0), split[0]).ok());
+  ASSERT_TRUE((*producer)->SendBatch(1, Ipc(5), split[1]).ok());
+  ASSERT_TRUE((*producer)->EndPartition().ok());
+  EXPECT_EQ((*producer)->sent(), (std::vector<int64_t>{5, 5}));
+  EXPECT_FALSE((*producer)->gone(0));
+  EXPECT_TRUE((*producer)->gone(1));
+  auto told = EndEpoch({Endpoints()[0], ended}, 0, 1, Options());
+  ASSERT_TRUE(told.ok());
+  EXPECT_EQ(*told, (std::vector<bool>{false, true}));
+  // Inference needs its node's answers: there, a node that cannot be reached is an error.
+  auto infer = InferenceProducer::Open(ended, 0, Options());
+  ASSERT_EQ(infer.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(infer.status().message().find("worker:1"), std::string::npos) << infer.status().message();
+}
+
+// ------------------------------------------------------------------ inference
+// A node loop in TFoS style: Next(4) until ShouldStop, answering each batch
+// with answer(rows) result rows.
+struct NodeLoop {
+  std::thread thread;
+  std::vector<Status> errors;
+};
+
+void RunNode(Consumer* c, std::function<int64_t(int64_t)> answer, std::vector<Status>* errors) {
+  while (!c->ShouldStop()) {
+    auto rows = c->Next(4, true);
+    if (!rows.ok()) {
+      errors->push_back(rows.status());
+      if (rows.status().code() == StatusCode::kDeadlineExceeded) return;
+      continue;
+    }
+    const int64_t n = Count(*rows);
+    if (n == 0) continue;
+    const int64_t m = answer(n);
+    auto plan = c->PlanResults(m);
+    if (!plan.ok()) {
+      errors->push_back(plan.status());
+      continue;
+    }
+    int64_t first = Values(*rows)[0];
+    for (int64_t k : *plan) {
+      Status st = c->SendResults(Ipc(first * 10), k);
+      if (!st.ok()) errors->push_back(st);
+      first += k;
+    }
+  }
+}
+
+// Feeds rows [0, rows) to node 0 as partition `p` and collects the answers.
+Status Infer(InferenceProducer& prod, int64_t rows, int64_t chunk, std::vector<int64_t>* answers) {
+  Status writer_status;
+  std::thread writer([&] {
+    writer_status = prod.Begin();
+    for (int64_t at = 0; writer_status.ok() && at < rows; at += chunk) {
+      writer_status = prod.SendBatch(Ipc(at), std::min(chunk, rows - at));
+    }
+    if (writer_status.ok()) writer_status = prod.End();
+    prod.ReleaseSession();
+  });
+  Status st;
+  for (;;) {
+    auto r = prod.NextResult();
+    if (!r.ok()) {
+      st = r.status();
+      break;
+    }
+    if (!r->has_value()) break;
+    for (int64_t i = 0; i < (*r)->rows; ++i) answers->push_back(FirstValue((*r)->ipc()) + i);
+  }
+  if (!st.ok()) prod.Close();
+  writer.join();
+  return st.ok() ? writer_status : st;
+}
+
+TEST_P(FeedTest, InferenceRoundTripAnswersEveryRowInOrder) {
+  StartNodes(1);
+  auto c = OpenConsumer(0, /*train_mode=*/false);
+  std::vector<Status> node_errors;
+  std::thread node([&] { RunNode(c.get(), [](int64_t n) { return n; }, &node_errors); });
+  for (uint32_t p = 0; p < 3; ++p) {
+    auto prod = InferenceProducer::Open(Endpoints()[0], p, Options());
+    ASSERT_TRUE(prod.ok()) << prod.status().ToString();
+    std::vector<int64_t> answers;
+    Status st = Infer(**prod, 10, 3, &answers);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    ASSERT_EQ(answers.size(), 10u);
+    EXPECT_EQ((*prod)->rows_answered(), 10);
+  }
+  EndFeedAll();
+  node.join();
+  EXPECT_TRUE(node_errors.empty()) << node_errors[0].ToString();
+}
+
+TEST_P(FeedTest, InferenceTooManyResultsNamesNodeAndPartition) {
+  StartNodes(1);
+  auto c = OpenConsumer(0, false);
+  std::vector<Status> node_errors;
+  std::thread node([&] { RunNode(c.get(), [](int64_t n) { return n + 1; }, &node_errors); });
+  auto prod = InferenceProducer::Open(Endpoints()[0], 4, Options());
+  ASSERT_TRUE(prod.ok());
+  std::vector<int64_t> answers;
+  Status st = Infer(**prod, 6, 3, &answers);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("worker:0"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("partition 4"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("one result per input row"), std::string::npos) << st.message();
+  EndFeedAll();
+  node.join();
+  ASSERT_FALSE(node_errors.empty());
+  EXPECT_EQ(node_errors[0].code(), StatusCode::kInvalidArgument);
+}
+
+TEST_P(FeedTest, InferenceTooFewResultsNamesNodeAndPartition) {
+  StartNodes(1);
+  auto c = OpenConsumer(0, false);
+  std::vector<Status> node_errors;
+  std::thread node([&] { RunNode(c.get(), [](int64_t n) { return n - 1; }, &node_errors); });
+  auto prod = InferenceProducer::Open(Endpoints()[0], 2, Options());
+  ASSERT_TRUE(prod.ok());
+  std::vector<int64_t> answers;
+  Status st = Infer(**prod, 8, 4, &answers);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("worker:0"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("partition 2"), std::string::npos) << st.message();
+  EndFeedAll();
+  node.join();
+}
+
+TEST_P(FeedTest, ANodeFailureDuringInferenceIsReportedWithTheNodesReasonPromptly) {
+  StartNodes(1);
+  auto prod = InferenceProducer::Open(Endpoints()[0], 0, Options());
+  ASSERT_TRUE(prod.ok());
+  ASSERT_TRUE((*prod)->Begin().ok());
+  ASSERT_TRUE((*prod)->SendBatch(Ipc(0), 3).ok());
+  ASSERT_TRUE((*prod)->End().ok());
+  const auto start = Clock::now();
+  std::thread launcher([&] {  // the node never answers; its launcher sees it die
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    nodes_[0]->ring->Abort("node worker:0 failed (killed by signal 9)");
+  });
+  auto r = (*prod)->NextResult();
+  launcher.join();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kAborted) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("node worker:0 failed (killed by signal 9)"), std::string::npos)
+      << r.status().message();
+  EXPECT_NE(r.status().message().find("partition 0"), std::string::npos) << r.status().message();
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(3));
+}
+
+TEST_P(FeedTest, TheProducersIdleTimeoutReachesTheNodeSide) {
+  // The node's feed server would wait 10 minutes on a full ring; the
+  // producer's 300 ms (its kHello) is what applies to its connection.
+  StartNodes(1, 1 << 16, Duration(600000));
+  const std::vector<uint8_t> big(MaxBatchBytes(1 << 16, size_t{64} << 20), 1);
+  const auto start = Clock::now();
+  if (GetParam() == Via::kShm) {
+    FeedOptions o = Options();
+    o.idle_timeout = Duration(300);
+    auto producer = Producer::Open(Endpoints(), 0, 0, 0, o);
+    ASSERT_TRUE(producer.ok());
+    Status st;
+    for (int i = 0; i < 4 && st.ok(); ++i) st = (*producer)->SendBatch(0, big, 1);  // nobody reads
+    EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.ToString();
+    EXPECT_NE(st.message().find("worker:0"), std::string::npos) << st.message();
+  } else {
+    auto client = FeedClient::Connect("127.0.0.1", nodes_[0]->server->port(), kSecret, Duration(5000),
+                                      size_t{64} << 20, Duration(300));
+    ASSERT_TRUE(client.ok());
+    // Three messages: two fill the ring, the third blocks the server, not this socket.
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE((*client)->Write(FeedKind::kBatch, EncodeBatch({0, 0, 0, 1}, big), Deadline::After(Duration(5000))).ok());
+    }
+    FeedKind kind{};
+    std::vector<uint8_t> payload;
+    ASSERT_TRUE((*client)->Read(&kind, &payload, Deadline::After(Duration(5000))).ok());
+    EXPECT_EQ(kind, FeedKind::kError);
+    EXPECT_EQ(std::string(AsChars(payload)).rfind("DeadlineExceeded: ", 0), 0u) << std::string(AsChars(payload));
+  }
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(4));
+}
+
+TEST_P(FeedTest, OversizeBatchesAreRefusedWithTheLimit) {
+  StartNodes(1, 1 << 16);
+  auto producer = Producer::Open(Endpoints(), 0, 0, 0, Options());
+  ASSERT_TRUE(producer.ok());
+  const size_t max = (*producer)->MaxBatchBytes(0);
+  EXPECT_EQ(max, MaxBatchBytes(1 << 16, Options().max_message_bytes));
+  std::vector<uint8_t> too_big(max + 1, 0);
+  Status st = (*producer)->SendBatch(0, too_big, 2);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("send fewer rows"), std::string::npos);
+  EXPECT_EQ((*producer)->sent()[0], 0);
+  std::vector<uint8_t> fits(max, 0);
+  EXPECT_TRUE((*producer)->SendBatch(0, fits, 2).ok());
+}
+
+}  // namespace
+}  // namespace ember::feed

@@ -1,0 +1,36 @@
+// The node start-up message: what a launcher hands the node process it
+// starts (docs/wire.md, "Node start-up").  Typed and versioned so that any
+// executable can be a node; the one opaque field, `payload`, carries a Python
+// node's cloudpickled user code.
+//
+// Layout (codec.h encodings):
+//   4 bytes magic "EMBN" | u16 version (kStartupVersion) | fields of NodeContext
+//   in declaration order; the cluster spec as u32 role count, then per role
+//   (roles in strictly increasing byte order) string role | u32 n | n strings.
+// The decoder reads bytes from another process and is fuzzed
+// (node_startup_fuzz.cc): anything that decodes re-encodes to the same bytes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "ember/node.h"
+#include "ember/result.h"
+
+namespace ember::node {
+
+inline constexpr char kStartupMagic[4] = {'E', 'M', 'B', 'N'};
+inline constexpr uint16_t kStartupVersion = 1;
+
+// The message for `context`.  InvalidArgument if a field cannot be
+// represented (negative ids or timeout, a port outside 0..65535, a string or
+// list over 4 GiB).
+Result<std::string> EncodeStartup(const NodeContext& context);
+
+// Parses a whole message.  Corruption (naming the field and offset) for bad
+// magic, truncation, trailing bytes, out-of-range values or unsorted roles;
+// InvalidArgument for another version, naming both.
+Result<NodeContext> DecodeStartup(std::string_view bytes);
+
+}  // namespace ember::node

@@ -1,0 +1,148 @@
+#include "node/startup.h"
+
+#include <gtest/gtest.h>
+
+#include "common/codec.h"
+
+namespace ember::node {
+namespace {
+
+NodeContext FullContext() {
+  NodeContext c;
+  c.job_id = "ember-0123456789ab";
+  c.executor_id = 3;
+  c.job_name = "worker";
+  c.task_index = 1;
+  c.cluster_spec = {{"chief", {"h0:1000"}}, {"ps", {"h1:1001"}}, {"worker", {"h2:1002", "h3:1003"}}};
+  c.coordinator_host = "driver.example";
+  c.coordinator_port = 40123;
+  c.secret = std::string("\x00\x01secret\xff", 9);
+  c.connect_timeout = Duration(12500);
+  c.input_mode = InputMode::kSpark;
+  c.feed_ring = "/ember-0123456789ab-3";
+  c.default_fs = "hdfs://nn:8020";
+  c.working_dir = "/home/me/job";
+  c.log_dir = "hdfs://nn:8020/logs";
+  c.traceback_path = "/tmp/ember-x/traceback.txt";
+  c.payload = std::string("\x80\x05pickled\x00", 10);
+  return c;
+}
+
+TEST(NodeStartupTest, RoundTripsEveryField) {
+  const NodeContext c = FullContext();
+  auto bytes = EncodeStartup(c);
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  EXPECT_EQ(bytes->substr(0, 4), "EMBN");
+  auto back = DecodeStartup(*bytes);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, c);
+  EXPECT_EQ(back->num_workers(), 3);
+}
+
+TEST(NodeStartupTest, RoundTripsAnEmptyContext) {
+  auto bytes = EncodeStartup(NodeContext{});
+  ASSERT_TRUE(bytes.ok());
+  auto back = DecodeStartup(*bytes);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, NodeContext{});
+}
+
+TEST(NodeStartupTest, EveryTruncationIsCorruption) {
+  auto bytes = EncodeStartup(FullContext());
+  ASSERT_TRUE(bytes.ok());
+  for (size_t n = 0; n < bytes->size(); ++n) {
+    auto r = DecodeStartup(std::string_view(*bytes).substr(0, n));
+    ASSERT_FALSE(r.ok()) << "prefix of " << n << " bytes decoded";
+    EXPECT_EQ(r.status().code(), StatusCode::kCorruption) << r.status().ToString();
+  }
+}
+
+TEST(NodeStartupTest, TrailingBytesAreCorruption) {
+  auto bytes = EncodeStartup(FullContext());
+  ASSERT_TRUE(bytes.ok());
+  auto r = DecodeStartup(*bytes + "x");
+  EXPECT_EQ(r.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(r.status().message().find("trailing"), std::string::npos) << r.status().message();
+}
+
+TEST(NodeStartupTest, AnotherVersionIsNamed) {
+  auto bytes = EncodeStartup(FullContext());
+  ASSERT_TRUE(bytes.ok());
+  std::string other = *bytes;
+  other[4] = 2;  // u16 version follows the 4-byte magic
+  auto r = DecodeStartup(other);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("version 2"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("version 1"), std::string::npos) << r.status().message();
+}
+
+TEST(NodeStartupTest, WrongMagicIsCorruption) {
+  auto r = DecodeStartup("\x80\x04\x95pickle");  // what the old launcher sent
+  EXPECT_EQ(r.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(r.status().message().find("Cluster.run"), std::string::npos);
+}
+
+// Hand-built message with chosen values, to check the decoder's range checks.
+std::string Message(int32_t executor_id, int32_t port, int64_t timeout_ms, uint8_t mode,
+                    std::vector<std::string> roles = {}) {
+  codec::Writer w;
+  w.PutRaw("EMBN");
+  w.PutU16(kStartupVersion);
+  w.PutString("job");
+  w.PutI32(executor_id);
+  w.PutString("worker");
+  w.PutI32(0);
+  w.PutU32(static_cast<uint32_t>(roles.size()));
+  for (const auto& role : roles) {
+    w.PutString(role);
+    w.PutU32(0);
+  }
+  w.PutString("host");
+  w.PutI32(port);
+  w.PutString("secret");
+  w.PutI64(timeout_ms);
+  w.PutU8(mode);
+  for (int i = 0; i < 6; ++i) w.PutString("");
+  return w.Release();
+}
+
+TEST(NodeStartupTest, OutOfRangeValuesAreCorruption) {
+  ASSERT_TRUE(DecodeStartup(Message(0, 1, 0, 1, {"ps", "worker"})).ok());
+  EXPECT_EQ(DecodeStartup(Message(-1, 1, 0, 0)).status().code(), StatusCode::kCorruption);
+  EXPECT_EQ(DecodeStartup(Message(0, 70000, 0, 0)).status().code(), StatusCode::kCorruption);
+  EXPECT_EQ(DecodeStartup(Message(0, 1, -5, 0)).status().code(), StatusCode::kCorruption);
+  EXPECT_EQ(DecodeStartup(Message(0, 1, 0, 2)).status().code(), StatusCode::kCorruption);
+  // Roles must be sorted and unique, so that a message has one encoding.
+  EXPECT_EQ(DecodeStartup(Message(0, 1, 0, 0, {"worker", "ps"})).status().code(),
+            StatusCode::kCorruption);
+  EXPECT_EQ(DecodeStartup(Message(0, 1, 0, 0, {"ps", "ps"})).status().code(),
+            StatusCode::kCorruption);
+}
+
+TEST(NodeStartupTest, HostileCountsFailWithoutAllocating) {
+  codec::Writer w;
+  w.PutRaw("EMBN");
+  w.PutU16(kStartupVersion);
+  w.PutString("job");
+  w.PutI32(0);
+  w.PutString("worker");
+  w.PutI32(0);
+  w.PutU32(0xffffffffu);  // 4 billion roles in a few bytes
+  auto r = DecodeStartup(w.data());
+  EXPECT_EQ(r.status().code(), StatusCode::kCorruption);
+}
+
+TEST(NodeStartupTest, EncodeRejectsUnrepresentableValues) {
+  NodeContext c = FullContext();
+  c.coordinator_port = 65536;
+  EXPECT_EQ(EncodeStartup(c).status().code(), StatusCode::kInvalidArgument);
+  c = FullContext();
+  c.executor_id = -1;
+  EXPECT_EQ(EncodeStartup(c).status().code(), StatusCode::kInvalidArgument);
+  c = FullContext();
+  c.connect_timeout = Duration(-1);
+  EXPECT_EQ(EncodeStartup(c).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ember::node

@@ -1,0 +1,357 @@
+#include "transport/tcp/server.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <fstream>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/logging.h"
+#include "transport/tcp/frame.h"
+#include "transport/tcp/handshake.h"
+#include "transport/tcp/socket.h"
+
+namespace ember::tcp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+const std::string kSecret = "0123456789abcdef-server-test";
+constexpr Duration kLong{5000};
+
+Deadline Soon() { return Deadline::After(kLong); }
+
+class LogCapture {
+ public:
+  LogCapture() {
+    SetLogSink([this](LogLevel level, std::string_view msg) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (level >= LogLevel::kWarn) lines_.emplace_back(msg);
+    });
+  }
+  ~LogCapture() { SetLogSink(nullptr); }
+  int Count(const std::string& needle) {
+    std::lock_guard<std::mutex> lock(mu_);
+    int n = 0;
+    for (const auto& l : lines_) n += l.find(needle) != std::string::npos;
+    return n;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::string> lines_;
+};
+
+template <typename Pred>
+bool WaitUntil(Pred pred, Duration limit = kLong) {
+  const auto end = Clock::now() + limit;
+  while (Clock::now() < end) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(Duration(5));
+  }
+  return pred();
+}
+
+ServerOptions Options() {
+  ServerOptions o;
+  o.name = "test server";
+  o.bind_host = "127.0.0.1";
+  o.secret = kSecret;
+  o.handshake_timeout = Duration(3000);
+  return o;
+}
+
+// Echoes every frame back until the peer leaves.
+void Echo(Connection& c) {
+  for (;;) {
+    Result<Frame> f = ReadFrame(c.fd(), 1 << 20, Deadline::Infinite(), c.peer());
+    if (!f.ok()) return;
+    if (!WriteFrame(c.fd(), f->type, f->payload, Soon(), c.peer()).ok()) return;
+  }
+}
+
+Result<Fd> ConnectAuthenticated(int port, const std::string& secret = kSecret) {
+  EMBER_ASSIGN_OR_RAISE(Fd fd, Connect("127.0.0.1", port, Soon()));
+  EMBER_RETURN_NOT_OK(ClientHandshake(fd.get(), secret, Soon(), "test server"));
+  return fd;
+}
+
+// True once the server hung up on `fd` (EOF or reset), within kLong.
+bool ServerHungUp(int fd) {
+  char buf[64];
+  for (;;) {
+    Status st = ReadExactly(fd, buf, 1, Soon(), "probe");
+    if (!st.ok()) return st.code() != StatusCode::kDeadlineExceeded;
+  }
+}
+
+int ThreadCount() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  }
+  return -1;
+}
+
+TEST(TcpServerTest, StartValidatesOptions) {
+  ServerOptions o = Options();
+  o.secret = "short";
+  EXPECT_EQ(Server::Start(o, Echo).status().code(), StatusCode::kInvalidArgument);
+  o = Options();
+  o.max_pending_handshakes = 0;
+  EXPECT_EQ(Server::Start(o, Echo).status().code(), StatusCode::kInvalidArgument);
+  o = Options();
+  o.bind_host = "256.1.2.3";
+  EXPECT_FALSE(Server::Start(o, Echo).ok());
+}
+
+TEST(TcpServerTest, AuthenticatedClientReachesTheHandler) {
+  std::atomic<uint64_t> seen_id{0};
+  std::string seen_peer;
+  auto server = Server::Start(Options(), [&](Connection& c) {
+    seen_peer = c.peer();
+    seen_id = c.id();
+    Echo(c);
+  });
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  auto client = ConnectAuthenticated((*server)->port());
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  ASSERT_TRUE(WriteFrame(client->get(), 7, "hello", Soon(), "server").ok());
+  auto echo = ReadFrame(client->get(), 1 << 20, Soon(), "server");
+  ASSERT_TRUE(echo.ok()) << echo.status().ToString();
+  EXPECT_EQ(echo->type, 7);
+  EXPECT_EQ(echo->payload, "hello");
+  EXPECT_EQ(seen_id.load(), 1u);
+  EXPECT_EQ(seen_peer, "127.0.0.1:" + std::to_string(*LocalPort(client->get())));
+  EXPECT_EQ((*server)->stats().accepted, 1u);
+}
+
+TEST(TcpServerTest, HandshakeRejectionIsLoggedAndCountedAndNeverReachesTheHandler) {
+  LogCapture log;
+  std::atomic<int> handled{0};
+  auto server = Server::Start(Options(), [&](Connection& c) {
+    ++handled;
+    Echo(c);
+  });
+  ASSERT_TRUE(server.ok());
+  const int port = (*server)->port();
+  // A wrong secret: the client learns it was rejected.
+  auto wrong = ConnectAuthenticated(port, "a-different-secret-xyz");
+  EXPECT_EQ(wrong.status().code(), StatusCode::kUnauthenticated) << wrong.status().ToString();
+  // Garbage instead of the handshake reply.
+  auto garbage = Connect("127.0.0.1", port, Soon());
+  ASSERT_TRUE(garbage.ok());
+  const std::string junk(64, '\x5a');
+  ASSERT_TRUE(WriteAll(garbage->get(), junk.data(), junk.size(), Soon(), "junk").ok());
+  const std::string self = "127.0.0.1:" + std::to_string(*LocalPort(garbage->get()));
+  EXPECT_TRUE(ServerHungUp(garbage->get()));
+  EXPECT_TRUE(WaitUntil([&] { return (*server)->stats().rejected == 2; })) << (*server)->stats().rejected;
+  EXPECT_EQ(log.Count("test server: rejected unauthenticated connection from 127.0.0.1:"), 2);
+  EXPECT_EQ(log.Count("rejected unauthenticated connection from " + self + ": bad HMAC"), 1);
+  EXPECT_EQ(handled.load(), 0);
+  EXPECT_EQ((*server)->stats().accepted, 0u);
+  // A good client still gets in.
+  EXPECT_TRUE(ConnectAuthenticated(port).ok());
+}
+
+TEST(TcpServerTest, SilentPeerIsDroppedAfterTheHandshakeTimeout) {
+  LogCapture log;
+  ServerOptions o = Options();
+  o.handshake_timeout = Duration(200);
+  auto server = Server::Start(o, Echo);
+  ASSERT_TRUE(server.ok());
+  auto silent = Connect("127.0.0.1", (*server)->port(), Soon());
+  ASSERT_TRUE(silent.ok());
+  const auto start = Clock::now();
+  EXPECT_TRUE(ServerHungUp(silent->get()));
+  EXPECT_LT(Clock::now() - start, Duration(3000));
+  EXPECT_TRUE(WaitUntil([&] { return (*server)->stats().rejected == 1; }));
+  EXPECT_EQ(log.Count("did not complete the handshake"), 1);
+}
+
+// Silent peers fill the handshake slots; further connections are closed at
+// once (not queued), counted and logged; an authenticated connection does
+// not hold a slot; a freed slot admits the next peer.
+TEST(TcpServerTest, ConnectionCapRefusesPeersBeyondPendingHandshakes) {
+  LogCapture log;
+  ServerOptions o = Options();
+  o.max_pending_handshakes = 3;
+  o.handshake_timeout = Duration(20000);  // the silent peers hold their slots for the whole test
+  std::atomic<int> handled{0};
+  auto server = Server::Start(o, [&](Connection& c) {
+    ++handled;
+    Echo(c);
+  });
+  ASSERT_TRUE(server.ok());
+  const int port = (*server)->port();
+  // An authenticated connection first: it must not count against the cap.
+  auto member = ConnectAuthenticated(port);
+  ASSERT_TRUE(member.ok());
+  std::vector<Fd> silent;
+  for (int i = 0; i < 3; ++i) {
+    auto fd = Connect("127.0.0.1", port, Soon());
+    ASSERT_TRUE(fd.ok());
+    char hello[38];  // the server hello: this peer holds a slot now
+    ASSERT_TRUE(ReadExactly(fd->get(), hello, sizeof(hello), Soon(), "hello").ok());
+    silent.push_back(fd.MoveValueUnsafe());
+  }
+  for (int i = 0; i < 2; ++i) {
+    auto over = Connect("127.0.0.1", port, Soon());
+    ASSERT_TRUE(over.ok());
+    const auto start = Clock::now();
+    EXPECT_TRUE(ServerHungUp(over->get())) << "connection " << i << " over the cap was not closed";
+    EXPECT_LT(Clock::now() - start, Duration(2000));
+  }
+  EXPECT_TRUE(WaitUntil([&] { return (*server)->stats().refused_over_cap == 2; }));
+  EXPECT_GE(log.Count("test server: refused connection from 127.0.0.1:"), 1);
+  EXPECT_EQ(log.Count("max_pending_handshakes"), log.Count("refused connection"));
+  // A legitimate client is refused too while the slots are full...
+  EXPECT_FALSE(ConnectAuthenticated(port).ok());
+  // ...and admitted once a silent peer leaves and frees its slot.
+  silent.pop_back();
+  EXPECT_TRUE(WaitUntil([&] { return (*server)->stats().rejected == 1; }));
+  auto late = ConnectAuthenticated(port);
+  EXPECT_TRUE(late.ok()) << late.status().ToString();
+  EXPECT_TRUE(WaitUntil([&] { return handled.load() == 2; }));
+  EXPECT_EQ((*server)->stats().refused_over_cap, 3u);
+  // The member's connection still works.
+  ASSERT_TRUE(WriteFrame(member->get(), 1, "still here", Soon(), "server").ok());
+  auto echo = ReadFrame(member->get(), 1 << 20, Soon(), "server");
+  ASSERT_TRUE(echo.ok());
+  EXPECT_EQ(echo->payload, "still here");
+}
+
+// Close() with handlers blocked on their sockets, a handler blocked on
+// something else (woken by its OnShutdown hook) and peers in the handshake:
+// it returns promptly and every handler has returned.
+TEST(TcpServerTest, CloseDuringActiveConnectionsJoinsEverything) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool wake = false;
+  std::atomic<int> running{0}, returned{0};
+  auto server = Server::Start(Options(), [&](Connection& c) {
+    ++running;
+    if (c.id() % 2 == 0) {
+      Echo(c);  // blocked reading the socket
+    } else {
+      c.OnShutdown([&] {
+        std::lock_guard<std::mutex> lock(mu);
+        wake = true;
+        cv.notify_all();
+      });
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return wake; });  // blocked on something that is not the socket
+    }
+    ++returned;
+  });
+  ASSERT_TRUE(server.ok());
+  std::vector<Fd> clients;
+  for (int i = 0; i < 6; ++i) {
+    auto c = ConnectAuthenticated((*server)->port());
+    ASSERT_TRUE(c.ok());
+    clients.push_back(c.MoveValueUnsafe());
+  }
+  auto in_handshake = Connect("127.0.0.1", (*server)->port(), Soon());
+  ASSERT_TRUE(in_handshake.ok());
+  ASSERT_TRUE(WaitUntil([&] { return running.load() == 6; }));
+  const auto start = Clock::now();
+  std::thread other([&] { (*server)->Close(); });  // two closers at once
+  (*server)->Close();
+  other.join();
+  EXPECT_LT(Clock::now() - start, Duration(2000));
+  EXPECT_EQ(returned.load(), 6);
+  for (auto& c : clients) EXPECT_TRUE(ServerHungUp(c.get()));
+  EXPECT_TRUE(ServerHungUp(in_handshake->get()));
+  // Nothing listens any more.
+  EXPECT_FALSE(Connect("127.0.0.1", (*server)->port(), Deadline::After(Duration(500))).ok());
+  (*server)->Close();  // idempotent
+}
+
+TEST(TcpServerTest, ShutdownFromAnotherThreadEndsTheHandler) {
+  std::shared_ptr<Connection> kept;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::atomic<bool> returned{false};
+  auto server = Server::Start(Options(), [&](Connection& c) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      kept = c.shared_from_this();
+    }
+    cv.notify_all();
+    Echo(c);
+    returned = true;
+  });
+  ASSERT_TRUE(server.ok());
+  auto client = ConnectAuthenticated((*server)->port());
+  ASSERT_TRUE(client.ok());
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, kLong, [&] { return kept != nullptr; }));
+  }
+  kept->Shutdown();
+  EXPECT_TRUE(WaitUntil([&] { return returned.load(); }));
+  EXPECT_TRUE(kept->shut_down());
+  EXPECT_TRUE(ServerHungUp(client->get()));
+  // The descriptor stays open (and so is never reused) while we hold it.
+  EXPECT_GE(kept->fd(), 0);
+}
+
+class TcpServerManyClients : public ::testing::TestWithParam<int> {};
+
+TEST_P(TcpServerManyClients, AllServedConcurrentlyWithDistinctIds) {
+  const int kClients = GetParam();
+  std::mutex mu;
+  std::set<uint64_t> ids;
+  auto server = Server::Start(Options(), [&](Connection& c) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ids.insert(c.id());
+    }
+    Echo(c);
+  });
+  ASSERT_TRUE(server.ok());
+  const int port = (*server)->port();
+  std::atomic<int> ok{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&, i] {
+      auto c = ConnectAuthenticated(port);
+      if (!c.ok()) return;
+      for (int round = 0; round < 20; ++round) {
+        const std::string body = std::to_string(i) + ":" + std::to_string(round) + std::string(i * 10, 'x');
+        if (!WriteFrame(c->get(), 3, body, Soon(), "server").ok()) return;
+        auto echo = ReadFrame(c->get(), 1 << 20, Soon(), "server");
+        if (!echo.ok() || echo->payload != body) return;
+      }
+      ++ok;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), kClients);
+  EXPECT_EQ((*server)->stats().accepted, static_cast<uint64_t>(kClients));
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(ids.size(), static_cast<size_t>(kClients));
+}
+
+INSTANTIATE_TEST_SUITE_P(Clients, TcpServerManyClients, ::testing::Values(1, 8, 48));
+
+// Threads of connections that ended are joined without waiting for Close().
+TEST(TcpServerTest, FinishedConnectionThreadsAreReaped) {
+  auto server = Server::Start(Options(), Echo);
+  ASSERT_TRUE(server.ok());
+  const int baseline = ThreadCount();
+  for (int i = 0; i < 30; ++i) {
+    auto c = ConnectAuthenticated((*server)->port());
+    ASSERT_TRUE(c.ok());
+  }
+  EXPECT_TRUE(WaitUntil([&] { return ThreadCount() <= baseline; })) << ThreadCount() << " vs " << baseline;
+  EXPECT_EQ((*server)->stats().accepted, 30u);
+}
+
+}  // namespace
+}  // namespace ember::tcp
