@@ -15,9 +15,8 @@ import pyarrow as pa
 from ember import _ember
 from ember import _feeding as feeding
 from ember import errors
-from ember.context import WORKER_ROLES
+from ember._names import FEED_ENDPOINT_KEY, WORKER_ROLES
 
-FEED_ENDPOINT_KEY = "ember/feed/{executor_id}"
 _SENT_SCHEMA = "partition int, node int, rows long, gone boolean"
 
 

@@ -30,11 +30,11 @@ import traceback
 from typing import Deque, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from ember import _ember, _proc
-from ember.context import WORKER_ROLES, absolute_path
+from ember._names import FEED_ENDPOINT_KEY, TENSORBOARD_URL_KEY, WORKER_ROLES
+from ember.context import absolute_path
 from ember.errors import EmberError
 from ember.input_mode import InputMode
 
-TENSORBOARD_URL_KEY = "ember/tensorboard_url"
 _MAX_LINE = 64 * 1024  # longer lines are split; a progress bar without newlines must not grow forever
 
 
@@ -132,7 +132,6 @@ class NodeFeed:
     """
 
     def __init__(self, spec: NodeSpec, executor_id: int, label: str, host: str):
-        from ember._feed_driver import FEED_ENDPOINT_KEY
 
         self.key = FEED_ENDPOINT_KEY.format(executor_id=executor_id)
         self.ring = _ember.ShmRing.create(f"/{spec.job_id}-{executor_id}", spec.feed_ring_bytes)

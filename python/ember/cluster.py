@@ -19,10 +19,8 @@ How a job runs:
 from __future__ import annotations
 
 import atexit
-import functools
 import json
 import os
-import re
 import secrets
 import socket
 import threading
@@ -33,57 +31,16 @@ from typing import Any, Callable, List, Optional, Sequence, Union
 
 from ember import _ember, _feed_driver, _feeding, config
 from ember._console import Console
-from ember._launcher import TENSORBOARD_URL_KEY, NodeSpec, run_partition
-from ember.context import WORKER_ROLES
-from ember.errors import Aborted, ClusterError, DeadlineExceeded, NodeError
+from ember._launcher import NodeSpec
+from ember._names import TENSORBOARD_URL_KEY, WORKER_ROLES
+from ember._spark_job import NodesJob, check_slots, spark_context, spark_error_summary, task_slots
+from ember._watcher import Watcher
+from ember.errors import Aborted, ClusterError, DeadlineExceeded
 from ember.input_mode import InputMode
 
 _FOREVER = 10 * 365 * 86400.0  # seconds: "no deadline" for the core's waits
 _STOP_TIMEOUT = 30.0  # seconds stopped ps/evaluator nodes get to report done (besides kill grace)
 _active_clusters: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
-
-
-def _spark_context(spark: Any):
-    """The SparkContext of a SparkSession or SparkContext."""
-    sc = getattr(spark, "sparkContext", spark)
-    if not hasattr(sc, "_jsc"):
-        raise TypeError(f"Cluster.run needs a SparkSession or SparkContext, got {type(spark).__name__}")
-    return sc
-
-
-def task_slots(sc) -> int:
-    """How many tasks the Spark application can run at once (what a barrier stage needs)."""
-    jsc = sc._jsc.sc()
-    return int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
-
-
-def _check_slots(sc, needed: int, timeout: float) -> None:
-    """Returns once `needed` task slots exist; raises ClusterError after `timeout`.
-
-    A barrier stage without enough slots makes Spark retry for minutes, so look
-    first.  local[N] has all its slots from the start; on a cluster, executors
-    register a little after the context starts, hence the wait.
-    """
-    local = sc.master.startswith("local")
-    start = time.monotonic()
-    while True:
-        have = task_slots(sc)
-        if have >= needed:
-            return
-        waited = time.monotonic() - start
-        if local or waited >= timeout:
-            break
-        time.sleep(min(0.5, timeout - waited))
-    if local:
-        advice = f"Use local[{needed}] or more"
-        where = f"master {sc.master}"
-    else:
-        advice = ("Add executors or cores (spark.executor.instances, spark.executor.cores, "
-                  "spark.task.cpus), or raise slot_timeout if executors are still starting")
-        where = f"master {sc.master}, after waiting {waited:.0f}s"
-    raise ClusterError(
-        f"Cluster.run needs {needed} free task slots (one per node, Spark barrier execution) "
-        f"but the Spark application has {have} ({where}). {advice}.")
 
 
 def _node_program(main_fun: Any, args: Any) -> Optional[List[str]]:
@@ -102,17 +59,6 @@ def _node_program(main_fun: Any, args: Any) -> Optional[List[str]]:
     if os.path.exists(argv[0]):
         argv[0] = os.path.abspath(argv[0])
     return argv
-
-
-def _spark_error_summary(error: BaseException) -> str:
-    """The Python traceback inside a Spark job failure, or the start of its text."""
-    text = str(error)
-    m = re.search(r"Traceback \(most recent call last\):.*?(?=\n\s*at [\w$.]+\(|\Z)", text, re.S)
-    if m:
-        tb = m.group(0).strip()
-        last = tb.splitlines()[-1]
-        return f"{last}\n(Python traceback of the Spark task:)\n{tb[-4000:]}"
-    return text[:2000]
 
 
 class Cluster:
@@ -147,14 +93,8 @@ class Cluster:
         self._lock = threading.Lock()
         self._closed = False
         self._shutting_down = False
-        self._failure: Optional[NodeError] = None
-        self._failure_cond = threading.Condition()
-        self._cancelled = False
-        self._spark_thread: Optional[threading.Thread] = None
-        self._spark_done = threading.Event()
-        self._spark_error: Optional[BaseException] = None
-        self._events_thread: Optional[threading.Thread] = None
-        self._events_stop = threading.Event()
+        self._watcher: Optional[Watcher] = None  # node events and failures
+        self._job: Optional[NodesJob] = None      # the Spark job hosting the nodes
         self._feed_endpoints: Optional[List[_feeding.NodeEndpoint]] = None
         self._epochs_fed = 0  # feed epochs are numbered across train() calls
         self._feed_lock = threading.Lock()  # one train() at a time (streaming batches too)
@@ -212,12 +152,12 @@ class Cluster:
         """
         started = time.monotonic()
         main_fun = _node_program(main_fun, args) or main_fun
-        sc = _spark_context(spark)
+        sc = spark_context(spark)
         num_nodes = int(num_executors) if num_executors is not None else sc.defaultParallelism
         layout = _ember.ClusterLayout(num_nodes=num_nodes, num_ps=num_ps,
                                       master_node=master_node or "", eval_node=eval_node)
         _ember.assign_role(layout, 0)  # validates the layout: InvalidArgument names the field
-        _check_slots(sc, num_nodes, config.get("slot_timeout", sc, slot_timeout))
+        check_slots(sc, num_nodes, config.get("slot_timeout", sc, slot_timeout))
         cluster = cls(sc, num_nodes, layout, input_mode, log_dir)
         if tensorboard and not log_dir:
             cluster.log_dir = f"tensorboard_{cluster.job_id}"
@@ -294,13 +234,13 @@ class Cluster:
                 _feed_driver.train(self._sc, data, num_epochs, endpoints, self._feed_options(feed_timeout),
                                    console=self._console, first_epoch=first, node_gone=self._node_ended)
         except Exception as e:  # noqa: BLE001 - a node's failure explains a failed feed best
-            failure = self._known_failure(wait=2.0)
+            failure = self._watcher.known_failure(wait=2.0)
             if failure is not None:
                 # The job is over: stop everything now, so shutdown() has nothing left to do.
                 self._teardown(abort_reason=f"node {failure.job_name}:{failure.task_index} failed")
                 raise failure from e
             if type(e).__name__ == "Py4JJavaError":
-                raise ClusterError(f"Cluster.train: the feeding Spark job failed: {_spark_error_summary(e)}") from e
+                raise ClusterError(f"Cluster.train: the feeding Spark job failed: {spark_error_summary(e)}") from e
             raise
 
     def train_stream(self, stream_df: Any, feed_timeout: float = 600.0,
@@ -393,7 +333,7 @@ class Cluster:
             self._shutting_down = True
         try:
             deadline = None if timeout is None else time.monotonic() + timeout
-            if self.input_mode == InputMode.SPARK and self._failure is None:
+            if self.input_mode == InputMode.SPARK and self._watcher.failure is None:
                 # TFoS semantics: the feed ends at shutdown; DataFeed.should_stop() turns True.
                 _feed_driver.end_feed(self._endpoints(), self._secret, timeout=30.0)
             self._wait_nodes(
@@ -408,7 +348,7 @@ class Cluster:
                 except DeadlineExceeded:
                     pass  # ps/evaluator nodes still run: expected, they are stopped next
                 except Aborted as e:
-                    self._raise_failure_or(ClusterError, f"the job was aborted: {e}")
+                    self._watcher.raise_failure_or(ClusterError, f"the job was aborted: {e}")
             self._raise_if_failed(spark_must_run=False)
             others = ["ps", "evaluator"]
             self._server.stop_nodes(others)
@@ -417,7 +357,7 @@ class Cluster:
                 [], time.monotonic() + stop_wait,
                 lambda: f"Cluster.shutdown waited {stop_wait:g}s for the stopped ps/evaluator nodes to end",
                 "Look at those nodes' output; their launcher ends them with SIGTERM then SIGKILL")
-            self._join_spark(stop_wait)
+            self._job.join(stop_wait)
         except BaseException as e:
             self._teardown(abort_reason=f"Cluster.shutdown failed: {type(e).__name__}: {e}"[:500])
             raise
@@ -473,10 +413,10 @@ class Cluster:
             feed_ring_bytes=int(config.get("feed_ring_bytes", sc)),
             echo_logs=not sc.master.startswith("local"), argv=argv)
 
-        self._events_thread = threading.Thread(target=self._pump_events, daemon=True,
-                                               name=f"{self.job_id}-events")
-        self._events_thread.start()
-        self._start_spark_job(spec)
+        self._watcher = Watcher(self._server, self._console, self.job_id, self._on_node_failure)
+        self._watcher.start()
+        self._job = NodesJob(sc, self.job_id, self.num_nodes, self._wake_waits_after_spark)
+        self._job.start(spec)
         self._wait_for_registration(started, reservation_timeout)
         self.startup_secs = time.monotonic() - started
         self.cluster_spec = json.loads(self._server.cluster_spec_json())
@@ -484,26 +424,6 @@ class Cluster:
                            f"(job {self.job_id}, coordinator {self.coordinator_address})")
         if tensorboard:
             self._fetch_tensorboard_url()
-
-    def _start_spark_job(self, spec: NodeSpec) -> None:
-        from pyspark import InheritableThread
-
-        sc, n = self._sc, self.num_nodes
-
-        def spark_main() -> None:
-            try:
-                sc.setJobGroup(self.job_id, f"Ember job {self.job_id}: {n} nodes",
-                               interruptOnCancel=True)
-                sc.parallelize(range(n), n).barrier().mapPartitions(
-                    functools.partial(run_partition, spec)).collect()
-            except BaseException as e:  # noqa: BLE001 - reported by the waits on the driver
-                self._spark_error = e
-            finally:
-                self._spark_done.set()
-                self._wake_waits_after_spark()
-
-        self._spark_thread = InheritableThread(spark_main, daemon=True, name=f"{self.job_id}-spark")
-        self._spark_thread.start()
 
     def _wait_for_registration(self, started: float, reservation_timeout: float) -> None:
         # One blocking wait in the core: it returns the moment the last node registers, a node
@@ -518,18 +438,17 @@ class Cluster:
                 f"{self.coordinator_address}, or raise reservation_timeout.") from None
         except Aborted:
             self._raise_if_failed(spark_must_run=True)
-            self._raise_failure_or(ClusterError, "the job was aborted before every node registered")
+            self._watcher.raise_failure_or(ClusterError, "the job was aborted before every node registered")
 
-    def _wake_waits_after_spark(self) -> None:
+    def _wake_waits_after_spark(self, job: NodesJob) -> None:
         """The Spark job hosting the nodes ended: when that was a failure (or it ended before
         every node registered), abort the coordinator so every wait on the driver (all of them
         block in the core) returns at once; they then raise the Spark job's error."""
         server = self._server
         if server is None or self._closed:
             return
-        if self._spark_error is not None and not self._cancelled:
-            server.abort(f"the Spark job running the {self.num_nodes} nodes failed: "
-                         f"{_spark_error_summary(self._spark_error)}"[:2000])
+        if job.error is not None and not job.cancelled:
+            server.abort(job.failure_text()[:2000])
         elif not server.cluster_spec_json():  # the coordinator never saw every node register
             server.abort(f"the Spark job running the {self.num_nodes} nodes ended before every node registered")
 
@@ -542,104 +461,36 @@ class Cluster:
             return
         except Aborted:
             self._raise_if_failed(spark_must_run=False)
-            self._raise_failure_or(ClusterError, "the job was aborted before TensorBoard started")
+            self._watcher.raise_failure_or(ClusterError, "the job was aborted before TensorBoard started")
         self.tensorboard_url = value.decode()
         self._console.info(f"TensorBoard: {self.tensorboard_url}")
 
     # -- watching --------------------------------------------------------------
 
-    def _pump_events(self) -> None:
-        while True:
-            events = self._server.poll_events(0.2)
-            for event in events:
-                try:
-                    self._handle_event(event)
-                except Exception as e:  # noqa: BLE001 - one bad event must not stop the pump
-                    self._console.info(f"could not show an event: {type(e).__name__}: {e}")
-            if not events and self._events_stop.is_set():
-                return
-
-    def _handle_event(self, ev) -> None:
-        kind = _ember.Event.Kind
-        label = f"{ev.job_name}:{ev.task_index}" if ev.job_name else f"executor {ev.executor_id}"
-        if ev.kind == kind.LOG:
-            self._console.node_line(label, ev.stream, ev.text)
-        elif ev.kind == kind.PROGRESS:
-            self._console.progress(label, dict(ev.metrics))
-        elif ev.kind == kind.REGISTERED:
-            self._console.info(f"{label} registered (executor {ev.executor_id})"
-                               + (f": {ev.text}" if ev.text else ""))
-        elif ev.kind == kind.NODE_DONE:
-            self._console.info(f"{label} done")
-        elif ev.kind == kind.NODE_FAILED:
-            first = self._record_failure(ev)
-            if first and not self._closed:
-                self._console.info(f"{label} failed; stopping the job")
-                self._cancel_spark()
-        elif ev.kind == kind.ABORT:
-            failure = self._failure
-            if failure is not None:
-                self._console.info(f"job aborted: node {failure.job_name}:{failure.task_index} failed")
-            else:
-                self._console.info((ev.text or "job aborted").splitlines()[0])
-
-    def _node_error(self, job_name: str, task_index: int, executor_id: int, text: str,
-                    info=None) -> NodeError:
-        if info is None:
-            info = next((n for n in self.nodes() if n.address.executor_id == executor_id), None)
-        host = info.address.host if info is not None else "(unknown host)"
-        lost = info is not None and info.state == _ember.NodeInfo.State.LOST
-        # The node's own words (its traceback) rather than the event's summary of them.
-        remote = info.error if info is not None and info.error else text
-        return NodeError(job_name, task_index, executor_id, host, remote, lost=lost)
-
-    def _record_failure(self, ev) -> bool:
-        error = self._node_error(ev.job_name, ev.task_index, ev.executor_id, ev.text)
-        with self._failure_cond:
-            if self._failure is not None:
-                return False
-            self._failure = error
-            self._failure_cond.notify_all()
-            return True
-
-    def _known_failure(self, wait: float = 0.0) -> Optional[NodeError]:
-        """The first node failure: from the event stream, else from the server's snapshot."""
-        with self._failure_cond:
-            self._failure_cond.wait_for(lambda: self._failure is not None, timeout=wait)
-            if self._failure is not None:
-                return self._failure
-        failed = [n for n in self.nodes()
-                  if n.state in (_ember.NodeInfo.State.FAILED, _ember.NodeInfo.State.LOST)]
-        failed.sort(key=lambda n: n.state != _ember.NodeInfo.State.FAILED)  # own failures first
-        if failed:
-            n = failed[0]
-            return self._node_error(n.role.job_name, n.role.task_index, n.address.executor_id,
-                                    n.error, info=n)
-        return None
-
-    def _raise_failure_or(self, error_type, message: str) -> None:
-        failure = self._known_failure(wait=1.0)
-        if failure is not None:
-            raise failure
-        raise error_type(message)
+    def _on_node_failure(self, label: str) -> None:
+        """The watcher saw the first node failure: stop the Spark job (the coordinator has
+        already told every node to abort)."""
+        if not self._closed:
+            self._console.info(f"{label} failed; stopping the job")
+            if self._job is not None:
+                self._job.cancel()
 
     def _raise_if_failed(self, spark_must_run: bool) -> None:
         """Raises the first node failure, or the Spark job's, if there is one."""
-        if self._failure is not None:
-            raise self._failure
-        if not self._spark_done.is_set():
+        if self._watcher is not None and self._watcher.failure is not None:
+            raise self._watcher.failure
+        if self._job is None or not self._job.done:
             return
-        error = self._spark_error
+        error = self._job.error
         if error is None and not spark_must_run:
             return
-        failure = self._known_failure(wait=1.0)
+        failure = self._watcher.known_failure(wait=1.0)
         if failure is not None:
             raise failure
         if error is None:
             raise ClusterError(f"the Spark job running the {self.num_nodes} nodes ended before "
                                f"every node registered")
-        raise ClusterError(f"the Spark job running the {self.num_nodes} nodes failed: "
-                           f"{_spark_error_summary(error)}") from error
+        raise ClusterError(self._job.failure_text()) from error
 
     def _wait_nodes(self, roles: Sequence[str], deadline: Optional[float],
                     what: Callable[[], str], advice: str) -> None:
@@ -654,29 +505,9 @@ class Cluster:
             raise DeadlineExceeded(f"{what()}: {e}. {advice}.") from None
         except Aborted as e:
             self._raise_if_failed(spark_must_run=False)
-            self._raise_failure_or(ClusterError, f"the job was aborted: {e}")
-
-    def _join_spark(self, timeout: float) -> None:
-        if self._spark_thread is None:
-            return
-        if not self._spark_done.wait(timeout):
-            raise DeadlineExceeded(
-                f"every node reported done, but the Spark job running them did not end within "
-                f"{timeout:g}s. Look at the Spark UI for job group {self.job_id}.")
-        if self._spark_error is not None and not self._cancelled:
-            raise ClusterError(f"every node reported done, but the Spark job running them failed: "
-                               f"{_spark_error_summary(self._spark_error)}") from self._spark_error
+            self._watcher.raise_failure_or(ClusterError, f"the job was aborted: {e}")
 
     # -- tear-down ---------------------------------------------------------------
-
-    def _cancel_spark(self) -> None:
-        if self._cancelled or self._spark_thread is None or self._spark_done.is_set():
-            return
-        self._cancelled = True
-        try:
-            self._sc.cancelJobGroup(self.job_id)
-        except Exception:  # noqa: BLE001 - the SparkContext may be gone already
-            pass
 
     def _teardown(self, abort_reason: Optional[str] = None) -> None:
         """Ends the job and releases everything; idempotent.  Aborts it if `abort_reason`."""
@@ -688,14 +519,14 @@ class Cluster:
             if abort_reason is not None:
                 if self._server is not None:
                     self._server.abort(abort_reason)
-                self._cancel_spark()
-            if self._spark_thread is not None:
+                if self._job is not None:
+                    self._job.cancel()
+            if self._job is not None:
                 # Give the launchers time to end their nodes while the coordinator still serves.
-                self._spark_done.wait(15.0)
+                self._job.wait(15.0)
         finally:
-            self._events_stop.set()
-            if self._events_thread is not None:
-                self._events_thread.join(timeout=5.0)
+            if self._watcher is not None:
+                self._watcher.stop(timeout=5.0)
             self._console.clear_progress()
             if self._server is not None:
                 self._server.close()

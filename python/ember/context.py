@@ -9,15 +9,13 @@ import threading
 import time
 from typing import Any, Dict, List, Optional
 
+from ember._names import WORKER_ROLES  # noqa: F401  (roles that train; re-exported: users know it here)
 from ember.input_mode import InputMode
 
 logger = logging.getLogger(__name__)
 
 _SCHEME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 _FS_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://([^/]*)(.*)$")
-
-# Roles that train (TFoS counts these as "workers").
-WORKER_ROLES = ("chief", "master", "worker")
 
 
 def absolute_path(path: str, default_fs: Optional[str], working_dir: str) -> str:

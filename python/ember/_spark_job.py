@@ -1,0 +1,148 @@
+"""The Spark side of a job: task slots, and the barrier job that hosts the nodes.
+
+``NodesJob`` runs one Spark barrier task per node (``ember._launcher.run_partition``) in a
+daemon thread under a job group of its own, so the driver can cancel exactly that job.
+When the job ends it calls back, so the driver's waits (which block in the coordinator)
+can be woken at once if it failed.
+"""
+from __future__ import annotations
+
+import functools
+import re
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from ember._launcher import NodeSpec, run_partition
+from ember.errors import ClusterError, DeadlineExceeded
+
+
+def spark_context(spark: Any):
+    """The SparkContext of a SparkSession or SparkContext."""
+    sc = getattr(spark, "sparkContext", spark)
+    if not hasattr(sc, "_jsc"):
+        raise TypeError(f"Cluster.run needs a SparkSession or SparkContext, got {type(spark).__name__}")
+    return sc
+
+
+def task_slots(sc) -> int:
+    """How many tasks the Spark application can run at once (what a barrier stage needs)."""
+    jsc = sc._jsc.sc()
+    return int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
+
+
+def check_slots(sc, needed: int, timeout: float) -> None:
+    """Returns once `needed` task slots exist; raises ClusterError after `timeout`.
+
+    A barrier stage without enough slots makes Spark retry for minutes, so look
+    first.  local[N] has all its slots from the start; on a cluster, executors
+    register a little after the context starts, hence the wait.  Spark has no
+    event for "an executor registered" that Python can wait on, so this one wait
+    looks again every half second (it never waits on Ember's own state).
+    """
+    local = sc.master.startswith("local")
+    start = time.monotonic()
+    while True:
+        have = task_slots(sc)
+        if have >= needed:
+            return
+        waited = time.monotonic() - start
+        if local or waited >= timeout:
+            break
+        time.sleep(min(0.5, timeout - waited))
+    if local:
+        advice = f"Use local[{needed}] or more"
+        where = f"master {sc.master}"
+    else:
+        advice = ("Add executors or cores (spark.executor.instances, spark.executor.cores, "
+                  "spark.task.cpus), or raise slot_timeout if executors are still starting")
+        where = f"master {sc.master}, after waiting {waited:.0f}s"
+    raise ClusterError(
+        f"Cluster.run needs {needed} free task slots (one per node, Spark barrier execution) "
+        f"but the Spark application has {have} ({where}). {advice}.")
+
+
+def spark_error_summary(error: BaseException) -> str:
+    """The Python traceback inside a Spark job failure, or the start of its text."""
+    text = str(error)
+    m = re.search(r"Traceback \(most recent call last\):.*?(?=\n\s*at [\w$.]+\(|\Z)", text, re.S)
+    if m:
+        tb = m.group(0).strip()
+        last = tb.splitlines()[-1]
+        return f"{last}\n(Python traceback of the Spark task:)\n{tb[-4000:]}"
+    return text[:2000]
+
+
+class NodesJob:
+    """The Spark barrier job running a job's nodes, one task per node.
+
+    Thread-safe.  `on_end(job)` runs on the job's thread once it has ended
+    (successfully, failed, or cancelled).
+    """
+
+    def __init__(self, sc, job_id: str, num_nodes: int, on_end: Callable[["NodesJob"], None]):
+        self._sc = sc
+        self.job_id = job_id
+        self.num_nodes = num_nodes
+        self._on_end = on_end
+        self._thread: Optional[threading.Thread] = None
+        self._done = threading.Event()
+        self.error: Optional[BaseException] = None
+        self.cancelled = False
+
+    @property
+    def started(self) -> bool:
+        return self._thread is not None
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def start(self, spec: NodeSpec) -> None:
+        from pyspark import InheritableThread
+
+        sc, n = self._sc, self.num_nodes
+
+        def spark_main() -> None:
+            try:
+                sc.setJobGroup(self.job_id, f"Ember job {self.job_id}: {n} nodes", interruptOnCancel=True)
+                sc.parallelize(range(n), n).barrier().mapPartitions(
+                    functools.partial(run_partition, spec)).collect()
+            except BaseException as e:  # noqa: BLE001 - reported by the waits on the driver
+                self.error = e
+            finally:
+                self._done.set()
+                self._on_end(self)
+
+        self._thread = InheritableThread(spark_main, daemon=True, name=f"{self.job_id}-spark")
+        self._thread.start()
+
+    def failure_text(self) -> str:
+        return f"the Spark job running the {self.num_nodes} nodes failed: {spark_error_summary(self.error)}"
+
+    def cancel(self) -> None:
+        """Cancels the job group (its tasks are interrupted); idempotent."""
+        if self.cancelled or self._thread is None or self.done:
+            return
+        self.cancelled = True
+        try:
+            self._sc.cancelJobGroup(self.job_id)
+        except Exception:  # noqa: BLE001 - the SparkContext may be gone already
+            pass
+
+    def wait(self, timeout: float) -> bool:
+        """Waits up to `timeout` seconds for the job to end; whether it did."""
+        return self._thread is None or self._done.wait(timeout)
+
+    def join(self, timeout: float) -> None:
+        """Waits for the job to end after every node reported done; raises if it does not
+        end within `timeout` or failed (other than by our own cancel)."""
+        if self._thread is None:
+            return
+        if not self._done.wait(timeout):
+            raise DeadlineExceeded(
+                f"every node reported done, but the Spark job running them did not end within "
+                f"{timeout:g}s. Look at the Spark UI for job group {self.job_id}.")
+        if self.error is not None and not self.cancelled:
+            raise ClusterError(f"every node reported done, but the Spark job running them failed: "
+                               f"{spark_error_summary(self.error)}") from self.error

@@ -1,0 +1,119 @@
+"""The driver's watcher of node events and failures.
+
+A daemon thread drains the coordinator's events: node output lines, progress
+reports, registrations, and failures, which it turns into the one NodeError
+the driver raises (the node's own traceback, its host, whether it was lost).
+"""
+from __future__ import annotations
+
+import threading
+from typing import Callable, Optional
+
+from ember import _ember
+from ember._console import Console
+from ember.errors import NodeError
+
+
+class Watcher:
+    """Shows a job's node events and keeps its first failure.  Thread-safe.
+
+    `on_first_failure(label)` runs on the watcher's thread when the first node
+    failure arrives, with the node's "role:index" (the driver stops the job then).
+    """
+
+    def __init__(self, server, console: Console, job_id: str, on_first_failure: Callable[[str], None]):
+        self._server = server
+        self._console = console
+        self._on_first_failure = on_first_failure
+        self._failure: Optional[NodeError] = None
+        self._failure_cond = threading.Condition()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._pump, daemon=True, name=f"{job_id}-events")
+
+    @property
+    def failure(self) -> Optional[NodeError]:
+        """The first node failure the event stream reported, if any."""
+        return self._failure
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Drains what is queued, then ends the thread (waits up to `timeout`)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=timeout)
+
+    def known_failure(self, wait: float = 0.0) -> Optional[NodeError]:
+        """The first node failure: from the event stream (waiting up to `wait` seconds for
+        it), else from the coordinator's snapshot of the nodes."""
+        with self._failure_cond:
+            self._failure_cond.wait_for(lambda: self._failure is not None, timeout=wait)
+            if self._failure is not None:
+                return self._failure
+        failed = [n for n in self._server.nodes()
+                  if n.state in (_ember.NodeInfo.State.FAILED, _ember.NodeInfo.State.LOST)]
+        failed.sort(key=lambda n: n.state != _ember.NodeInfo.State.FAILED)  # own failures first
+        if failed:
+            n = failed[0]
+            return self.node_error(n.role.job_name, n.role.task_index, n.address.executor_id, n.error, info=n)
+        return None
+
+    def raise_failure_or(self, error_type, message: str) -> None:
+        """Raises the job's node failure if there is one (waiting a second for its event),
+        else `error_type(message)`."""
+        failure = self.known_failure(wait=1.0)
+        if failure is not None:
+            raise failure
+        raise error_type(message)
+
+    def node_error(self, job_name: str, task_index: int, executor_id: int, text: str, info=None) -> NodeError:
+        if info is None:
+            info = next((n for n in self._server.nodes() if n.address.executor_id == executor_id), None)
+        host = info.address.host if info is not None else "(unknown host)"
+        lost = info is not None and info.state == _ember.NodeInfo.State.LOST
+        # The node's own words (its traceback) rather than the event's summary of them.
+        remote = info.error if info is not None and info.error else text
+        return NodeError(job_name, task_index, executor_id, host, remote, lost=lost)
+
+    # ------------------------------------------------------------------ thread
+    def _pump(self) -> None:
+        while True:
+            events = self._server.poll_events(0.2)  # blocks in the core; the tick only ends the thread
+            for event in events:
+                try:
+                    self._handle(event)
+                except Exception as e:  # noqa: BLE001 - one bad event must not stop the pump
+                    self._console.info(f"could not show an event: {type(e).__name__}: {e}")
+            if not events and self._stop.is_set():
+                return
+
+    def _handle(self, ev) -> None:
+        kind = _ember.Event.Kind
+        label = f"{ev.job_name}:{ev.task_index}" if ev.job_name else f"executor {ev.executor_id}"
+        if ev.kind == kind.LOG:
+            self._console.node_line(label, ev.stream, ev.text)
+        elif ev.kind == kind.PROGRESS:
+            self._console.progress(label, dict(ev.metrics))
+        elif ev.kind == kind.REGISTERED:
+            self._console.info(f"{label} registered (executor {ev.executor_id})" + (f": {ev.text}" if ev.text else ""))
+        elif ev.kind == kind.NODE_DONE:
+            self._console.info(f"{label} done")
+        elif ev.kind == kind.NODE_FAILED:
+            if self._record(ev):
+                self._on_first_failure(label)
+        elif ev.kind == kind.ABORT:
+            failure = self._failure
+            if failure is not None:
+                self._console.info(f"job aborted: node {failure.job_name}:{failure.task_index} failed")
+            else:
+                self._console.info((ev.text or "job aborted").splitlines()[0])
+
+    def _record(self, ev) -> bool:
+        error = self.node_error(ev.job_name, ev.task_index, ev.executor_id, ev.text)
+        with self._failure_cond:
+            if self._failure is not None:
+                return False
+            self._failure = error
+            self._failure_cond.notify_all()
+            return True

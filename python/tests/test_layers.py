@@ -1,0 +1,53 @@
+"""The Python package is layered: each module imports only modules of lower layers.
+
+Spark glue and framework adapters sit on the native core; the public verbs sit on
+top.  A new import that points up (or sideways) fails here, naming both modules.
+"""
+import ast
+from pathlib import Path
+
+import ember
+
+PACKAGE = Path(ember.__file__).parent
+
+# Lowest first.  A module may import only from layers before its own.
+LAYERS = [
+    {"_names", "errors", "input_mode", "config", "_console", "_proc", "_arrow_rows"},
+    {"tf", "torch", "keras"},  # framework adapters over numpy columns; the Keras callback
+    {"feed"},                 # the node's DataFeed over the core's consumer
+    {"context", "_feeding"},  # the node's ctx; the feeding tasks' Spark glue
+    {"_launcher", "_node_main", "_feed_driver"},
+    {"_spark_job", "_watcher"},
+    {"cluster"},
+    {"__init__"},
+]
+LAYER = {name: i for i, layer in enumerate(LAYERS) for name in layer}
+
+
+def ember_imports(path: Path):
+    """Names of the ember modules `path` imports, anywhere in it (lazy imports count)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "ember":
+                out.update(a.name for a in node.names)
+            elif node.module.startswith("ember."):
+                out.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            out.update(a.name.split(".")[1] for a in node.names if a.name.startswith("ember."))
+    return out - {"_ember"}  # the native module is below everything
+
+
+def test_every_module_has_a_layer():
+    modules = {p.stem for p in PACKAGE.glob("*.py")}
+    assert modules - set(LAYER) == set(), "add new modules to LAYERS"
+
+
+def test_imports_point_only_down():
+    wrong = []
+    for path in sorted(PACKAGE.glob("*.py")):
+        me = LAYER[path.stem]
+        for dep in sorted(ember_imports(path)):
+            if LAYER.get(dep, len(LAYERS)) >= me:
+                wrong.append(f"ember.{path.stem} (layer {me}) imports ember.{dep} (layer {LAYER.get(dep)})")
+    assert wrong == []
