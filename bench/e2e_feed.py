@@ -201,14 +201,16 @@ def tfos_spark_main(args, ctx):
 
 # ----------------------------------------------------------------------------- driver
 def fashion_df(spark, rows: int, partitions: int, tmp: Path):
-    """The first `rows` training images of Fashion-MNIST as a cached DataFrame (image, label)."""
+    """`rows` training images of Fashion-MNIST, in order (repeated past the 60,000), as a cached
+    DataFrame (image, label)."""
     sys.path.insert(0, str(EXAMPLE_DIR))
     import data
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
     images, labels = data.load_split("train")
-    images, labels = images[:rows], labels[:rows]
+    idx = np.arange(rows) % len(labels)  # past the 60,000 training images, they come round again
+    images, labels = images[idx], labels[idx]
     n = len(labels)
     flat = np.ascontiguousarray(images).reshape(-1)
     offsets = np.arange(0, (n + 1) * 784, 784, dtype=np.int32)

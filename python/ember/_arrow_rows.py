@@ -9,6 +9,7 @@ allows it: numbers, fixed-size lists, equal-length lists and binaries.
 """
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -122,7 +123,14 @@ def results_to_batch(results: Any, num_rows: Optional[int] = None) -> pa.RecordB
 
 def _shapes(schema: pa.Schema) -> Dict[str, List[int]]:
     meta = schema.metadata or {}
-    return json.loads(meta.get(SHAPES_KEY, b"{}"))
+    return _parse_shapes(meta.get(SHAPES_KEY, b"{}"))
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_shapes(text: bytes) -> Dict[str, List[int]]:
+    """Parsed once per distinct metadata: every fed batch of a job carries the same.
+    Callers must not modify the result (it is shared)."""
+    return json.loads(text)
 
 
 def column_to_numpy(col: pa.Array, shape: Optional[List[int]] = None) -> np.ndarray:

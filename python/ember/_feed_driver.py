@@ -8,7 +8,7 @@ ember._feeding for how rows are spread and why every node gets the same count.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, List, Optional, Sequence, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import pyarrow as pa
 
@@ -151,10 +151,11 @@ def _cast_column(col: pa.Array, target: pa.DataType, name: str, where: str) -> p
 
 
 def inference(sc, data: Any, endpoints: Sequence[feeding.NodeEndpoint], options: feeding.FeedOptions,
-              output_schema=None):
+              output_schema=None, coordinator: Optional[Tuple[str, int, bytes]] = None):
     """DataFrame in: a DataFrame with every input column plus the output columns, in input
     order.  RDD in: an RDD of the node's results, in input order.  Lazy, like any Spark
-    transformation: the feed runs when an action runs."""
+    transformation: the feed runs when an action runs.  `coordinator` (host, port, secret)
+    lets a task that finds its node gone say how the node ended."""
     eps, opts = list(endpoints), options
     num_nodes = len(eps)
     if _is_dataframe(data):
@@ -173,7 +174,7 @@ def inference(sc, data: Any, endpoints: Sequence[feeding.NodeEndpoint], options:
             from pyspark import TaskContext
             p = TaskContext.get().partitionId()
             ep = eps[p % num_nodes]
-            for inp, res in feeding.infer_partition(batches, p, ep, opts):
+            for inp, res in feeding.infer_partition(batches, p, ep, opts, coordinator):
                 where = f"node {ep.name}, partition {p}"
                 if res.num_columns < len(out_fields.fields):
                     raise ValueError(f"inference: {where} returned {res.num_columns} result columns, the "
@@ -190,7 +191,7 @@ def inference(sc, data: Any, endpoints: Sequence[feeding.NodeEndpoint], options:
 
         def infer_rdd(p, rows):
             ep = eps[p % num_nodes]
-            for _, res in feeding.infer_partition(feeding.rdd_rows_to_batches(rows), p, ep, opts):
+            for _, res in feeding.infer_partition(feeding.rdd_rows_to_batches(rows), p, ep, opts, coordinator):
                 yield from rows_mod.batch_to_rows(res)
         return data.mapPartitionsWithIndex(infer_rdd)
     raise TypeError(f"Cluster.inference takes a DataFrame or an RDD, got {type(data).__name__}")

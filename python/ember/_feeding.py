@@ -24,6 +24,7 @@ import pyarrow as pa
 from ember import _arrow_rows as rows_mod
 from ember import _ember
 from ember import errors
+from ember._names import NODE_END_KEY
 
 RDD_CHUNK_ROWS = 4096  # RDD rows per Arrow batch
 
@@ -127,15 +128,45 @@ def _read_ipc(data, what: str) -> pa.RecordBatch:
         raise errors.Corruption(f"{what}: malformed Arrow IPC stream: {e}") from e
 
 
+def node_end(coordinator: Optional[Tuple[str, int, bytes]], endpoint: NodeEndpoint,
+             timeout: float = 10.0) -> Optional[str]:
+    """How the node behind `endpoint` ended, in the words its launcher gave its feed (and
+    published in the coordinator's store, NODE_END_KEY); None if that cannot be learned.
+    `coordinator` is (host, port, secret)."""
+    if coordinator is None:
+        return None
+    host, port, secret = coordinator
+    try:
+        client = _ember.CoordinatorClient.connect(host, port, secret, connect_timeout=timeout)
+    except errors.EmberError:
+        return None
+    try:
+        return client.kv_get(NODE_END_KEY.format(executor_id=endpoint.executor_id), timeout).decode()
+    except errors.Aborted as e:
+        return str(e)  # the job was aborted: the reason names the node that failed
+    except errors.EmberError:
+        return None
+    finally:
+        client.close()
+
+
 def infer_partition(batches: Iterable[pa.RecordBatch], partition: int, endpoint: NodeEndpoint,
-                    options: FeedOptions) -> Iterator[tuple]:
+                    options: FeedOptions, coordinator: Optional[Tuple[str, int, bytes]] = None) -> Iterator[tuple]:
     """Feeds one partition to its node and yields (input batch, result batch) pairs,
     row-aligned and in input order.
 
     Raises ValueError if the node answers more or fewer rows than it was sent,
-    naming node and partition; the node's own error (naming it) if it fails.
+    naming node and partition; the node's own error (naming it) if it fails, also when
+    the node was already gone when this task started (asked of `coordinator`, which is
+    (host, port, secret)).
     """
-    producer = _ember.InferenceProducer.open(endpoint, partition, options)
+    try:
+        producer = _ember.InferenceProducer.open(endpoint, partition, options)
+    except (errors.NotFound, errors.Unavailable) as e:
+        how = node_end(coordinator, endpoint)
+        if how is None:
+            raise
+        raise errors.Aborted(f"inference: node {endpoint.describe()}, partition {partition}: {how}") from e
     inputs: "queue.Queue" = queue.Queue()
     writer_error: List[BaseException] = []
 

@@ -30,7 +30,7 @@ import traceback
 from typing import Deque, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from ember import _ember, _proc
-from ember._names import FEED_ENDPOINT_KEY, TENSORBOARD_URL_KEY, WORKER_ROLES
+from ember._names import FEED_ENDPOINT_KEY, NODE_END_KEY, TENSORBOARD_URL_KEY, WORKER_ROLES
 from ember.context import absolute_path
 from ember.errors import EmberError
 from ember.input_mode import InputMode
@@ -131,6 +131,8 @@ class NodeFeed:
     (they stop quietly, as after TFoS's DataFeed.terminate()).
     """
 
+    ended_how: Optional[str] = None  # set by settle()
+
     def __init__(self, spec: NodeSpec, executor_id: int, label: str, host: str):
 
         self.key = FEED_ENDPOINT_KEY.format(executor_id=executor_id)
@@ -148,13 +150,17 @@ class NodeFeed:
                                             self.ring.capacity)
 
     def settle(self, outcome: str, reason: str, returncode: Optional[int], label: str) -> None:
-        """Tells feeding tasks how the node ended (see the class docstring)."""
+        """Tells feeding tasks how the node ended (see the class docstring); `ended_how`
+        keeps the words, which the launcher also publishes for tasks that come later."""
         if outcome == "abort":
-            self.ring.abort(f"the job was aborted: {reason}"[:240])
+            self.ended_how = f"the job was aborted: {reason}"[:240]
+            self.ring.abort(self.ended_how)
         elif outcome == "exit" and returncode not in (0, None):
-            self.ring.abort(f"node {label} failed ({_proc.describe_exit(returncode)}); "
-                            "see the driver's output for its traceback")
+            self.ended_how = (f"node {label} failed ({_proc.describe_exit(returncode)}); "
+                              "see the driver's output for its traceback")
+            self.ring.abort(self.ended_how)
         else:
+            self.ended_how = f"node {label} ended its feed"
             self.ring.terminate()
 
     def close(self) -> None:
@@ -253,6 +259,12 @@ class NodeLauncher:
 
             outcome, reason = self._supervise(client, child)
             returncode = end_node(child, outcome, reason, feed, self.label, spec.kill_grace_secs)
+            if feed is not None and feed.ended_how:
+                # A feeding task that starts after the ring is gone learns why from here.
+                try:
+                    client.kv_set(NODE_END_KEY.format(executor_id=self.executor_id), feed.ended_how.encode())
+                except EmberError:
+                    pass  # the coordinator is gone: the job is over anyway
             for t in forwarders:
                 t.join(timeout=5.0)
 

@@ -11,3 +11,4 @@ WORKER_ROLES = ("chief", "master", "worker")
 # Keys in the coordinator's key/value store.
 TENSORBOARD_URL_KEY = "ember/tensorboard_url"      # the URL of the TensorBoard a launcher started
 FEED_ENDPOINT_KEY = "ember/feed/{executor_id}"     # NodeEndpoint.encode() of a training node's feed
+NODE_END_KEY = "ember/node-end/{executor_id}"      # how a fed node ended, as its feed was told

@@ -304,8 +304,9 @@ class Cluster:
         """
         self._require_spark_mode("inference")
         _feed_driver.check_feed_slots(self._sc, self.num_nodes, task_slots)
+        host, port = self.coordinator_address.rsplit(":", 1)
         return _feed_driver.inference(self._sc, data, self._endpoints(), self._feed_options(feed_timeout),
-                                      output_schema=output_schema)
+                                      output_schema=output_schema, coordinator=(host, int(port), self._secret))
 
     def shutdown(self, grace_secs: float = 0, timeout: Optional[float] = None) -> None:
         """Waits for the training nodes to finish, then stops the rest and tears down.

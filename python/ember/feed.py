@@ -58,6 +58,10 @@ class DataFeed:
         self._node = node
         self._input_mapping = dict(input_mapping) if input_mapping else None
         self._decoded: "collections.OrderedDict[int, pa.RecordBatch]" = collections.OrderedDict()
+        # message id -> the whole message's numpy columns (None: some column is not a plain
+        # array there, so each slice is converted by itself).
+        self._message_columns: "collections.OrderedDict[int, Optional[Dict[str, np.ndarray]]]" = \
+            collections.OrderedDict()
 
     # ------------------------------------------------------------- settings
     @property
@@ -89,6 +93,25 @@ class DataFeed:
             if len(self._decoded) > _DECODED_CACHE:
                 self._decoded.popitem(last=False)
         return batch
+
+    def _columns(self, ranges) -> Dict[str, np.ndarray]:
+        """The rows of `ranges` as {column: numpy array}.  Rows from one message (the common
+        case: a message holds thousands of rows, a batch a hundred) are numpy slices of that
+        message's columns, converted once; only batches that span messages are concatenated."""
+        if len(ranges) == 1:
+            r = ranges[0]
+            if r.message_id not in self._message_columns:
+                cols = rows_mod.batch_to_columns(self._record_batch(r))
+                if any(a.dtype == object for a in cols.values()):
+                    cols = None  # ragged here; a slice may still be regular: convert it alone
+                self._message_columns[r.message_id] = cols
+                if len(self._message_columns) > _DECODED_CACHE:
+                    self._message_columns.popitem(last=False)
+            cols = self._message_columns[r.message_id]
+            if cols is not None:
+                return {k: v[r.offset:r.offset + r.rows] for k, v in cols.items()}
+        batch = self._concat(ranges)
+        return {} if batch is None else rows_mod.batch_to_columns(batch)
 
     def _concat(self, ranges) -> Optional[pa.RecordBatch]:
         slices = [self._record_batch(r).slice(r.offset, r.rows) for r in ranges]
@@ -128,8 +151,7 @@ class DataFeed:
         Zero-copy when the rows come from one Arrow batch and the column layout
         allows it (numbers, fixed-size or equal-length lists and binaries).
         """
-        batch = self._next(batch_size)
-        return {} if batch is None else rows_mod.batch_to_columns(batch)
+        return self._columns(self._consumer.next(batch_size, not self.train_mode))
 
     def should_stop(self) -> bool:
         """True once the feed has ended (the driver called shutdown) and every row was read."""
@@ -174,12 +196,12 @@ class DataFeed:
             ranges = self._consumer.next_epoch_batch(batch_size, drop_remainder)
             if not ranges:
                 return
-            yield rows_mod.batch_to_columns(self._concat(ranges))
+            yield self._columns(ranges)
 
     def _peek_columns(self) -> Optional[Dict[str, np.ndarray]]:
         """The first queued row's columns, reading ahead; None at end of feed."""
         r = self._consumer.peek_row()
-        return None if r is None else rows_mod.batch_to_columns(self._concat([r]))
+        return None if r is None else self._columns([r])
 
     def to_tf_dataset(self, batch_size: int, features: Optional[Union[str, Sequence[str]]] = None,
                       label: Optional[str] = None, drop_remainder: bool = True, transform=None):

@@ -131,6 +131,17 @@ def die_mid_inference(args, ctx):
             feed.batch_results([x * x for x in batch])
 
 
+def worker0_crashes_at_once(args, ctx):
+    """worker:0 dies before it reads anything (exit code 3); the others serve squares."""
+    feed = ctx.get_data_feed(train_mode=False)
+    if ctx.task_index == 0:
+        os._exit(3)
+    while not feed.should_stop():
+        batch = feed.next_batch(5)
+        if batch:
+            feed.batch_results([x * x for x in batch])
+
+
 def read_one_batch_and_return(args, ctx):
     """A node that stops early (TFoS allows it): one batch, then main_fun returns."""
     ctx.get_data_feed().next_batch(10)
@@ -283,6 +294,28 @@ def test_node_killed_during_inference_is_named_by_collect(spark, monkeypatch, tr
         assert "node worker:0" in text and ep.host in text, text[-2000:]
         assert "failed" in text and "SIGKILL" in text, text[-2000:]
         assert time.monotonic() - start < 30  # well inside feed_timeout
+    finally:
+        with pytest.raises(ember.NodeError, match="worker:0"):
+            cluster.shutdown(timeout=60)
+    no_leftovers(cluster.job_id)
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_inference_after_a_node_died_names_it_and_how(spark, monkeypatch, transport):
+    """Regression: a feeding task that starts after its node's ring (or feed server) is gone
+    failed with "feed ring ... does not exist (has the node started?)", which named neither
+    the failure nor its cause; it now asks the coordinator how the node ended."""
+    monkeypatch.setenv("EMBER_FEED_TRANSPORT", transport)
+    cluster = _run(spark, worker0_crashes_at_once, {})
+    try:
+        ep = next(e for e in cluster._endpoints() if e.name == "worker:0")
+        assert cluster._watcher.known_failure(wait=30) is not None  # worker:0 is gone now
+        with pytest.raises(Exception) as info:
+            # One partition: it goes to worker:0, whose ring and feed server are gone.
+            cluster.inference(spark.sparkContext.parallelize(range(100), 1), feed_timeout=60).collect()
+        text = str(info.value)
+        assert f"node worker:0 ({ep.host})" in text and "exit code 3" in text, text[-2000:]
+        assert "does not exist" not in text.split("Traceback")[0], text[-2000:]
     finally:
         with pytest.raises(ember.NodeError, match="worker:0"):
             cluster.shutdown(timeout=60)
