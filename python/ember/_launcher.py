@@ -20,6 +20,7 @@ import collections
 import dataclasses
 import json
 import os
+import queue
 import shutil
 import socket
 import subprocess
@@ -35,6 +36,7 @@ from ember.context import absolute_path
 from ember.errors import EmberError
 from ember.input_mode import InputMode
 
+_FOREVER = 10 * 365 * 86400.0  # seconds: no deadline for a wait that another event ends
 _MAX_LINE = 64 * 1024  # longer lines are split; a progress bar without newlines must not grow forever
 
 
@@ -122,6 +124,19 @@ def _runs_tensorboard(role: str, index: int, cluster_spec: Dict[str, List[str]])
     return role == "worker" and index == 0 and not has_chief
 
 
+def _short_reason(text: str, limit: int = 1000) -> str:
+    """`text` cut to `limit` characters (a ring's abort reason holds 1 KiB), keeping its
+    first line (which node failed) and its last (the exception: why)."""
+    text = text.strip()
+    if len(text) <= limit:
+        return text
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    first, last = lines[0], lines[-1]
+    if len(lines) == 1 or len(last) >= limit // 2:
+        return text[:limit - len(last[-(limit // 2 - 5):]) - 5] + " ... " + last[-(limit // 2 - 5):]
+    return first[:limit - len(last) - 5] + " ... " + last
+
+
 class NodeFeed:
     """A training node's InputMode.SPARK endpoint: its shared-memory ring, which the
     node process reads, and the TCP feed server that relays remote feeding tasks into it.
@@ -153,7 +168,7 @@ class NodeFeed:
         """Tells feeding tasks how the node ended (see the class docstring); `ended_how`
         keeps the words, which the launcher also publishes for tasks that come later."""
         if outcome == "abort":
-            self.ended_how = f"the job was aborted: {reason}"[:240]
+            self.ended_how = _short_reason(f"the job was aborted: {reason}")
             self.ring.abort(self.ended_how)
         elif outcome == "exit" and returncode not in (0, None):
             self.ended_how = (f"node {label} failed ({_proc.describe_exit(returncode)}); "
@@ -358,15 +373,28 @@ class NodeLauncher:
         return child
 
     def _supervise(self, client, child: subprocess.Popen) -> Tuple[str, str]:
-        """Waits for the node process to exit or a push; returns (outcome, reason)."""
-        while not _proc.has_exited(child):
-            push = client.next_push(0.25)
-            if push is None:
-                continue
-            if push.kind == _ember.Push.Kind.STOP:
-                return "stop", push.reason
-            return "abort", push.reason
-        return "exit", ""
+        """Waits for the node process to exit or a push from the coordinator (Stop, Abort, or
+        the coordinator lost), whichever comes first; returns (outcome, reason).
+
+        Two threads block on the two events (waitid without reaping; the client's push queue
+        in the core) and the first to return wins, so neither is noticed late."""
+        first: "queue.Queue[Tuple[str, str]]" = queue.Queue()
+
+        def wait_exit() -> None:
+            try:
+                os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # leaves it to be reaped
+            except ChildProcessError:
+                pass
+            first.put(("exit", ""))
+
+        def wait_push() -> None:
+            push = client.next_push(_FOREVER)  # None once the client is closed
+            if push is not None:
+                first.put(("stop" if push.kind == _ember.Push.Kind.STOP else "abort", push.reason))
+
+        for target, what in ((wait_exit, "exit"), (wait_push, "push")):
+            threading.Thread(target=target, daemon=True, name=f"ember-{what}-{self.executor_id}").start()
+        return first.get()
 
     def _failure_text(self, traceback_path: str, returncode: int) -> str:
         try:

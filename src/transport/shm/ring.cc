@@ -16,11 +16,11 @@ namespace ember::shm {
 
 namespace {
 constexpr uint64_t kMagic = 0x31474e4952424d45ull;  // "EMBRING1"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: 1 KiB abort reason
 constexpr uint32_t kWrapMarker = 0xffffffffu;  // rest of the ring up to its end is unused
 constexpr size_t kRecordHeader = 8;           // u32 payload length, u32 kind
 constexpr size_t kMinCapacity = 4096;
-constexpr size_t kReasonBytes = 256;
+constexpr size_t kReasonBytes = 1024;  // who failed and why (the last line of a traceback)
 // Blocked waits wake this often to check that the peer process is alive.
 constexpr int64_t kLivenessCheckMs = 100;
 

@@ -192,6 +192,10 @@ TEST(TcpServerTest, ConnectionCapRefusesPeersBeyondPendingHandshakes) {
   // An authenticated connection first: it must not count against the cap.
   auto member = ConnectAuthenticated(port);
   ASSERT_TRUE(member.ok());
+  // The client is through once it has the server's verdict; the server leaves the handshake
+  // (and frees its slot) a moment later.  Without this wait the member could still hold a
+  // slot and a silent peer below be refused (seen under ASan with -j 2).
+  ASSERT_TRUE(WaitUntil([&] { return (*server)->stats().accepted == 1; }));
   std::vector<Fd> silent;
   for (int i = 0; i < 3; ++i) {
     auto fd = Connect("127.0.0.1", port, Soon());
