@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include "common/logging.h"
+#include "common/test_util.h"
 #include "feed/feed_client.h"
 #include "feed/feed_wire.h"
 #include "feed/codec.h"
@@ -26,6 +27,8 @@
 
 namespace ember::feed {
 namespace {
+
+using ember::testing::WaitUntil;
 
 using Clock = std::chrono::steady_clock;
 const std::string kSecret = "feed-test-secret-0123456789";
@@ -81,37 +84,6 @@ std::vector<uint8_t> Begin(uint32_t partition, bool results) {
 
 std::string Text(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
 
-// Collects warning lines (the rejected peers' addresses).
-class LogCapture {
- public:
-  LogCapture() {
-    SetLogSink([this](LogLevel level, std::string_view msg) {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (level >= LogLevel::kWarn) lines_.emplace_back(msg);
-    });
-  }
-  ~LogCapture() { SetLogSink(nullptr); }
-  int Count(const std::string& needle) {
-    std::lock_guard<std::mutex> lock(mu_);
-    int n = 0;
-    for (const auto& l : lines_) n += l.find(needle) != std::string::npos;
-    return n;
-  }
-
- private:
-  std::mutex mu_;
-  std::vector<std::string> lines_;
-};
-
-template <typename Pred>
-bool WaitUntil(Pred pred, Duration limit = Duration(3000)) {
-  const auto end = Clock::now() + limit;
-  while (Clock::now() < end) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(Duration(5));
-  }
-  return pred();
-}
 
 class FeedServerTest : public ::testing::Test {
  protected:
@@ -516,7 +488,7 @@ TEST_F(FeedServerTest, ProtocolErrorsComeBackAsKError) {
 }
 
 TEST_F(FeedServerTest, BadPeersAreRejectedAndOthersStillServed) {
-  LogCapture log;
+  ember::testing::WarningCapture log;
   StartNode(1 << 16);
   const int port = server_->port();
   // Wrong secret.

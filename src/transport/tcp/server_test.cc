@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "common/test_util.h"
 #include "transport/tcp/frame.h"
 #include "transport/tcp/handshake.h"
 #include "transport/tcp/socket.h"
@@ -19,42 +20,14 @@
 namespace ember::tcp {
 namespace {
 
+using ember::testing::WaitUntil;
+
 using Clock = std::chrono::steady_clock;
 const std::string kSecret = "0123456789abcdef-server-test";
 constexpr Duration kLong{5000};
 
 Deadline Soon() { return Deadline::After(kLong); }
 
-class LogCapture {
- public:
-  LogCapture() {
-    SetLogSink([this](LogLevel level, std::string_view msg) {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (level >= LogLevel::kWarn) lines_.emplace_back(msg);
-    });
-  }
-  ~LogCapture() { SetLogSink(nullptr); }
-  int Count(const std::string& needle) {
-    std::lock_guard<std::mutex> lock(mu_);
-    int n = 0;
-    for (const auto& l : lines_) n += l.find(needle) != std::string::npos;
-    return n;
-  }
-
- private:
-  std::mutex mu_;
-  std::vector<std::string> lines_;
-};
-
-template <typename Pred>
-bool WaitUntil(Pred pred, Duration limit = kLong) {
-  const auto end = Clock::now() + limit;
-  while (Clock::now() < end) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(Duration(5));
-  }
-  return pred();
-}
 
 ServerOptions Options() {
   ServerOptions o;
@@ -132,7 +105,7 @@ TEST(TcpServerTest, AuthenticatedClientReachesTheHandler) {
 }
 
 TEST(TcpServerTest, HandshakeRejectionIsLoggedAndCountedAndNeverReachesTheHandler) {
-  LogCapture log;
+  ember::testing::WarningCapture log;
   std::atomic<int> handled{0};
   auto server = Server::Start(Options(), [&](Connection& c) {
     ++handled;
@@ -160,7 +133,7 @@ TEST(TcpServerTest, HandshakeRejectionIsLoggedAndCountedAndNeverReachesTheHandle
 }
 
 TEST(TcpServerTest, SilentPeerIsDroppedAfterTheHandshakeTimeout) {
-  LogCapture log;
+  ember::testing::WarningCapture log;
   ServerOptions o = Options();
   o.handshake_timeout = Duration(200);
   auto server = Server::Start(o, Echo);
@@ -178,7 +151,7 @@ TEST(TcpServerTest, SilentPeerIsDroppedAfterTheHandshakeTimeout) {
 // once (not queued), counted and logged; an authenticated connection does
 // not hold a slot; a freed slot admits the next peer.
 TEST(TcpServerTest, ConnectionCapRefusesPeersBeyondPendingHandshakes) {
-  LogCapture log;
+  ember::testing::WarningCapture log;
   ServerOptions o = Options();
   o.max_pending_handshakes = 3;
   o.handshake_timeout = Duration(20000);  // the silent peers hold their slots for the whole test
