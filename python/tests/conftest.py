@@ -102,13 +102,22 @@ def processes_of_job(job_id: str) -> List[int]:
     return pids
 
 
+def shm_of_job(job_id: str) -> list:
+    """Shared-memory segments named after job `job_id` (feed rings, result rings)."""
+    try:
+        return sorted(n for n in os.listdir("/dev/shm") if job_id in n)
+    except FileNotFoundError:
+        return []
+
+
 def no_leftovers(job_id: str, timeout: float = 20.0) -> None:
-    """Asserts that, within `timeout` seconds, no process of job `job_id` is alive."""
+    """Asserts that, within `timeout` seconds, no process of job `job_id` is alive and no
+    shared-memory segment of it is left."""
     deadline = time.monotonic() + timeout
     while True:
         pids = processes_of_job(job_id)
         if not pids:
-            return
+            break
         if time.monotonic() > deadline:
             details = []
             for pid in pids:
@@ -120,4 +129,8 @@ def no_leftovers(job_id: str, timeout: float = 20.0) -> None:
                     details.append(str(pid))
             raise AssertionError(f"processes of job {job_id} still alive after {timeout}s:\n"
                                  + "\n".join(details))
+        time.sleep(0.2)
+    while shm_of_job(job_id):  # the last launcher may still be closing its ring
+        if time.monotonic() > deadline:
+            raise AssertionError(f"shared memory of job {job_id} left after {timeout}s: {shm_of_job(job_id)}")
         time.sleep(0.2)

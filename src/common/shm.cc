@@ -100,4 +100,11 @@ void* Mapping::Leak() {
   return std::exchange(data_, nullptr);
 }
 
+Status UnlinkSharedMemoryName(const std::string& name) {
+  if (::shm_unlink(name.c_str()) != 0 && errno != ENOENT) {
+    return Status::FromErrno(errno, "shm_unlink(" + name + ")");
+  }
+  return Status::OK();
+}
+
 }  // namespace ember

@@ -90,4 +90,10 @@ class Mapping {
   size_t size_ = 0;
 };
 
+// Removes the name of segment `name` (shm_unlink); mappings of it live on
+// until unmapped.  OK if there is no such name.  For the last party to open
+// a segment by name: once every mapping exists, the name is only a leak
+// waiting for a process to die before its owner unlinks it.
+Status UnlinkSharedMemoryName(const std::string& name);
+
 }  // namespace ember

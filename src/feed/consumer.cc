@@ -7,6 +7,7 @@
 
 #include "common/deadline.h"
 #include "common/mutex.h"
+#include "common/shm.h"
 #include "common/thread_annotations.h"
 #include "ember/feed.h"
 #include "feed/codec.h"
@@ -185,6 +186,10 @@ Status Consumer::Impl::Handle(uint32_t kind, std::shared_ptr<std::vector<uint8_t
                                                     std::to_string(m->partition)));
         }
         session->result_ring = results.MoveValueUnsafe();
+        // Both ends have it mapped now: drop its name, so that a feeding task killed before it
+        // could close the ring (Spark kills a failed job's other tasks) leaves nothing in
+        // /dev/shm.  The producer's own unlink then finds no name, which is fine.
+        (void)UnlinkSharedMemoryName(m->result_ring);
         open_sessions.push_back(session);
       }
       sessions[{m->partition, m->epoch}] = std::move(session);
