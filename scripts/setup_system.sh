@@ -8,6 +8,8 @@ pkgs=(
   libgtest-dev                        # C++ unit tests
   clang libclang-rt-14-dev            # libFuzzer targets (make fuzz)
   dataset-fashion-mnist               # the main job's data (IDX gzip files)
+  libgloo-dev                         # the peer of bench/allreduce.py (Gloo's ring allreduce)
+  iproute2                            # ip netns: the two-"host" collective tests
 )
 command -v java >/dev/null 2>&1 || pkgs+=(openjdk-17-jre-headless)   # Spark 4 needs Java 17
 missing=()

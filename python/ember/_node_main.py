@@ -43,6 +43,11 @@ def _run() -> int:
     from ember.context import Context
 
     ctx = Context.from_node_context(node)
+    from ember import collective
+    if ctx.training_rank is not None:
+        collective.set_default(ctx.communicator)  # ember.keras / ember.torch find the job's nodes
+        for key, value in ctx.torch_distributed_env().items():  # unchanged torch.distributed programs
+            os.environ.setdefault(key, value)
     try:
         main_fun, args = pickle.loads(node.payload)
         main_fun(args, ctx)

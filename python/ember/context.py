@@ -168,6 +168,84 @@ class Context:
             self._feed._timeout = timeout
         return self._feed
 
+    @property
+    def training_rank(self) -> Optional[int]:
+        """This node's rank among the training nodes (chief/master first, then workers by
+        task index), as collectives number them; None for ps and evaluator nodes."""
+        if self.job_name not in WORKER_ROLES:
+            return None
+        rank = 0
+        for role in WORKER_ROLES:
+            if role == self.job_name:
+                return rank + self.task_index
+            rank += len(self.cluster_spec.get(role, []))
+        return None
+
+    @property
+    def is_chief(self) -> bool:
+        """True on the node that saves and prints for the job: training rank 0."""
+        return self.training_rank == 0
+
+    def torch_distributed_env(self) -> Dict[str, str]:
+        """What ``torch.distributed.init_process_group`` reads from the environment, for this
+        training node: MASTER_ADDR/MASTER_PORT (rank 0's host and its reserved port), RANK,
+        WORLD_SIZE and LOCAL_RANK (this node's index among training nodes on its host), as
+        Spark's TorchDistributor sets them.  Empty for ps and evaluator nodes."""
+        rank = self.training_rank
+        if rank is None:
+            return {}
+        addresses = [a for role in WORKER_ROLES for a in self.cluster_spec.get(role, [])]
+        master_host, master_port = addresses[0].rsplit(":", 1)
+        my_host = addresses[rank].rsplit(":", 1)[0]
+        local_rank = sum(1 for a in addresses[:rank] if a.rsplit(":", 1)[0] == my_host)
+        return {"MASTER_ADDR": master_host, "MASTER_PORT": master_port, "RANK": str(rank),
+                "WORLD_SIZE": str(len(addresses)), "LOCAL_RANK": str(local_rank)}
+
+    def communicator(self, timeout: Optional[float] = None, transport: str = "auto",
+                     connect_timeout: Optional[float] = None) -> "Communicator":
+        """The job's training nodes as one :class:`ember.collective.Communicator`
+        (rank = ``training_rank``, size = ``num_workers``).  Every training node must call
+        this (the first call on each meets the others); later calls return the same one.
+
+        Args:
+            timeout: seconds each collective call may take (the core's default if None).
+            transport: "auto" (shared memory on one host, TCP between hosts) or "tcp".
+            connect_timeout: seconds to wait for the other nodes to join.
+        """
+        from ember.collective import Communicator
+        with self._client_lock:
+            if getattr(self, "_communicator", None) is not None:
+                return self._communicator
+        rank = self.training_rank
+        if rank is None:
+            raise ValueError(f"node {self.job_name}:{self.task_index} is not a training node; "
+                             f"collectives join only {'/'.join(WORKER_ROLES)} nodes")
+        if self._coordinator is None:
+            raise RuntimeError("this Context is not connected to a job's coordinator")
+        from ember import _ember
+        host, port, secret, ctimeout = self._coordinator
+        store = _ember.CollectiveStore.coordinator(host, port, secret, ctimeout)
+        own = self.cluster_spec[self.job_name][self.task_index]
+        comm = Communicator.create(
+            rank, self.num_workers, secret, store, host=own.rsplit(":", 1)[0],
+            name=f"{self.job_name}:{self.task_index}", prefix=f"ember-{self.job_id or 'job'}-c0",
+            transport=transport, timeout=timeout, connect_timeout=connect_timeout)
+        with self._client_lock:
+            self._communicator = comm
+        return comm
+
+    def allreduce(self, x: Any, op: str = "average") -> Any:
+        """``ctx.communicator().allreduce(x, op)``: `x` reduced over the training nodes."""
+        return self.communicator().allreduce(x, op)
+
+    def broadcast(self, x: Any, root: int = 0) -> Any:
+        """``ctx.communicator().broadcast(x, root)``: rank `root`'s `x` on every training node."""
+        return self.communicator().broadcast(x, root)
+
+    def allgather(self, x: Any) -> Any:
+        """``ctx.communicator().allgather(x)``: every training node's `x`, concatenated along axis 0."""
+        return self.communicator().allgather(x)
+
     def barrier(self, name: str, timeout: float = 600.0) -> None:
         """Waits until every node of the job has called ``barrier(name)``.
 
@@ -190,6 +268,9 @@ class Context:
 
     def _close(self) -> None:
         with self._client_lock:
+            comm, self._communicator = getattr(self, "_communicator", None), None
+            if comm is not None:
+                comm.close()
             if self._client is not None:
                 self._client.close()
                 self._client = None
@@ -197,6 +278,7 @@ class Context:
     def __getstate__(self) -> Dict[str, Any]:
         state = dict(self.__dict__)
         state["_client"] = None
+        state["_communicator"] = None
         state.pop("_client_lock", None)
         state.pop("_feed", None)
         state.pop("_feed_ring_handle", None)

@@ -1,4 +1,24 @@
-"""Keras integration: progress reports from ``model.fit`` to the driver.
+"""Keras integration: synchronous data-parallel ``model.fit`` on N nodes, and progress
+reports to the driver.
+
+A single-process Keras program becomes a distributed one with a wrapper around the
+optimizer and one callback (Horovod's recipe, on Ember's collectives)::
+
+    model.compile(optimizer=ember.keras.DistributedOptimizer(keras.optimizers.Adam(1e-3)), ...)
+    model.fit(ds, epochs=5, callbacks=[ember.keras.SyncCallback()],
+              verbose=ember.keras.verbose(2))
+
+* ``DistributedOptimizer`` averages every step's gradients over the training nodes
+  before the optimizer applies them (one fused allreduce per step, inside the
+  ``tf.function`` that Keras compiles), so every node keeps the same weights.
+* ``SyncCallback`` broadcasts the chief's initial weights when training starts and
+  averages the epoch's metrics (training and validation) at each epoch's end, so every
+  node's logs, ``EarlyStopping`` and ``ModelCheckpoint`` see the job's figures.
+* ``verbose(v)`` / ``is_chief()``: only the chief prints progress and saves.
+
+Every node must run the same number of steps per epoch (InputMode.SPARK's
+``epoch_batches`` / ``to_tf_dataset`` guarantee it; in InputMode.TENSORFLOW shard the
+data and give ``steps_per_epoch``).  Works with Keras 3's TensorFlow backend.
 
 Importing this module imports Keras; ``import ember`` alone does not.
 """
@@ -6,9 +26,12 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import keras
+import numpy as np
+
+from ember import collective
 
 
 class ProgressCallback(keras.callbacks.Callback):
@@ -60,3 +83,137 @@ class ProgressCallback(keras.callbacks.Callback):
                 metrics[key] = number
         loss = metrics.pop("loss", None)
         self.ctx.report(step=self._step, loss=loss, **metrics)
+
+
+# --------------------------------------------------------------------------- sync training
+def _communicator(comm: Optional[collective.Communicator]) -> collective.Communicator:
+    return comm if comm is not None else collective.default()
+
+
+def is_chief(comm: Optional[collective.Communicator] = None) -> bool:
+    """True on training rank 0 (the node that prints and saves); True outside a job."""
+    if comm is None and collective._default_factory is None:
+        return True
+    return _communicator(comm).rank == 0
+
+
+def verbose(level: int = 1, comm: Optional[collective.Communicator] = None) -> int:
+    """`level` on the chief, 0 on the other nodes: ``model.fit(..., verbose=ember.keras.verbose(2))``."""
+    return level if is_chief(comm) else 0
+
+
+def _allreduce_numpy(comm_fn: Callable[[], collective.Communicator], op: str, arrays: List[np.ndarray]) -> List[np.ndarray]:
+    """One fused allreduce of arrays of one dtype; returns arrays of the same shapes."""
+    flat = np.concatenate([np.asarray(a).ravel() for a in arrays]) if arrays else np.empty(0, np.float32)
+    comm_fn().allreduce_(flat, op)
+    out, offset = [], 0
+    for a in arrays:
+        out.append(flat[offset:offset + a.size].reshape(a.shape))
+        offset += a.size
+    return out
+
+
+def allreduce_gradients(grads: List[Any], comm: Optional[collective.Communicator] = None,
+                        op: str = "average") -> List[Any]:
+    """TensorFlow: the gradients reduced over the training nodes (None stays None).
+
+    One graph op per dtype (normally one), whatever the number of tensors, so a step
+    costs one collective call; IndexedSlices are densified.
+    """
+    import tensorflow as tf
+
+    present = [i for i, g in enumerate(grads) if g is not None]
+    dense = [tf.convert_to_tensor(grads[i]) for i in present]
+    by_dtype: Dict[Any, List[int]] = {}
+    for k, g in enumerate(dense):
+        by_dtype.setdefault(g.dtype, []).append(k)
+    reduced: List[Any] = [None] * len(dense)
+    comm_fn = (lambda: comm) if comm is not None else collective.default
+    for dtype, ks in by_dtype.items():
+        outs = tf.numpy_function(lambda *a: _allreduce_numpy(comm_fn, op, list(a)), [dense[k] for k in ks],
+                                 Tout=[dtype] * len(ks), stateful=True, name="ember_allreduce")
+        if not isinstance(outs, (list, tuple)):
+            outs = [outs]
+        for k, out in zip(ks, outs):
+            out.set_shape(dense[k].shape)
+            reduced[k] = out
+    result = list(grads)
+    for k, i in enumerate(present):
+        result[i] = reduced[k]
+    return result
+
+
+def DistributedOptimizer(optimizer: "keras.optimizers.Optimizer", comm: Optional[collective.Communicator] = None,
+                         op: str = "average") -> "keras.optimizers.Optimizer":
+    """Makes `optimizer` average every step's gradients over the training nodes before it
+    applies them, and returns it (the same object; its class becomes a subclass of its
+    own that does the allreduce, so saved models still name the original class).
+
+    Args:
+        optimizer: a Keras 3 optimizer (TensorFlow backend).
+        comm: the communicator; the node's default (``ctx.communicator()``) if None.
+        op: "average" (the default; data-parallel SGD) or "sum".
+    """
+    base = type(optimizer)
+    if getattr(base, "_ember_distributed", False):
+        return optimizer
+
+    def apply(self, grads, trainable_variables=None):
+        return base.apply(self, allreduce_gradients(list(grads), comm, op), trainable_variables)
+
+    cls = type(base.__name__, (base,), {"apply": apply, "_ember_distributed": True,
+                                          "__module__": base.__module__, "__doc__": base.__doc__})
+    optimizer.__class__ = cls
+    return optimizer
+
+
+class SyncCallback(keras.callbacks.Callback):
+    """Keeps N nodes' ``model.fit`` in step: broadcasts the chief's weights when training
+    starts, and averages the epoch's metrics over the nodes at each epoch's end (before
+    later callbacks and the progress bar see them).
+
+    Args:
+        comm: the communicator; the node's default (``ctx.communicator()``) if None.
+        root: the rank whose initial weights everyone starts from.
+    """
+
+    def __init__(self, comm: Optional[collective.Communicator] = None, root: int = 0):
+        super().__init__()
+        self.comm = comm
+        self.root = root
+
+    def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
+        comm = _communicator(self.comm)
+        weights = self.model.get_weights()
+        if weights:
+            by_dtype: Dict[Any, List[int]] = {}
+            for k, w in enumerate(weights):
+                by_dtype.setdefault(w.dtype.str, []).append(k)
+            for ks in by_dtype.values():
+                flat = np.concatenate([weights[k].ravel() for k in ks])
+                comm.broadcast_(flat, self.root)
+                offset = 0
+                for k in ks:
+                    n = weights[k].size
+                    weights[k] = flat[offset:offset + n].reshape(weights[k].shape)
+                    offset += n
+            self.model.set_weights(weights)
+
+    def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        if not logs:
+            return
+        keys = sorted(k for k, v in logs.items() if _is_number(v))
+        if not keys:
+            return
+        values = np.array([float(logs[k]) for k in keys], dtype=np.float64)
+        _communicator(self.comm).allreduce_(values, "average")
+        for k, v in zip(keys, values):
+            logs[k] = float(v)
+
+
+def _is_number(value: Any) -> bool:
+    try:
+        float(value)
+        return True
+    except (TypeError, ValueError):
+        return False

@@ -1,4 +1,4 @@
-"""PyTorch adapter of the data feed: ``DataFeed.to_torch_dataset`` (InputMode.SPARK)."""
+"""PyTorch: the data feed as a Dataset (InputMode.SPARK), and synchronous data-parallel training."""
 from __future__ import annotations
 
 import numpy as np
@@ -29,3 +29,122 @@ def feed_dataset(feed, batch_size: int, drop_remainder: bool = True, transform=N
                 yield transform(cols) if transform is not None else to_tensors(cols)
 
     return _FeedDataset()
+
+
+# --------------------------------------------------------------------------- sync training
+# Synchronous data-parallel PyTorch on Ember's collectives (Horovod's recipe):
+#
+#     model = Net()
+#     ember.torch.broadcast_parameters(model)                       # everyone starts from rank 0
+#     optimizer = ember.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+#     for x, y in loader:                                           # this node's share of the data
+#         optimizer.zero_grad(); loss_fn(model(x), y).backward(); optimizer.step()
+#
+# Unchanged torch.distributed programs run too: every training node has MASTER_ADDR,
+# MASTER_PORT, RANK, WORLD_SIZE and LOCAL_RANK set (init_process_group("gloo") works).
+
+def _communicator(comm):
+    from ember import collective
+    return comm if comm is not None else collective.default()
+
+
+def _flat_groups(tensors):
+    """Groups tensors by dtype, in order: {dtype: [tensor, ...]}."""
+    groups = {}
+    for t in tensors:
+        groups.setdefault(t.dtype, []).append(t)
+    return groups
+
+
+def allreduce_tensors_(tensors, comm=None, op: str = "average") -> None:
+    """Reduces CPU tensors over the training nodes, in place, one fused call per dtype."""
+    import torch
+
+    comm = _communicator(comm)
+    for group in _flat_groups([t for t in tensors if t is not None]).values():
+        if len(group) == 1 and group[0].is_contiguous():
+            comm.allreduce_(group[0].detach(), op)
+            continue
+        flat = torch.cat([t.detach().reshape(-1) for t in group])
+        comm.allreduce_(flat, op)
+        offset = 0
+        for t in group:
+            n = t.numel()
+            t.detach().copy_(flat[offset:offset + n].view_as(t))
+            offset += n
+
+
+def broadcast_tensors_(tensors, root: int = 0, comm=None) -> None:
+    """Overwrites CPU tensors with rank `root`'s, in place, one call per dtype."""
+    import torch
+
+    comm = _communicator(comm)
+    for group in _flat_groups(list(tensors)).values():
+        flat = torch.cat([t.detach().reshape(-1) for t in group])
+        comm.broadcast_(flat, root)
+        offset = 0
+        for t in group:
+            n = t.numel()
+            t.detach().copy_(flat[offset:offset + n].view_as(t))
+            offset += n
+
+
+def broadcast_parameters(module, root: int = 0, comm=None) -> None:
+    """Copies rank `root`'s parameters and buffers (a Module, or a state_dict) to every node."""
+    state = module.state_dict() if hasattr(module, "state_dict") and hasattr(module, "parameters") else module
+    import torch
+
+    broadcast_tensors_([t for t in state.values() if isinstance(t, torch.Tensor) and t.numel() > 0], root, comm)
+
+
+def broadcast_optimizer_state(optimizer, root: int = 0, comm=None) -> None:
+    """Copies rank `root`'s optimizer state tensors (momentum, Adam moments, ...) to every node.
+    Every node must have the same state layout (e.g. after the same number of steps)."""
+    import torch
+
+    tensors = [v for state in optimizer.state.values() for v in state.values()
+               if isinstance(v, torch.Tensor) and v.numel() > 0]
+    broadcast_tensors_(tensors, root, comm)
+
+
+class DistributedOptimizer:
+    """Wraps a ``torch.optim.Optimizer``: ``step()`` first averages every parameter's gradient
+    over the training nodes (one fused allreduce per dtype), then steps.  Everything else is
+    the wrapped optimizer's (attributes pass through).
+
+    Args:
+        optimizer: the optimizer over this node's model.
+        comm: the communicator; the node's default (``ctx.communicator()``) if None.
+        op: "average" (data-parallel SGD) or "sum".
+    """
+
+    def __init__(self, optimizer, comm=None, op: str = "average"):
+        self.__dict__["_optimizer"] = optimizer
+        self.__dict__["_comm"] = comm
+        self.__dict__["_op"] = op
+
+    def synchronize(self) -> None:
+        """Averages the gradients now (step() does it; call this to clip them first)."""
+        grads = [p.grad for group in self._optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if grads and any(g.is_sparse for g in grads):
+            raise ValueError("DistributedOptimizer: sparse gradients are not supported; use dense embeddings")
+        allreduce_tensors_(grads, self._comm, self._op)
+        self.__dict__["_synchronized"] = True
+
+    def step(self, closure=None):
+        if not self.__dict__.pop("_synchronized", False):
+            self.synchronize()
+        return self._optimizer.step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.__dict__.pop("_synchronized", None)
+        self._optimizer.zero_grad(set_to_none=set_to_none)
+
+    def __getattr__(self, name):
+        return getattr(self._optimizer, name)
+
+    def __setattr__(self, name, value):
+        setattr(self._optimizer, name, value)
+
+    def __repr__(self) -> str:
+        return f"DistributedOptimizer({self._optimizer!r})"

@@ -94,5 +94,7 @@ void BindCoordinator(nb::module_& m);
 void BindFeed(nb::module_& m);
 // Defined in node_binding.cc: NodeContext and the node start-up message.
 void BindNode(nb::module_& m);
+// Defined in collective_binding.cc: Communicator, its options and stores.
+void BindCollective(nb::module_& m);
 
 }  // namespace ember::python

@@ -84,4 +84,5 @@ NB_MODULE(_ember, m) {
   ember::python::BindCoordinator(m);
   ember::python::BindFeed(m);
   ember::python::BindNode(m);
+  ember::python::BindCollective(m);
 }

@@ -12,7 +12,7 @@ PACKAGE = Path(ember.__file__).parent
 
 # Lowest first.  A module may import only from layers before its own.
 LAYERS = [
-    {"_names", "errors", "input_mode", "config", "_console", "_proc", "_arrow_rows"},
+    {"_names", "errors", "input_mode", "config", "_console", "_proc", "_arrow_rows", "collective"},
     {"tf", "torch", "keras"},  # framework adapters over numpy columns; the Keras callback
     {"feed"},                 # the node's DataFeed over the core's consumer
     {"context", "_feeding"},  # the node's ctx; the feeding tasks' Spark glue

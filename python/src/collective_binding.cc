@@ -1,0 +1,218 @@
+// Bindings of include/ember/collective.h: the Communicator and its Stores.
+// Type conversion only.  Arrays cross as DLPack/buffer-protocol ndarrays
+// (numpy, PyTorch, anything with __dlpack__), C-contiguous and on the CPU,
+// and are reduced in place, without a copy; outputs are allocated by the
+// caller (python/ember/collective.py).  The GIL is released for every call
+// into the core.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/vector.h>
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "bindings.h"
+#include "ember/collective.h"
+#include "ember/coordinator.h"
+
+namespace ember::python {
+namespace {
+
+using namespace nb::literals;
+using collective::CallOptions;
+using collective::Communicator;
+using collective::CommunicatorOptions;
+using collective::DataType;
+using collective::ReduceOp;
+using collective::Store;
+using collective::Work;
+
+using Array = nb::ndarray<nb::device::cpu, nb::c_contig>;
+
+DataType DataTypeOf(const Array& a) {
+  const nb::dlpack::dtype t = a.dtype();
+  const auto code = static_cast<nb::dlpack::dtype_code>(t.code);
+  if (t.lanes == 1) {
+    if (code == nb::dlpack::dtype_code::Float && t.bits == 32) return DataType::kFloat32;
+    if (code == nb::dlpack::dtype_code::Float && t.bits == 64) return DataType::kFloat64;
+    if (code == nb::dlpack::dtype_code::Float && t.bits == 16) return DataType::kFloat16;
+    if (code == nb::dlpack::dtype_code::Bfloat && t.bits == 16) return DataType::kBFloat16;
+    if (code == nb::dlpack::dtype_code::Int && t.bits == 32) return DataType::kInt32;
+    if (code == nb::dlpack::dtype_code::Int && t.bits == 64) return DataType::kInt64;
+  }
+  throw StatusError(Status::InvalidArgument(
+      "collectives take float32, float64, float16, bfloat16, int32 or int64 arrays; got dtype code " +
+      std::to_string(t.code) + " with " + std::to_string(t.bits) + " bits"));
+}
+
+CallOptions Timeout(double seconds) {
+  CallOptions o;
+  o.timeout = SecondsToDuration(seconds);
+  return o;
+}
+
+// Holds the arrays of an async call alive until the call ended.
+struct PyWork {
+  std::unique_ptr<Work> work;
+  nb::object keep;
+};
+
+}  // namespace
+
+void BindCollective(nb::module_& m) {
+  nb::enum_<DataType>(m, "CollectiveDataType")
+      .value("FLOAT32", DataType::kFloat32)
+      .value("FLOAT64", DataType::kFloat64)
+      .value("BFLOAT16", DataType::kBFloat16)
+      .value("FLOAT16", DataType::kFloat16)
+      .value("INT32", DataType::kInt32)
+      .value("INT64", DataType::kInt64);
+  nb::enum_<ReduceOp>(m, "ReduceOp")
+      .value("SUM", ReduceOp::kSum)
+      .value("AVERAGE", ReduceOp::kAverage)
+      .value("MIN", ReduceOp::kMin)
+      .value("MAX", ReduceOp::kMax);
+  nb::enum_<collective::Transport>(m, "CollectiveTransport")
+      .value("AUTO", collective::Transport::kAuto)
+      .value("TCP", collective::Transport::kTcp);
+
+  nb::class_<CommunicatorOptions>(m, "CommunicatorOptions", "ember::collective::CommunicatorOptions.")
+      .def(nb::init<>())
+      .def_rw("rank", &CommunicatorOptions::rank)
+      .def_rw("size", &CommunicatorOptions::size)
+      .def_rw("host", &CommunicatorOptions::host)
+      .def_rw("name", &CommunicatorOptions::name)
+      .def_rw("bind_host", &CommunicatorOptions::bind_host)
+      .def_prop_rw(
+          "secret", [](const CommunicatorOptions& o) { return nb::bytes(o.secret.data(), o.secret.size()); },
+          [](CommunicatorOptions& o, nb::bytes b) { o.secret.assign(b.c_str(), b.size()); })
+      .def_rw("prefix", &CommunicatorOptions::prefix)
+      .def_rw("transport", &CommunicatorOptions::transport)
+      .def_prop_rw(
+          "connect_timeout", [](const CommunicatorOptions& o) { return DurationToSeconds(o.connect_timeout); },
+          [](CommunicatorOptions& o, double s) { o.connect_timeout = SecondsToDuration(s); })
+      .def_prop_rw(
+          "timeout", [](const CommunicatorOptions& o) { return DurationToSeconds(o.timeout); },
+          [](CommunicatorOptions& o, double s) { o.timeout = SecondsToDuration(s); })
+      .def_rw("shm_buffer_bytes", &CommunicatorOptions::shm_buffer_bytes)
+      .def_rw("tcp_chunk_bytes", &CommunicatorOptions::tcp_chunk_bytes);
+
+  nb::class_<Store>(m, "CollectiveStore", "Where ranks meet (ember::collective::Store).")
+      .def_static("in_memory", &collective::NewInMemoryStore, "A store in this process (tests).")
+      .def_static(
+          "coordinator",
+          [](const std::string& host, int port, nb::bytes secret, double connect_timeout) {
+            ClientOptions co;
+            co.connect_timeout = SecondsToDuration(connect_timeout);
+            auto client = ValueOrThrow(
+                CoordinatorClient::Connect(host, port, std::string(secret.c_str(), secret.size()), co));
+            return collective::NewCoordinatorStore(std::shared_ptr<CoordinatorClient>(std::move(client)));
+          },
+          "host"_a, "port"_a, "secret"_a, "connect_timeout"_a, nb::call_guard<nb::gil_scoped_release>(),
+          "The job's store: the coordinator's key/value store, over a connection of its own.");
+
+  nb::class_<PyWork>(m, "CollectiveWork", "An asynchronous collective call in flight.")
+      .def(
+          "wait", [](PyWork& w) { ThrowIfError(w.work->Wait()); }, nb::call_guard<nb::gil_scoped_release>())
+      .def("done", [](PyWork& w) { return w.work->Done(); });
+
+  nb::class_<Communicator>(m, "Communicator", "ember::collective::Communicator (include/ember/collective.h).")
+      .def_static(
+          "create",
+          [](const CommunicatorOptions& o, std::shared_ptr<Store> store) {
+            return ValueOrThrow(Communicator::Create(o, std::move(store)));
+          },
+          "options"_a, "store"_a, nb::call_guard<nb::gil_scoped_release>())
+      .def_prop_ro("rank", &Communicator::rank)
+      .def_prop_ro("size", &Communicator::size)
+      .def("describe", &Communicator::Describe, "rank"_a)
+      .def(
+          "allreduce",
+          [](Communicator& c, Array a, ReduceOp op, double timeout) {
+            const DataType dt = DataTypeOf(a);
+            nb::gil_scoped_release release;
+            ThrowIfError(c.Allreduce(a.data(), a.size(), dt, op, Timeout(timeout)));
+          },
+          "array"_a, "op"_a, "timeout"_a = 0.0)
+      .def(
+          "allreduce_fused",
+          [](Communicator& c, std::vector<Array> arrays, ReduceOp op, double timeout) {
+            if (arrays.empty()) return;
+            const DataType dt = DataTypeOf(arrays[0]);
+            std::vector<std::span<std::byte>> spans;
+            for (auto& a : arrays) {
+              if (DataTypeOf(a) != dt) {
+                throw StatusError(Status::InvalidArgument("allreduce_fused: every array must have one dtype"));
+              }
+              spans.emplace_back(static_cast<std::byte*>(a.data()), a.nbytes());
+            }
+            nb::gil_scoped_release release;
+            ThrowIfError(c.AllreduceFused(spans, dt, op, Timeout(timeout)));
+          },
+          "arrays"_a, "op"_a, "timeout"_a = 0.0)
+      .def(
+          "allreduce_async",
+          [](Communicator& c, nb::object owner, Array a, ReduceOp op, double timeout) {
+            const DataType dt = DataTypeOf(a);
+            auto work = c.AllreduceAsync(a.data(), a.size(), dt, op, Timeout(timeout));
+            return PyWork{std::move(work), std::move(owner)};
+          },
+          "owner"_a, "array"_a, "op"_a, "timeout"_a = 0.0)
+      .def(
+          "broadcast",
+          [](Communicator& c, Array a, int root, double timeout) {
+            const DataType dt = DataTypeOf(a);
+            nb::gil_scoped_release release;
+            ThrowIfError(c.Broadcast(a.data(), a.size(), dt, root, Timeout(timeout)));
+          },
+          "array"_a, "root"_a, "timeout"_a = 0.0)
+      .def(
+          "allgather",
+          [](Communicator& c, Array in, Array out, double timeout) {
+            const DataType dt = DataTypeOf(in);
+            if (DataTypeOf(out) != dt || out.size() != in.size() * static_cast<size_t>(c.size())) {
+              throw StatusError(Status::InvalidArgument("allgather: the output must hold size * input elements of "
+                                                        "the input's dtype"));
+            }
+            nb::gil_scoped_release release;
+            ThrowIfError(c.Allgather(in.data(), in.size(), out.data(), dt, Timeout(timeout)));
+          },
+          "input"_a, "output"_a, "timeout"_a = 0.0)
+      .def(
+          "allgatherv",
+          [](Communicator& c, Array in, double timeout) {
+            const DataType dt = DataTypeOf(in);
+            std::vector<std::byte> out;
+            std::vector<uint64_t> counts;
+            {
+              nb::gil_scoped_release release;
+              ThrowIfError(c.AllgatherV(in.data(), in.size(), dt, &out, &counts, Timeout(timeout)));
+            }
+            return std::make_pair(nb::bytes(reinterpret_cast<const char*>(out.data()), out.size()), counts);
+          },
+          "input"_a, "timeout"_a = 0.0)
+      .def(
+          "reduce_scatter",
+          [](Communicator& c, Array in, Array out, ReduceOp op, double timeout) {
+            const DataType dt = DataTypeOf(in);
+            if (DataTypeOf(out) != dt || in.size() != out.size() * static_cast<size_t>(c.size())) {
+              throw StatusError(Status::InvalidArgument("reduce_scatter: the input must hold size * output elements "
+                                                        "of the output's dtype"));
+            }
+            nb::gil_scoped_release release;
+            ThrowIfError(c.ReduceScatter(in.data(), out.data(), out.size(), dt, op, Timeout(timeout)));
+          },
+          "input"_a, "output"_a, "op"_a, "timeout"_a = 0.0)
+      .def(
+          "barrier", [](Communicator& c, double timeout) { ThrowIfError(c.Barrier(Timeout(timeout))); },
+          "timeout"_a = 0.0, nb::call_guard<nb::gil_scoped_release>())
+      .def("abort", &Communicator::Abort, "reason"_a, nb::call_guard<nb::gil_scoped_release>());
+}
+
+}  // namespace ember::python

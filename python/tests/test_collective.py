@@ -1,0 +1,199 @@
+"""Ember's collectives from Python: the bindings on threads, then real nodes on real Spark,
+then Keras 3 ``model.fit`` on two nodes with DistributedOptimizer + SyncCallback."""
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ember
+from ember import _ember, errors
+from ember.collective import Communicator
+from conftest import no_leftovers
+
+pytestmark = pytest.mark.timeout(300)
+
+SECRET = b"0123456789abcdef-python-collective"
+
+
+def run_threads(size, fn, **options):
+    """fn(comm) on `size` ranks as threads over an in-memory store; returns their results."""
+    store = _ember.CollectiveStore.in_memory()
+    prefix = f"ember-pytest-{id(store)}"
+    results, failures = [None] * size, []
+
+    def rank(r):
+        try:
+            comm = Communicator.create(r, size, SECRET, store, prefix=prefix, connect_timeout=20, timeout=20,
+                                       **options)
+            results[r] = fn(comm)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            failures.append((r, e))
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not failures, failures
+    return results
+
+
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_numpy_collectives_on_threads(transport):
+    def work(comm):
+        r = comm.rank
+        out = {}
+        x = np.arange(10, dtype=np.float32) + r
+        out["average"] = comm.allreduce(x)                        # new array, x unchanged
+        out["x_unchanged"] = np.array_equal(x, np.arange(10, dtype=np.float32) + r)
+        y = np.full(5, r + 1, dtype=np.int64)
+        comm.allreduce_(y, op="sum")
+        out["sum_int64"] = y
+        h = np.ones(7, dtype=np.float16)
+        out["sum_float16"] = comm.allreduce(h, op="sum")
+        out["max"] = comm.allreduce(np.array([r, -r], dtype=np.float64), op="max")
+        out["bcast"] = comm.broadcast(np.array([r * 10.0, 1.0]), root=2)
+        out["gather"] = comm.allgather(np.full((r, 2), r, dtype=np.int32))  # varying rows, rank 0 none
+        out["rs"] = comm.reduce_scatter(np.arange(6, dtype=np.float32).reshape(3, 2) * (r + 1), op="sum")
+        grads = [np.full(3, r, np.float32), np.full((2, 2), 2 * r, np.float32)]
+        comm.allreduce_many_(grads, op="average")
+        out["many"] = grads
+        z = np.full(1000, float(r), np.float32)
+        work_handle = comm.allreduce_async_(z, op="sum")
+        work_handle.wait()
+        out["async"] = z
+        comm.barrier()
+        return out
+
+    res = run_threads(3, work, transport=transport)
+    for r, out in enumerate(res):
+        np.testing.assert_array_equal(out["average"], np.arange(10, dtype=np.float32) + 1.0)
+        assert out["x_unchanged"]
+        np.testing.assert_array_equal(out["sum_int64"], np.full(5, 6))
+        assert out["sum_float16"].dtype == np.float16 and (out["sum_float16"] == 3).all()
+        np.testing.assert_array_equal(out["max"], [2.0, 0.0])
+        np.testing.assert_array_equal(out["bcast"], [20.0, 1.0])
+        np.testing.assert_array_equal(out["gather"], [[1, 1], [2, 2], [2, 2]])
+        np.testing.assert_array_equal(out["rs"], (np.arange(6, dtype=np.float32).reshape(3, 2) * 6)[r:r + 1])
+        np.testing.assert_array_equal(out["many"][0], np.full(3, 1.0))
+        np.testing.assert_array_equal(out["many"][1], np.full((2, 2), 2.0))
+        np.testing.assert_array_equal(out["async"], np.full(1000, 3.0))
+
+
+def test_mismatch_raises_on_every_rank_naming_ranks():
+    def work(comm):
+        n = 4 if comm.rank == 0 else 5
+        try:
+            comm.allreduce(np.ones(n, np.float32), timeout=10)
+        except (errors.InvalidArgument, errors.Aborted) as e:
+            return str(e)
+        return None
+
+    msgs = run_threads(2, work)
+    for m in msgs:
+        assert m is not None and "rank" in m, msgs
+    assert any("mismatched" in m for m in msgs), msgs
+
+
+def test_bad_dtype_and_op_are_clear_errors():
+    def work(comm):
+        with pytest.raises(ValueError, match="op must be one of"):
+            comm.allreduce(np.ones(2, np.float32), op="product")
+        with pytest.raises(ValueError, match="float32, float64"):
+            comm.allreduce(np.ones(2, np.uint8))
+        return True
+
+    assert run_threads(1, work) == [True]
+
+
+# ----------------------------------------------------------------------------- real nodes
+def node_collectives(args, ctx):
+    import numpy as np
+
+    comm = ctx.communicator(timeout=60)
+    r = ctx.training_rank
+    result = {
+        "rank": r, "size": comm.size, "is_chief": ctx.is_chief,
+        "sum": ctx.allreduce(np.array([r + 1.0, 2.0]), op="sum").tolist(),
+        "bcast": ctx.broadcast(np.array([ctx.executor_id * 100.0]), root=1).tolist(),
+        "gather": ctx.allgather(np.array([r] * (r + 1))).tolist(),
+        "describe": comm.describe(1),
+    }
+    Path(args["out"], f"node-{r}.json").write_text(json.dumps(result))
+
+
+def test_collectives_between_nodes(spark, tmp_path):
+    cluster = ember.Cluster.run(spark, node_collectives, {"out": str(tmp_path)}, num_executors=2,
+                                reservation_timeout=120)
+    cluster.shutdown(timeout=120)
+    no_leftovers(cluster.job_id)
+    res = [json.loads((tmp_path / f"node-{r}.json").read_text()) for r in range(2)]
+    for r, out in enumerate(res):
+        assert out["rank"] == r and out["size"] == 2 and out["is_chief"] == (r == 0)
+        assert out["sum"] == [3.0, 4.0]
+        assert out["gather"] == [0, 1, 1]
+        assert out["bcast"] == res[1]["bcast"]
+        assert out["describe"].startswith("rank 1 (worker:")
+
+
+def node_dies_in_allreduce(args, ctx):
+    import os
+    import signal
+
+    import numpy as np
+
+    comm = ctx.communicator(timeout=60)
+    if ctx.training_rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    comm.allreduce(np.ones(1000, np.float32))
+
+
+def test_a_dead_node_is_named(spark):
+    cluster = ember.Cluster.run(spark, node_dies_in_allreduce, {}, num_executors=2, reservation_timeout=120)
+    with pytest.raises(errors.EmberError) as info:
+        cluster.shutdown(timeout=120)
+    # The driver names the node that died (training rank 1 is worker:1 in this layout).
+    assert "worker:1" in str(info.value) and "SIGKILL" in str(info.value), str(info.value)
+    no_leftovers(cluster.job_id)
+
+
+# ----------------------------------------------------------------------------- Keras model.fit
+def keras_fit(args, ctx):
+    import os
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import ember.keras
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    keras.utils.set_random_seed(100 + ctx.executor_id)  # different initial weights on purpose
+    rng = np.random.default_rng(ctx.executor_id)
+    x = rng.normal(size=(512, 8)).astype(np.float32)
+    y = (x @ np.arange(1, 9, dtype=np.float32) / 10.0).astype(np.float32)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+    model.compile(optimizer=ember.keras.DistributedOptimizer(keras.optimizers.Adam(0.01)), loss="mse")
+    history = model.fit(x, y, batch_size=32, epochs=4, shuffle=False,
+                        callbacks=[ember.keras.SyncCallback()], verbose=ember.keras.verbose(2))
+    np.savez(Path(args["out"]) / f"weights-{ctx.training_rank}.npz", *model.get_weights())
+    Path(args["out"], f"history-{ctx.training_rank}.json").write_text(json.dumps(history.history))
+
+
+def test_keras_fit_on_two_nodes_keeps_replicas_identical(spark, tmp_path):
+    cluster = ember.Cluster.run(spark, keras_fit, {"out": str(tmp_path)}, num_executors=2, reservation_timeout=120)
+    cluster.shutdown(timeout=240)
+    no_leftovers(cluster.job_id)
+    w0, w1 = (np.load(tmp_path / f"weights-{r}.npz") for r in range(2))
+    assert len(w0.files) == 4
+    for k in w0.files:
+        np.testing.assert_array_equal(w0[k], w1[k])  # same bits on both nodes
+    h0, h1 = (json.loads((tmp_path / f"history-{r}.json").read_text()) for r in range(2))
+    assert h0 == h1  # epoch metrics are averaged over the nodes
+    assert h0["loss"][-1] < h0["loss"][0] * 0.5, h0

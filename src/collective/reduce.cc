@@ -1,0 +1,352 @@
+// Reduction kernels.  The shape of every kernel is the same: work through
+// the buffers in blocks that fit in L1, combine the sources into a local
+// accumulator in the order given, then store the block.  The accumulator
+// never aliases the caller's memory, so the compiler vectorizes the loops
+// without run-time alias checks, and `dst` may alias any source (a block is
+// read completely before it is written).  Every element sees exactly the
+// operations of the scalar definition (a + b, b < a ? b : a, ...), so the
+// vector code gives the same bits as a scalar loop would.
+//
+// Each kernel is compiled three times, for AVX-512, AVX2+F16C and the
+// baseline, and picked once per process by what the CPU supports.  The
+// float16 conversions are F16C instructions where available and an exact
+// software version otherwise (clang 14 has no _Float16 on x86).
+#if defined(__GNUC__) && !defined(__clang__)
+// -O3 for this file only: GCC's -O2 vectorizer gives up on loops of unknown
+// trip count, which is most of them here.
+#pragma GCC optimize("O3")
+// GCC 12 flags the deliberately undefined registers inside its own AVX-512
+// conversion intrinsics (_mm512_undefined_*): a false positive.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#include "collective/reduce.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <immintrin.h>
+#define EMBER_X86 1
+#else
+#define EMBER_X86 0
+#endif
+
+#define EMBER_INLINE inline __attribute__((always_inline))
+
+namespace ember::collective {
+namespace {
+
+constexpr size_t kBlockBytes = 8192;  // the accumulator: L1-resident, several vectors per loop
+
+template <typename T>
+struct Sum {
+  static EMBER_INLINE T Apply(T a, T b) { return a + b; }
+};
+// Integers wrap around (two's complement) instead of overflowing into
+// undefined behaviour; the bits are those of a plain `a + b` on x86.
+template <>
+struct Sum<int32_t> {
+  static EMBER_INLINE int32_t Apply(int32_t a, int32_t b) {
+    return static_cast<int32_t>(static_cast<uint32_t>(a) + static_cast<uint32_t>(b));
+  }
+};
+template <>
+struct Sum<int64_t> {
+  static EMBER_INLINE int64_t Apply(int64_t a, int64_t b) {
+    return static_cast<int64_t>(static_cast<uint64_t>(a) + static_cast<uint64_t>(b));
+  }
+};
+template <typename T>
+struct Min {
+  static EMBER_INLINE T Apply(T a, T b) { return b < a ? b : a; }
+};
+template <typename T>
+struct Max {
+  static EMBER_INLINE T Apply(T a, T b) { return a < b ? b : a; }
+};
+
+template <typename T>
+const T* Src(const void* const* srcs, int k, size_t base) {
+  return static_cast<const T*>(srcs[k]) + base;
+}
+
+// acc[i] = op(acc[i], s[i]) for i < m (m <= kBlock).
+template <typename T, typename Op>
+EMBER_INLINE void Combine(T* __restrict acc, const T* __restrict s, size_t m) {
+  for (size_t i = 0; i < m; ++i) acc[i] = Op::Apply(acc[i], s[i]);
+}
+
+template <typename T, typename Op>
+EMBER_INLINE void ReduceTyped(T* dst, const void* const* srcs, int n, size_t count) {
+  constexpr size_t kBlock = kBlockBytes / sizeof(T);
+  alignas(64) T acc[kBlock];
+  for (size_t base = 0; base < count; base += kBlock) {
+    const size_t m = std::min(kBlock, count - base);
+    const T* s0 = Src<T>(srcs, 0, base);
+    const T* s1 = Src<T>(srcs, 1, base);
+    for (size_t i = 0; i < m; ++i) acc[i] = Op::Apply(s0[i], s1[i]);
+    for (int k = 2; k < n; ++k) Combine<T, Op>(acc, Src<T>(srcs, k, base), m);
+    std::memcpy(dst + base, acc, m * sizeof(T));
+  }
+}
+
+// --- 16-bit floats: widen a block to float32, reduce, round once. ---
+
+EMBER_INLINE float Bf16Widen(uint16_t v) { return std::bit_cast<float>(static_cast<uint32_t>(v) << 16); }
+
+EMBER_INLINE uint16_t Bf16Narrow(float f) {
+  const uint32_t bits = std::bit_cast<uint32_t>(f);
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;  // nearest even
+  const uint32_t quiet_nan = (bits >> 16) | 0x40u;
+  return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+}
+
+// IEEE binary16 in software, rounding to nearest even; NaNs come out quiet
+// with their payload truncated, as F16C's vcvtps2ph/vcvtph2ps do.
+EMBER_INLINE float F16WidenSoft(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  const uint32_t mant = h & 0x3ffu;
+  if (exp == 0) {  // zero or subnormal: mant * 2^-24, exact in float
+    const float v = static_cast<float>(mant) * 0x1p-24f;
+    return std::bit_cast<float>(sign | std::bit_cast<uint32_t>(v));
+  }
+  if (exp == 31) return std::bit_cast<float>(sign | 0x7f800000u | (mant << 13) | (mant ? 0x400000u : 0u));
+  return std::bit_cast<float>(sign | ((exp + 112) << 23) | (mant << 13));
+}
+
+EMBER_INLINE uint16_t F16NarrowSoft(float f) {
+  uint32_t bits = std::bit_cast<uint32_t>(f);
+  const uint32_t sign = (bits >> 16) & 0x8000u;
+  bits &= 0x7fffffffu;
+  uint32_t h;
+  if (bits > 0x7f800000u) {
+    h = 0x7e00u | ((bits >> 13) & 0x3ffu);  // quiet NaN
+  } else if (bits >= 0x477ff000u) {
+    h = 0x7c00u;  // >= 65520 rounds to infinity
+  } else if (bits < 0x38800000u) {
+    // Below 2^-14: a subnormal (or zero).  Adding 0.5 puts the float's last
+    // mantissa bit at 2^-24, the subnormal step, so the FPU rounds for us.
+    const float v = std::bit_cast<float>(bits) + 0.5f;
+    h = std::bit_cast<uint32_t>(v) - 0x3f000000u;
+  } else {
+    const uint32_t odd = (bits >> 13) & 1u;
+    bits += (static_cast<uint32_t>(15 - 127) << 23) + 0xfffu + odd;
+    h = bits >> 13;
+  }
+  return static_cast<uint16_t>(sign | h);
+}
+
+// A codec turns a block of 16-bit values into floats and back.
+struct Bf16Codec {
+  static EMBER_INLINE void Widen(float* __restrict out, const uint16_t* __restrict in, size_t m) {
+    for (size_t i = 0; i < m; ++i) out[i] = Bf16Widen(in[i]);
+  }
+  static EMBER_INLINE void Narrow(uint16_t* __restrict out, const float* __restrict in, size_t m) {
+    for (size_t i = 0; i < m; ++i) out[i] = Bf16Narrow(in[i]);
+  }
+};
+
+struct F16SoftCodec {
+  static EMBER_INLINE void Widen(float* __restrict out, const uint16_t* __restrict in, size_t m) {
+    for (size_t i = 0; i < m; ++i) out[i] = F16WidenSoft(in[i]);
+  }
+  static EMBER_INLINE void Narrow(uint16_t* __restrict out, const float* __restrict in, size_t m) {
+    for (size_t i = 0; i < m; ++i) out[i] = F16NarrowSoft(in[i]);
+  }
+};
+
+#if EMBER_X86
+// Out of line (one call per block): GCC cannot always-inline a function
+// with more ISA into the generic template that calls it.
+#define EMBER_TARGET_AVX2 __attribute__((target("avx2,f16c")))
+#define EMBER_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c")))
+
+struct F16cCodec {
+  static EMBER_TARGET_AVX2 void Widen(float* out, const uint16_t* in, size_t m) {
+    size_t i = 0;
+    for (; i + 8 <= m; i += 8) {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
+      _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
+    }
+    for (; i < m; ++i) out[i] = F16WidenSoft(in[i]);
+  }
+  static EMBER_TARGET_AVX2 void Narrow(uint16_t* out, const float* in, size_t m) {
+    size_t i = 0;
+    for (; i + 8 <= m; i += 8) {
+      const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
+    }
+    for (; i < m; ++i) out[i] = F16NarrowSoft(in[i]);
+  }
+};
+
+struct F16Avx512Codec {
+  static EMBER_TARGET_AVX512 void Widen(float* out, const uint16_t* in, size_t m) {
+    size_t i = 0;
+    for (; i + 16 <= m; i += 16) {
+      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i));
+      _mm512_storeu_ps(out + i, _mm512_cvtph_ps(h));
+    }
+    for (; i < m; ++i) out[i] = F16WidenSoft(in[i]);
+  }
+  static EMBER_TARGET_AVX512 void Narrow(uint16_t* out, const float* in, size_t m) {
+    size_t i = 0;
+    for (; i + 16 <= m; i += 16) {
+      const __m256i h = _mm512_cvtps_ph(_mm512_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), h);
+    }
+    for (; i < m; ++i) out[i] = F16NarrowSoft(in[i]);
+  }
+};
+#endif
+
+template <typename Codec, typename Op>
+EMBER_INLINE void ReduceHalf(uint16_t* dst, const void* const* srcs, int n, size_t count) {
+  constexpr size_t kBlock = kBlockBytes / sizeof(float);
+  alignas(64) float acc[kBlock];
+  alignas(64) float wide[kBlock];
+  for (size_t base = 0; base < count; base += kBlock) {
+    const size_t m = std::min(kBlock, count - base);
+    Codec::Widen(acc, Src<uint16_t>(srcs, 0, base), m);
+    for (int k = 1; k < n; ++k) {
+      Codec::Widen(wide, Src<uint16_t>(srcs, k, base), m);
+      Combine<float, Op>(acc, wide, m);
+    }
+    Codec::Narrow(dst + base, acc, m);
+  }
+}
+
+template <typename F16, template <typename> class Op>
+EMBER_INLINE void ReduceDtype(DataType dtype, void* dst, const void* const* srcs, int n, size_t count) {
+  switch (dtype) {
+    case DataType::kFloat32: return ReduceTyped<float, Op<float>>(static_cast<float*>(dst), srcs, n, count);
+    case DataType::kFloat64: return ReduceTyped<double, Op<double>>(static_cast<double*>(dst), srcs, n, count);
+    case DataType::kInt32: return ReduceTyped<int32_t, Op<int32_t>>(static_cast<int32_t*>(dst), srcs, n, count);
+    case DataType::kInt64: return ReduceTyped<int64_t, Op<int64_t>>(static_cast<int64_t*>(dst), srcs, n, count);
+    case DataType::kBFloat16: return ReduceHalf<Bf16Codec, Op<float>>(static_cast<uint16_t*>(dst), srcs, n, count);
+    case DataType::kFloat16: return ReduceHalf<F16, Op<float>>(static_cast<uint16_t*>(dst), srcs, n, count);
+  }
+}
+
+// n >= 2, count > 0.
+template <typename F16>
+EMBER_INLINE void ReduceBody(DataType dtype, ReduceOp op, void* dst, const void* const* srcs, int n, size_t count) {
+  switch (op) {
+    case ReduceOp::kMin: return ReduceDtype<F16, Min>(dtype, dst, srcs, n, count);
+    case ReduceOp::kMax: return ReduceDtype<F16, Max>(dtype, dst, srcs, n, count);
+    case ReduceOp::kSum:
+    case ReduceOp::kAverage: return ReduceDtype<F16, Sum>(dtype, dst, srcs, n, count);
+  }
+}
+
+template <typename T>
+EMBER_INLINE void DivideTyped(T* p, size_t count, T d) {
+  for (size_t i = 0; i < count; ++i) p[i] /= d;
+}
+
+template <typename Codec>
+EMBER_INLINE void DivideHalf(uint16_t* p, size_t count, int divisor) {
+  constexpr size_t kBlock = kBlockBytes / sizeof(float);
+  alignas(64) float acc[kBlock];
+  const float d = static_cast<float>(divisor);
+  for (size_t base = 0; base < count; base += kBlock) {
+    const size_t m = std::min(kBlock, count - base);
+    Codec::Widen(acc, p + base, m);
+    for (size_t i = 0; i < m; ++i) acc[i] /= d;
+    Codec::Narrow(p + base, acc, m);
+  }
+}
+
+template <typename F16>
+EMBER_INLINE void DivideBody(DataType dtype, void* data, size_t count, int divisor) {
+  switch (dtype) {
+    case DataType::kFloat32: return DivideTyped(static_cast<float*>(data), count, static_cast<float>(divisor));
+    case DataType::kFloat64: return DivideTyped(static_cast<double*>(data), count, static_cast<double>(divisor));
+    case DataType::kInt32: return DivideTyped(static_cast<int32_t*>(data), count, static_cast<int32_t>(divisor));
+    case DataType::kInt64: return DivideTyped(static_cast<int64_t*>(data), count, static_cast<int64_t>(divisor));
+    case DataType::kBFloat16: return DivideHalf<Bf16Codec>(static_cast<uint16_t*>(data), count, divisor);
+    case DataType::kFloat16: return DivideHalf<F16>(static_cast<uint16_t*>(data), count, divisor);
+  }
+}
+
+// One instance of each entry point per instruction set.
+using ReduceFn = void (*)(DataType, ReduceOp, void*, const void* const*, int, size_t);
+using DivideFn = void (*)(DataType, void*, size_t, int);
+
+void ReduceBaseline(DataType t, ReduceOp op, void* dst, const void* const* srcs, int n, size_t count) {
+  ReduceBody<F16SoftCodec>(t, op, dst, srcs, n, count);
+}
+void DivideBaseline(DataType t, void* data, size_t count, int divisor) {
+  DivideBody<F16SoftCodec>(t, data, count, divisor);
+}
+#if EMBER_X86
+EMBER_TARGET_AVX2 void ReduceAvx2(DataType t, ReduceOp op, void* dst, const void* const* srcs, int n, size_t count) {
+  ReduceBody<F16cCodec>(t, op, dst, srcs, n, count);
+}
+EMBER_TARGET_AVX2 void DivideAvx2(DataType t, void* data, size_t count, int divisor) {
+  DivideBody<F16cCodec>(t, data, count, divisor);
+}
+EMBER_TARGET_AVX512 void ReduceAvx512(DataType t, ReduceOp op, void* dst, const void* const* srcs, int n,
+                                      size_t count) {
+  ReduceBody<F16Avx512Codec>(t, op, dst, srcs, n, count);
+}
+EMBER_TARGET_AVX512 void DivideAvx512(DataType t, void* data, size_t count, int divisor) {
+  DivideBody<F16Avx512Codec>(t, data, count, divisor);
+}
+#endif
+
+struct Kernels {
+  ReduceFn reduce;
+  DivideFn divide;
+};
+
+const Kernels& Pick() {
+  static const Kernels kernels = [] {
+#if EMBER_X86
+    __builtin_cpu_init();
+    // F16C from CPUID leaf 1 (clang 14's __builtin_cpu_supports does not know it).
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+    if (f16c && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+      return Kernels{ReduceAvx512, DivideAvx512};
+    }
+    if (f16c && __builtin_cpu_supports("avx2")) return Kernels{ReduceAvx2, DivideAvx2};
+#endif
+    return Kernels{ReduceBaseline, DivideBaseline};
+  }();
+  return kernels;
+}
+
+}  // namespace
+
+float BFloat16ToFloat(uint16_t v) { return Bf16Widen(v); }
+uint16_t FloatToBFloat16(float f) { return Bf16Narrow(f); }
+float Float16ToFloat(uint16_t v) { return F16WidenSoft(v); }
+uint16_t FloatToFloat16(float f) { return F16NarrowSoft(f); }
+
+void ReduceN(DataType dtype, ReduceOp op, void* dst, const void* const* srcs, int n, size_t count) {
+  if (n <= 0 || count == 0) return;
+  if (n == 1) {
+    if (dst != srcs[0]) std::memcpy(dst, srcs[0], count * SizeOf(dtype));
+    return;
+  }
+  Pick().reduce(dtype, op, dst, srcs, n, count);
+}
+
+void ReduceInto(DataType dtype, ReduceOp op, void* dst, const void* src, size_t count) {
+  const void* srcs[2] = {dst, src};
+  ReduceN(dtype, op, dst, srcs, 2, count);
+}
+
+void DivideBy(DataType dtype, void* data, size_t count, int divisor) {
+  if (divisor == 1 || count == 0) return;
+  Pick().divide(dtype, data, count, divisor);
+}
+
+}  // namespace ember::collective

@@ -1,0 +1,174 @@
+// ShmGroup: the ranks of one host reduce through one POSIX shared-memory
+// segment (the collective Backend for ranks that share a machine; the
+// Communicator puts a TCP ring between hosts on top).  The design follows
+// DeepSpeed's CPU shared-memory allreduce: every rank copies its data into
+// its own shared buffer, then reads its peers' buffers directly, so a call
+// costs a copy in, one reduction pass and (for large calls) a copy out, with
+// no message passing at all.
+//
+// Segment layout (one segment per group; every offset 4 KiB-aligned):
+//
+//   Header     magic, version, size, buffer bytes; the abort word, the rank
+//              that aborted and its reason (first writer wins)
+//   Slot[size] one 128-byte slot per rank (two cache lines, so neighbours'
+//              counters never share a prefetched pair):
+//                arrived   uint32 step counter, the futex word
+//                waiters   threads sleeping on `arrived` (wake only if > 0)
+//                pid       the rank's process (liveness: kill(pid, 0))
+//                left      0, or why the rank left (failed / closed)
+//                desc[2]   the rank's current call, by step parity
+//   Buffers    per rank two buffers of `buffer_bytes`, used by step parity
+//
+// Step protocol.  All work is a sequence of steps; every rank takes the same
+// steps (the calls match; the first step of each call checks that).  Step t:
+//   1. write my part into my buffer[t % 2] (and my call into desc[t % 2]);
+//   2. publish arrived = t (seq_cst store; FUTEX_WAKE if waiters != 0);
+//   3. wait until every rank's arrived >= t (acquire; compared with
+//      wrap-around arithmetic, so the counters never need resetting);
+//   4. read any rank's buffer[t % 2].
+// A rank overwrites buffer[t % 2] next at step t + 2, which it starts only
+// after every rank arrived at t + 1, that is after every rank finished
+// reading at step t: double buffering makes a second barrier per step
+// unnecessary.  (A rank may also write its buffer[(t + 1) % 2] after step
+// 3 of step t: everybody finished reading that one at step t - 1.)
+//
+// Algorithms, per chunk of at most buffer_bytes:
+//   allreduce, small chunk: one step; every rank reduces all buffers in rank
+//     order into its output.
+//   allreduce, large chunk: reduce-scatter then allgather, two steps: rank r
+//     reduces slice r of every buffer[t % 2] into slice r of its own
+//     buffer[(t + 1) % 2]; after step t + 1 every rank copies slice j from
+//     rank j.  Each element is reduced in rank order by one rank, so every
+//     rank gets the same bits either way.
+//   broadcast: the root copies in, everybody else copies out; one step.
+//   allgather: each rank copies its next piece in, everybody copies every
+//     piece out; one step per buffer's worth of the largest contribution.
+//   reduce-scatter: each rank copies a piece of every block in, rank r
+//     reduces piece r of every buffer into its output; one step.
+//   barrier: one step with no data.
+//
+// Waiting: a short spin, then FUTEX_WAIT (process-shared) on the awaited
+// rank's counter in slices of at most 50 ms; between slices the waiter
+// looks at the abort word, the awaited rank's `left` and pid, and the
+// deadline.  The waiter increments `waiters` before re-reading the counter
+// and the writer reads `waiters` after storing it (both seq_cst), so a
+// wake-up is never lost and an uncontended step makes no system call.
+//
+// Lifetime of the name: group rank 0 creates the segment, the others open
+// it, and once Connect() saw every rank attached rank 0 unlinks the name,
+// so nothing is left in /dev/shm however the processes end.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collective/backend.h"
+#include "common/mutex.h"
+#include "common/shm.h"
+#include "ember/result.h"
+
+namespace ember::collective {
+
+struct ShmGroupOptions {
+  std::string name;                     // segment name, "/..." (e.g. "/ember-<job>-c0-shm-<host>")
+  int rank = 0, size = 1;               // within this host's group
+  std::vector<std::string> rank_names;  // empty, or size entries naming each rank in errors,
+                                        // e.g. "rank 1 (worker:1 on 10.0.0.2, pid 4711)"
+  // Per-rank data buffer (two of them per rank), rounded up to 4 KiB; larger
+  // calls run in chunks.  Only the creator's value counts.
+  size_t buffer_bytes = 8 << 20;
+};
+
+class ShmGroup : public Backend {
+ public:
+  // Group rank 0: creates and initializes the segment.  InvalidArgument for
+  // bad options (size outside 1..256, rank out of range, a name not
+  // starting with '/', rank_names of the wrong length); AlreadyExists if the
+  // name exists; IOError if it cannot be created.
+  static Result<std::unique_ptr<ShmGroup>> Create(const ShmGroupOptions& options);
+  // The other ranks, after rank 0's Create returned.  NotFound if there is
+  // no such segment; InvalidArgument if it is not a group of options.size.
+  static Result<std::unique_ptr<ShmGroup>> Open(const ShmGroupOptions& options);
+
+  // Tells peers still waiting on this rank that it left (they fail at once
+  // instead of at their deadline), and unmaps.
+  ~ShmGroup() override;
+
+  // Every rank, once: announces this rank and waits until every rank has
+  // (DeadlineExceeded naming the missing ranks).  Then rank 0 removes the
+  // segment's name.  Calls are valid only after Connect succeeded.
+  Status Connect(Deadline deadline);
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const { return name_; }
+  size_t buffer_bytes() const { return buffer_bytes_; }
+
+  // Backend: see backend.h.  Not thread-safe among themselves (one call at a
+  // time, as the Communicator guarantees); Abort() is thread-safe.
+  Status Allreduce(const CallDesc& desc, void* data, Deadline deadline) override;
+  Status Broadcast(const CallDesc& desc, void* data, Deadline deadline) override;
+  Status Allgather(const CallDesc& desc, const void* in, std::span<const uint64_t> counts, void* out,
+                   Deadline deadline) override;
+  Status ReduceScatter(const CallDesc& desc, const void* in, void* out, Deadline deadline) override;
+  Status Barrier(const CallDesc& desc, Deadline deadline) override;
+  void Abort(const std::string& reason) override;
+
+  // Allreduce chunks up to this many bytes take the one-step path (every
+  // rank reduces everything); larger ones reduce-scatter + allgather.
+  static constexpr size_t kSmallAllreduceBytes = 256 << 10;
+
+ private:
+  struct Header;
+  struct Slot;
+  struct Call;  // the call in progress: descriptor, deadline, extra check word
+
+  ShmGroup(const ShmGroupOptions& options, SharedMemory shm, Mapping mapping, size_t buffer_bytes);
+  static Result<std::unique_ptr<ShmGroup>> Attach(const ShmGroupOptions& options, bool create);
+
+  std::string Describe(int rank) const;
+  char* Buffer(int rank, uint32_t parity) const;
+  uint32_t NextParity() const { return (step_ + 1) & 1u; }
+
+  // Runs one call: the sticky error first, then `body`, recording its failure.
+  template <typename Body>
+  Status Run(const CallDesc& desc, Deadline deadline, uint64_t extra, Body body);
+  // Steps 2 and 3 of the protocol (see top); on the call's first step also
+  // publishes and checks the descriptors.
+  Status Step(Call* call);
+  Status WaitFor(int k, uint32_t target, const Call* call);
+  Status CheckDescriptors(const Call& call, uint32_t parity) const;
+  Status AbortedByPeer() const;
+  // Records `s` as the group's error unless one is recorded; marks this rank
+  // as left so waiting peers fail at once.  Returns the recorded error.
+  Status Fail(const Status& s);
+  void WakeAll();
+
+  const std::string name_;
+  const int rank_;
+  const int size_;
+  const std::vector<std::string> rank_names_;
+  const size_t buffer_bytes_;
+  const int spin_;  // pause iterations before sleeping
+
+  SharedMemory shm_;  // rank 0 owns the name until Connect() removes it
+  Mapping mapping_;
+  Header* header_;
+  Slot* slots_;
+  char* data_;
+
+  // The calling thread's state (calls are never concurrent).
+  uint32_t step_ = 0;  // last step this rank published
+  bool connected_ = false;
+  std::vector<const void*> srcs_;  // size_ source pointers for the reductions
+
+  Mutex mu_;
+  Status error_ GUARDED_BY(mu_);  // the first failure; sticky
+  std::atomic<bool> failed_{false};  // error_ is set (read without the lock)
+};
+
+}  // namespace ember::collective
