@@ -103,4 +103,45 @@ Status CheckSameCall(const CallDesc& mine, const std::string& mine_name, const C
                                  "types and ops");
 }
 
+std::string EncodeHello(const Hello& h) {
+  codec::Writer w;
+  w.PutI32(h.size);
+  w.PutI32(h.from);
+  w.PutI32(h.to);
+  w.PutString(h.ring_id);
+  return w.Release();
+}
+
+Status DecodeHello(std::string_view bytes, Hello* h) {
+  codec::Reader r(bytes);
+  EMBER_RETURN_NOT_OK(r.GetI32(&h->size));
+  EMBER_RETURN_NOT_OK(r.GetI32(&h->from));
+  EMBER_RETURN_NOT_OK(r.GetI32(&h->to));
+  EMBER_RETURN_NOT_OK(r.GetString(&h->ring_id));
+  return r.ExpectEnd();
+}
+
+std::string EncodeAbort(const Status& status, int origin) {
+  codec::Writer w;
+  w.PutU8(static_cast<uint8_t>(status.code()));
+  w.PutI32(origin);
+  w.PutString(std::string_view(status.message()).substr(0, kMaxReasonBytes));
+  return w.Release();
+}
+
+Status DecodeAbort(std::string_view bytes, int size, int* origin) {
+  codec::Reader r(bytes);
+  uint8_t code = 0;
+  std::string message;
+  EMBER_RETURN_NOT_OK(r.GetU8(&code));
+  EMBER_RETURN_NOT_OK(r.GetI32(origin));
+  EMBER_RETURN_NOT_OK(r.GetString(&message));
+  EMBER_RETURN_NOT_OK(r.ExpectEnd());
+  if (code == 0 || code > static_cast<uint8_t>(StatusCode::kInternal) || *origin < 0 || *origin >= size) {
+    return Status::Corruption("abort frame with status code " + std::to_string(code) + " from rank " +
+                              std::to_string(*origin));
+  }
+  return Status(static_cast<StatusCode>(code), message);
+}
+
 }  // namespace ember::collective

@@ -48,4 +48,24 @@ Status DecodeCallDesc(codec::Reader* r, CallDesc* desc);
 Status CheckSameCall(const CallDesc& mine, const std::string& mine_name, const CallDesc& theirs,
                      const std::string& theirs_name);
 
+// The TCP ring's control messages (tcp_ring.h has the frame types and the
+// rules; docs/wire.md "Collectives: TCP ring").
+inline constexpr size_t kMaxRingIdBytes = 256;
+inline constexpr size_t kMaxReasonBytes = 1024;
+
+// hello / hello-ack: i32 ring size | i32 from rank | i32 to rank | string ring_id
+struct Hello {
+  int32_t size = 0, from = 0, to = 0;
+  std::string ring_id;
+};
+std::string EncodeHello(const Hello& hello);
+// Corruption if `bytes` are not exactly one hello.
+Status DecodeHello(std::string_view bytes, Hello* hello);
+
+// abort: u8 status code | i32 origin rank | string message (cut to kMaxReasonBytes)
+std::string EncodeAbort(const Status& status, int origin);
+// The status an abort frame carries (its code and message), with the origin
+// rank; Corruption for an unknown code or an origin outside 0..size-1.
+Status DecodeAbort(std::string_view bytes, int size, int* origin);
+
 }  // namespace ember::collective

@@ -31,9 +31,7 @@ constexpr uint16_t kData = 0x0711;
 constexpr uint16_t kAbort = 0x0712;
 
 constexpr size_t kMaxHelloBytes = 512;
-constexpr size_t kMaxRingIdBytes = 256;
 constexpr size_t kMaxAbortBytes = 2048;
-constexpr size_t kMaxReasonBytes = 1024;
 constexpr int kMaxPendingHandshakes = 8;
 constexpr Duration kAbortSendTimeout{200};  // best effort: a stalled peer does not hold us
 constexpr size_t kInboxBytes = 64 << 10;
@@ -53,53 +51,6 @@ void EncodeHeader(uint16_t type, size_t len, std::byte out[tcp::kFrameHeaderByte
                         uint8_t(type), uint8_t(type >> 8), uint8_t(tcp::kProtocolVersion),
                         uint8_t(tcp::kProtocolVersion >> 8)};
   std::memcpy(out, h, 8);
-}
-
-struct Hello {
-  int32_t size = 0, from = 0, to = 0;
-  std::string ring_id;
-};
-
-std::string EncodeHello(const Hello& h) {
-  codec::Writer w;
-  w.PutI32(h.size);
-  w.PutI32(h.from);
-  w.PutI32(h.to);
-  w.PutString(h.ring_id);
-  return w.Release();
-}
-
-Status DecodeHello(std::string_view bytes, Hello* h) {
-  codec::Reader r(bytes);
-  EMBER_RETURN_NOT_OK(r.GetI32(&h->size));
-  EMBER_RETURN_NOT_OK(r.GetI32(&h->from));
-  EMBER_RETURN_NOT_OK(r.GetI32(&h->to));
-  EMBER_RETURN_NOT_OK(r.GetString(&h->ring_id));
-  return r.ExpectEnd();
-}
-
-std::string EncodeAbort(const Status& status, int origin) {
-  codec::Writer w;
-  w.PutU8(static_cast<uint8_t>(status.code()));
-  w.PutI32(origin);
-  w.PutString(std::string_view(status.message()).substr(0, kMaxReasonBytes));
-  return w.Release();
-}
-
-// The status an abort frame carries, or Corruption.
-Status DecodeAbort(std::string_view bytes, int size, int* origin) {
-  codec::Reader r(bytes);
-  uint8_t code = 0;
-  std::string message;
-  EMBER_RETURN_NOT_OK(r.GetU8(&code));
-  EMBER_RETURN_NOT_OK(r.GetI32(origin));
-  EMBER_RETURN_NOT_OK(r.GetString(&message));
-  EMBER_RETURN_NOT_OK(r.ExpectEnd());
-  if (code == 0 || code > static_cast<uint8_t>(StatusCode::kInternal) || *origin < 0 || *origin >= size) {
-    return Status::Corruption("abort frame with status code " + std::to_string(code) + " from rank " +
-                              std::to_string(*origin));
-  }
-  return Status(static_cast<StatusCode>(code), message);
 }
 
 // Accepts the previous rank during Connect: one thread accepts, one thread
