@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 FUZZERS := codec_fuzz feed_codec_fuzz protocol_fuzz node_startup_fuzz collective_wire_fuzz
 FUZZ_SECS ?= 10
 
-.PHONY: setup run test test-cpp test-asan test-tsan test-py test-torch fuzz clean cpp-trainer
+.PHONY: setup setup-torch run test test-cpp test-asan test-tsan test-py test-torch fuzz clean cpp-trainer
 
 setup: $(STAMPS)/ember
 
@@ -32,10 +32,11 @@ $(STAMPS)/ember: $(STAMPS)/venv pyproject.toml $(CORE_SOURCES)
 	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
 	@touch $@
 
-# The main job: Fashion-MNIST on 2 nodes, first with the nodes reading TFRecords themselves
-# (InputMode.TENSORFLOW), then fed from a Spark DataFrame (InputMode.SPARK).
+# The main job: Fashion-MNIST with Keras model.fit and Ember's synchronous training on 2 nodes,
+# first with the nodes reading TFRecords themselves (InputMode.TENSORFLOW; main.py, the
+# distributed twin of train_single.py), then fed from a Spark DataFrame (InputMode.SPARK).
 run: setup
-	$(PY) examples/fashion_mnist/main.py
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) examples/fashion_mnist/main.py
 	$(PY) examples/fashion_mnist/train_spark_mode.py
 
 build/core/build.ninja: $(STAMPS)/system
@@ -89,16 +90,21 @@ cpp-trainer: build/cpp_trainer/build.ninja
 test-py: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test: setup test-cpp test-asan test-tsan fuzz test-py
+test: setup setup-torch test-cpp test-asan test-tsan fuzz test-py test-torch
 
-# DataFeed.to_torch_dataset with real PyTorch.  Not in `make test`: PyPI's torch brings ~5 GB
-# of CUDA wheels (there is no CPU-only torch on PyPI), installed here into .torch-site/ once.
+# Real PyTorch for python/tests_torch (DataFeed.to_torch_dataset, ember.torch's synchronous
+# training, unchanged torch.distributed programs) and the torch contenders of bench/.  PyPI has
+# no CPU-only torch, so its wheel brings ~5 GB of CUDA libraries (~2 min to install here); they
+# go into .torch-site/ once, not into the venv (torch pulls a setuptools without the
+# pkg_resources TFoS 2.2.5, a bench peer, imports).  Tests put it on the path themselves.
 TORCH_VERSION := 2.15.0
 .torch-site/.installed: $(STAMPS)/venv
 	$(PY) -m pip install -q --disable-pip-version-check --target .torch-site torch==$(TORCH_VERSION)
 	@touch $@
 
-test-torch: setup .torch-site/.installed
+setup-torch: .torch-site/.installed
+
+test-torch: setup setup-torch
 	$(PY) -m pytest python/tests_torch
 
 clean:
