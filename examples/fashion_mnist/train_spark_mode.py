@@ -5,8 +5,9 @@
 
 The data lives where a data team keeps it: Parquet files (written once from the Debian IDX
 files), read as a DataFrame of ``image`` (784 raw bytes) and ``label``.  ``cluster.train``
-feeds it to 2 nodes that train the CNN of main.py with MultiWorkerMirroredStrategy (every node
-gets the same number of batches per epoch, so the synchronous all-reduce never starves);
+feeds it to 2 nodes that train the CNN of train_single.py with Keras ``model.fit`` and Ember's
+synchronous training (every node gets the same number of batches per epoch, so the gradient
+allreduce of every step has all its peers);
 ``cluster.inference`` then runs the test DataFrame through the trained nodes and returns it
 with a ``prediction`` column; the accuracy is computed from that DataFrame by Spark.
 
@@ -23,7 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import data  # noqa: E402
-import main as tf_mode  # noqa: E402  (the model, shared with the TENSORFLOW-mode job)
+import ember  # noqa: E402
+import train_single as single  # noqa: E402  (the model, shared with the TENSORFLOW-mode twins)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -54,60 +56,36 @@ def write_parquet(data_dir: Path, num_files: int = 8) -> dict:
 
 
 def main_fun(args, ctx):
-    """Trains from the feed, then answers inference requests until the feed ends."""
+    """Trains from the feed with Keras model.fit, then answers inference requests."""
+    import keras
     import numpy as np
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    keras.utils.set_random_seed(args.seed)
     per_node_batch = args.batch_size // ctx.num_workers
-    feed = ctx.get_data_feed(train_mode=True)
 
     def to_xy(cols):
         x = cols["image"].reshape(-1, 28, 28, 1).astype(np.float32) / 255.0
         return x, cols["label"].astype(np.int64)
 
-    with strategy.scope():
-        model = tf_mode.build_model(tf)
-        optimizer = tf.keras.optimizers.Adam(args.learning_rate)
-        optimizer.build(model.trainable_variables)
-    per_example_loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
-
-    def replica_step(images, labels):
-        with tf.GradientTape() as tape:
-            logits = model(images, training=True)
-            loss = tf.nn.compute_average_loss(per_example_loss(labels, logits), global_batch_size=args.batch_size)
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
-    @tf.function
-    def train_step(images, labels):
-        loss = strategy.run(replica_step, args=(images, labels))
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
-
-    # Keras 3's model.fit cannot drive MultiWorkerMirroredStrategy on 2 workers
-    # (keras-team/keras#20585), so a plain loop: epoch_batches yields the same number of
-    # full batches on every node, so every all-reduce has all its peers.
-    step, start = 0, time.monotonic()
-    for epoch in range(args.epochs):
-        total, n = 0.0, 0
-        for cols in feed.epoch_batches(per_node_batch):
-            loss = train_step(*to_xy(cols))
-            total, n, step = total + float(loss), n + 1, step + 1
-            if step % 100 == 0:
-                ctx.report(step=step, loss=float(loss), samples=step * args.batch_size)
-        print(f"epoch {epoch + 1}/{args.epochs}: loss={total / max(n, 1):.4f} steps={n} "
-              f"({time.monotonic() - start:.0f}s)", flush=True)
+    # Each pass over the dataset is one epoch of cluster.train: the same number of full
+    # batches on every node, so every step's gradient allreduce has all its peers.
+    train = ctx.get_data_feed(train_mode=True).to_tf_dataset(per_node_batch, transform=to_xy).prefetch(2)
+    model = single.build_model(keras)
+    model.compile(optimizer=ember.keras.DistributedOptimizer(keras.optimizers.Adam(args.learning_rate)),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    model.fit(train, epochs=args.epochs, callbacks=[ember.keras.SyncCallback(), ember.keras.ProgressCallback(ctx)],
+              verbose=ember.keras.verbose(2))
 
     # Inference: partitions of the test DataFrame arrive here; answer every row.
     feed = ctx.get_data_feed(train_mode=False)
     while not feed.should_stop():
         cols = feed.next_batch_columns(1000)
         if cols:
-            logits = model(to_xy(cols)[0], training=False)
-            feed.batch_results({"prediction": np.argmax(logits.numpy(), axis=1).astype(np.int64)})
+            logits = model.predict_on_batch(to_xy(cols)[0])
+            feed.batch_results({"prediction": np.argmax(logits, axis=1).astype(np.int64)})
     ctx.barrier("spark_mode_done", timeout=600)
 
 
@@ -118,6 +96,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=128, help="global batch size")
     p.add_argument("--learning-rate", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=1)
     p.add_argument("--data-dir", default=str(data.DEFAULT_DATA_DIR))
     p.add_argument("--shutdown-timeout", type=float, default=1800)
     args = p.parse_args(argv)
@@ -137,7 +116,7 @@ def main(argv=None) -> float:
     spark = (SparkSession.builder.master(args.master).appName("ember-fashion-mnist-spark-mode")
              .config("spark.ui.showConsoleProgress", "false").getOrCreate())
     spark.sparkContext.setLogLevel("WARN")
-    for module in (data, tf_mode):  # main_fun uses them on the nodes
+    for module in (data, single):  # main_fun uses them on the nodes
         spark.sparkContext.addPyFile(str(Path(module.__file__).resolve()))
     try:
         train_df = spark.read.parquet(paths["train"]).cache()
