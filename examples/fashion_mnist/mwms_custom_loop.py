@@ -1,7 +1,11 @@
-"""Fashion-MNIST on Ember: a small Keras CNN trained with MultiWorkerMirroredStrategy on Spark.
+"""Fashion-MNIST on Ember with TensorFlow's own MultiWorkerMirroredStrategy: how the main job had
+to be written before Ember's synchronous training (Keras 3's ``model.fit`` cannot run MWMS on more
+than one worker, keras-team/keras#20585, so this is a custom training loop).  Kept as the way
+TFoS users synchronise (TF_CONFIG), and as the peer of bench/sync_training.py; main.py is the
+same job with ``model.fit``.
 
-    python examples/fashion_mnist/main.py                      # Spark local[2], 2 nodes
-    python examples/fashion_mnist/main.py --master spark://127.0.0.1:7077
+    python examples/fashion_mnist/mwms_custom_loop.py                      # Spark local[2], 2 nodes
+    python examples/fashion_mnist/mwms_custom_loop.py --master spark://127.0.0.1:7077
 
 The driver converts the Debian IDX files into TFRecord shards (once), launches one TensorFlow
 node per Spark executor slot with ``ember.Cluster.run`` (InputMode.TENSORFLOW: every node reads
