@@ -93,7 +93,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Fashion-MNIST CNN on Ember (InputMode.SPARK)")
     p.add_argument("--master", default="local[4]", help="Spark master URL")
     p.add_argument("--num-nodes", type=int, default=2)
-    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--batch-size", type=int, default=128, help="global batch size")
     p.add_argument("--learning-rate", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=1)
