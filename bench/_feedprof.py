@@ -5,15 +5,17 @@ reference; the feeding closure then imports this module on the executors).  Ever
 delegated to the real module; ``feed_partition`` is wrapped to time, per task:
 
   spark_next  waiting for the next Arrow record batch from Spark (JVM -> Python transfer)
-  encode      ember._feeding._framed (Arrow IPC encoding behind the header room: a copy of the rows)
-  write       the core producer's send_batch_in_place and end_partition (FeedProducer, through
-              the bindings: the ring or socket write, a copy, plus waits while the ring is full)
+  encode      ember._feeding._ipc_parts (Arrow IPC encoding into parts that reference the rows:
+              metadata only, no copy of the rows)
+  write       the core producer's send_batch_parts and end_partition (FeedProducer, through
+              the bindings: the ring or socket write, the one copy of the rows, plus waits while
+              the ring is full)
   open        FeedProducer.open (reaching every node: opening its ring or connecting)
   total       the whole feed_partition call
 
 and writes them as JSON into PROF_DIR (the executors run on this host).  Nothing in Ember is
 edited: for the duration of the call, the feeding task's Python worker sees a timed
-``_framed`` and a ``_ember`` whose FeedProducer is timed; the real ``feed_partition`` runs.
+``_ipc_parts`` and a ``_ember`` whose FeedProducer is timed; the real ``feed_partition`` runs.
 """
 from __future__ import annotations
 
@@ -40,10 +42,10 @@ class _TimedProducer:
     def __getattr__(self, name):
         return getattr(self._producer, name)
 
-    def send_batch_in_place(self, node, message, rows):
+    def send_batch_parts(self, node, parts, rows):
         t0 = time.perf_counter()
         try:
-            return self._producer.send_batch_in_place(node, message, rows)
+            return self._producer.send_batch_parts(node, parts, rows)
         finally:
             self._t["write"] += time.perf_counter() - t0
             self._t["messages"] += 1
@@ -99,23 +101,23 @@ def feed_partition(batches, partition, epoch, *args, **kwargs):
             t["batches"] += 1
             yield b
 
-    framed = _orig._framed
+    ipc_parts = _orig._ipc_parts
 
-    def timed_framed(batch):
+    def timed_ipc_parts(batch):
         t0 = time.perf_counter()
         try:
-            return framed(batch)
+            return ipc_parts(batch)
         finally:
             t["encode"] += time.perf_counter() - t0
 
-    # _feeding looks both up as module globals at call time (_send calls _framed;
+    # _feeding looks both up as module globals at call time (_send calls _ipc_parts;
     # feed_partition calls _ember.FeedProducer.open).
-    _orig._framed, _orig._ember = timed_framed, _TimedEmber(t)
+    _orig._ipc_parts, _orig._ember = timed_ipc_parts, _TimedEmber(t)
     cpu0, t_start = time.process_time(), time.perf_counter()
     try:
         return _orig.feed_partition(timed_batches(), partition, epoch, *args, **kwargs)
     finally:
-        _orig._framed, _orig._ember = framed, _real_ember
+        _orig._ipc_parts, _orig._ember = ipc_parts, _real_ember
         t["total"] = time.perf_counter() - t_start
         t["cpu"] = time.process_time() - cpu0
         os.makedirs(PROF_DIR, exist_ok=True)

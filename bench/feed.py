@@ -303,8 +303,8 @@ def main(argv=None) -> None:
         print("NOTE: run with --profile: the timings include the profiler's overhead")
     def cpu_per_m(runs, key="cpu"):
         return C.median([r[key]["total"] / r["rows"] * 1e6 for r in runs]) if runs else float("nan")
-    print(f"CPU seconds per 1M rows (all cluster + driver processes; medians): ember {cpu_per_m(emb):.1f}, "
-          f"bare {cpu_per_m(bare):.1f}, tfos {cpu_per_m(tfos):.1f}")
+    print(f"CPU seconds per 1M rows (all cluster + driver processes; medians): ember {cpu_per_m(emb):.2f}, "
+          f"bare {cpu_per_m(bare):.2f}, tfos {cpu_per_m(tfos):.1f}; ember/bare {cpu_per_m(emb) / cpu_per_m(bare):.2f}")
     results["medians"] = {"ember": e_rate, "bare": b_rate, "tfos": t_rate}
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")

@@ -143,6 +143,11 @@ class Producer {
   // As SendBatch, without copying: `message` is kBatchHeaderBytes of room,
   // which this call fills in, then the IPC stream.
   Status SendBatchInPlace(size_t node, std::span<uint8_t> message, int64_t rows);
+  // As SendBatch, the IPC stream given as consecutive parts (what an Arrow
+  // IPC writer emits: small metadata pieces and the record batch's own
+  // buffers).  The parts are copied once, straight into the node's ring
+  // (over TCP, joined into one frame); the caller keeps them.
+  Status SendBatchParts(size_t node, std::span<const std::span<const uint8_t>> ipc, int64_t rows);
 
   // Ends the partition at every node with every node's count.  Call once,
   // after the last batch.
@@ -178,7 +183,7 @@ struct ResultBatch {
 // One feeding task's inference partition: every row goes to one node, whose
 // answers come back in input order.
 //
-// Thread-safety: Begin, SendBatch(InPlace), End and ReleaseSession on one
+// Thread-safety: Begin, SendBatch(InPlace|Parts), End and ReleaseSession on one
 // thread (the ring's session lock is a robust mutex owned by a thread);
 // NextResult on another thread at the same time; Close from any thread,
 // waking a blocked NextResult.
@@ -200,6 +205,7 @@ class InferenceProducer {
   // As Producer::SendBatch; the rows count towards the answers required.
   Status SendBatch(std::span<const uint8_t> ipc, int64_t rows);
   Status SendBatchInPlace(std::span<uint8_t> message, int64_t rows);
+  Status SendBatchParts(std::span<const std::span<const uint8_t>> ipc, int64_t rows);
   // Ends the partition and releases the session.
   Status End();
   // Releases the session if held (after a failure).  Idempotent.
@@ -299,6 +305,12 @@ class Consumer {
   // smaller batch.  Empty at the epoch's end (every node then handed out the
   // same total), at the end of the feed or after Terminate.
   Result<std::vector<RowRange>> NextEpochBatch(int64_t batch_size, bool drop_remainder);
+  // As NextEpochBatch, up to `max_batches` batches in one call: waits for
+  // the first as NextEpochBatch does, then adds as many whole batches as
+  // every node provably has already; the ranges cover a multiple of
+  // `batch_size` rows, or only the epoch's last smaller batch.  The caller
+  // cuts them (one call per run of batches instead of one per batch).
+  Result<std::vector<RowRange>> NextEpochBatches(int64_t batch_size, int64_t max_batches, bool drop_remainder);
   // The first unread row of the next epoch, reading ahead; std::nullopt at
   // the end of the feed.  Hands nothing out.
   Result<std::optional<RowRange>> PeekRow();

@@ -3,8 +3,9 @@
 The protocol lives in the C++ core (``include/ember/feed.h``): how rows are split
 over the nodes, the end-of-partition accounting, sessions, the exactly-one-result
 checks and the choice of shared memory or TCP.  This module is Spark glue only:
-Arrow record batches in, Arrow IPC bytes to the core's producers, result batches
-out, paired with their inputs.
+Arrow record batches in, Arrow IPC streams to the core's producers (in parts that
+reference the batches' own buffers: the core copies them once, into the node's ring),
+result batches out, paired with their inputs.
 
 ``cluster.train`` feeds each epoch as one Spark job.  A task splits every Arrow
 batch of its partition into contiguous slices, one per node, by the counts the
@@ -57,7 +58,8 @@ def split_rows(rows: int, sent: Sequence[int], first: int) -> List[int]:
 
 
 def _framed(batch: pa.RecordBatch) -> pa.Buffer:
-    """`batch` as an Arrow IPC stream behind BATCH_HEADER_BYTES of room the core fills in (no copy)."""
+    """`batch` as one contiguous Arrow IPC stream behind BATCH_HEADER_BYTES of room the core
+    fills in (for ``send_batch_in_place``; the feed itself sends ``_ipc_parts``)."""
     sink = pa.BufferOutputStream()
     sink.write(bytes(_ember.BATCH_HEADER_BYTES))
     with pa.ipc.new_stream(sink, batch.schema) as writer:
@@ -65,11 +67,42 @@ def _framed(batch: pa.RecordBatch) -> pa.Buffer:
     return sink.getvalue()
 
 
-def _send(send: Callable[[pa.Buffer, int], None], max_bytes: int, batch: pa.RecordBatch) -> None:
-    """Sends `batch`, halved until each message fits `max_bytes` of IPC."""
-    message = _framed(batch)
-    if message.size - _ember.BATCH_HEADER_BYTES <= max_bytes or batch.num_rows <= 1:
-        send(message, batch.num_rows)  # one row too large: the core's InvalidArgument says so
+class _PartsSink:
+    """A write-only file for pyarrow's IPC writer that keeps what it is handed: small metadata
+    pieces, and the record batch's own buffers by reference (pyarrow hands those over without
+    a copy).  The core copies the parts once, straight into the node's ring."""
+
+    __slots__ = ("parts", "size", "closed")
+
+    def __init__(self):
+        self.parts: List = []
+        self.size = 0
+        self.closed = False
+
+    def write(self, data) -> None:
+        self.parts.append(data)
+        self.size += len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _ipc_parts(batch: pa.RecordBatch) -> _PartsSink:
+    """`batch` as an Arrow IPC stream (schema, batch, end of stream) in parts, not copied."""
+    sink = _PartsSink()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink
+
+
+def _send(send: Callable[[list, int], None], max_bytes: int, batch: pa.RecordBatch) -> None:
+    """Sends `batch` as IPC parts, halved until each message fits `max_bytes` of IPC."""
+    stream = _ipc_parts(batch)
+    if stream.size <= max_bytes or batch.num_rows <= 1:
+        send(stream.parts, batch.num_rows)  # one row too large: the core's InvalidArgument says so
         return
     half = batch.num_rows // 2
     _send(send, max_bytes, batch.slice(0, half))
@@ -109,7 +142,7 @@ def feed_partition(batches: Iterable[pa.RecordBatch], partition: int, epoch: int
             offset = 0
             for k, n in enumerate(producer.split(batch.num_rows)):
                 if n:
-                    _send(lambda m, r, k=k: producer.send_batch_in_place(k, m, r), producer.max_batch_bytes(k),
+                    _send(lambda m, r, k=k: producer.send_batch_parts(k, m, r), producer.max_batch_bytes(k),
                           batch.slice(offset, n))
                     offset += n
             if producer.all_cancelled():
@@ -179,7 +212,7 @@ def infer_partition(batches: Iterable[pa.RecordBatch], partition: int, endpoint:
                     if batch.num_rows == 0:
                         continue
                     inputs.put(batch)
-                    _send(producer.send_batch_in_place, producer.max_batch_bytes(), batch)
+                    _send(producer.send_batch_parts, producer.max_batch_bytes(), batch)
                 producer.end()
             finally:
                 producer.release_session()

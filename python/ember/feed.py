@@ -27,6 +27,7 @@ from ember import _arrow_rows as rows_mod
 from ember import errors
 
 _DECODED_CACHE = 16  # received batches kept decoded (a batch is handed out over several calls)
+_RUN_BATCHES = 64    # epoch_batches asks the core for up to this many batches per call
 
 
 class DataFeed:
@@ -94,27 +95,73 @@ class DataFeed:
                 self._decoded.popitem(last=False)
         return batch
 
+    def _message_columns_of(self, r) -> Optional[Dict[str, np.ndarray]]:
+        """The whole message's {column: numpy array} of range `r`, converted once; None if some
+        column is not a plain array there (a slice may still be regular: convert it alone)."""
+        try:
+            return self._message_columns[r.message_id]
+        except KeyError:
+            pass
+        cols = rows_mod.batch_to_columns(self._record_batch(r))
+        if any(a.dtype == object for a in cols.values()):
+            cols = None
+        self._message_columns[r.message_id] = cols
+        if len(self._message_columns) > _DECODED_CACHE:
+            self._message_columns.popitem(last=False)
+        return cols
+
     def _columns(self, ranges) -> Dict[str, np.ndarray]:
         """The rows of `ranges` as {column: numpy array}.  Rows from one message (the common
         case: a message holds thousands of rows, a batch a hundred) are numpy slices of that
         message's columns, converted once; only batches that span messages are concatenated."""
         if len(ranges) == 1:
             r = ranges[0]
-            if r.message_id not in self._message_columns:
-                cols = rows_mod.batch_to_columns(self._record_batch(r))
-                if any(a.dtype == object for a in cols.values()):
-                    cols = None  # ragged here; a slice may still be regular: convert it alone
-                self._message_columns[r.message_id] = cols
-                if len(self._message_columns) > _DECODED_CACHE:
-                    self._message_columns.popitem(last=False)
-            cols = self._message_columns[r.message_id]
+            cols = self._message_columns_of(r)
             if cols is not None:
                 return {k: v[r.offset:r.offset + r.rows] for k, v in cols.items()}
-        batch = self._concat(ranges)
+        return self._joined([(r, r.offset, r.rows) for r in ranges])
+
+    def _joined(self, pieces) -> Dict[str, np.ndarray]:
+        """{column: numpy array} of `pieces`, (range, first row, rows) each, one after another."""
+        batch = self._concat(pieces)
         return {} if batch is None else rows_mod.batch_to_columns(batch)
 
-    def _concat(self, ranges) -> Optional[pa.RecordBatch]:
-        slices = [self._record_batch(r).slice(r.offset, r.rows) for r in ranges]
+    def _cut(self, ranges, batch_size: int) -> Iterator[Dict[str, np.ndarray]]:
+        """The rows of `ranges` (whole batches, or an epoch's last smaller one) as batches of
+        `batch_size` rows: numpy slices of a message's columns where a batch lies in one
+        message, joined where it spans two."""
+        pending: list = []  # (range, first row, rows) of a batch that spans messages
+        need = batch_size
+        for r in ranges:
+            off = r.offset
+            end = off + r.rows
+            if pending:  # finish the batch begun in the previous range
+                k = min(need, end - off)
+                pending.append((r, off, k))
+                off += k
+                need -= k
+                if need:
+                    continue
+                yield self._joined(pending)
+                pending, need = [], batch_size
+            if end - off >= batch_size:
+                cols = self._message_columns_of(r)
+                if cols is not None:
+                    while end - off >= batch_size:
+                        stop = off + batch_size
+                        yield {name: v[off:stop] for name, v in cols.items()}
+                        off = stop
+                while end - off >= batch_size:  # ragged message: each batch converted alone
+                    yield self._joined([(r, off, batch_size)])
+                    off += batch_size
+            if off < end:
+                pending.append((r, off, end - off))
+                need = batch_size - (end - off)
+        if pending:
+            yield self._joined(pending)
+
+    def _concat(self, pieces) -> Optional[pa.RecordBatch]:
+        slices = [self._record_batch(r).slice(offset, rows) for r, offset, rows in pieces]
         if not slices:
             return None
         if len(slices) == 1:
@@ -122,7 +169,7 @@ class DataFeed:
         return pa.Table.from_batches(slices).combine_chunks().to_batches()[0]
 
     def _next(self, batch_size: int) -> Optional[pa.RecordBatch]:
-        return self._concat(self._consumer.next(batch_size, not self.train_mode))
+        return self._concat([(r, r.offset, r.rows) for r in self._consumer.next(batch_size, not self.train_mode)])
 
     # -------------------------------------------------------------- TFoS API
     def next_batch(self, batch_size: int) -> Union[List[Any], Dict[str, List[Any]]]:
@@ -192,11 +239,11 @@ class DataFeed:
             raise ValueError("batch_size must be positive")
         if self._consumer.begin_epoch() is None:
             return
-        while True:
-            ranges = self._consumer.next_epoch_batch(batch_size, drop_remainder)
+        while True:  # one core call per run of batches (up to _RUN_BATCHES), cut here
+            ranges = self._consumer.next_epoch_batches(batch_size, _RUN_BATCHES, drop_remainder)
             if not ranges:
                 return
-            yield self._columns(ranges)
+            yield from self._cut(ranges, batch_size)
 
     def _peek_columns(self) -> Optional[Dict[str, np.ndarray]]:
         """The first queued row's columns, reading ahead; None at end of feed."""

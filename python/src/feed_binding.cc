@@ -67,6 +67,40 @@ class BufferView {
   Py_buffer view_{};
 };
 
+// Read-only views of a sequence of buffer-protocol objects (the parts of one
+// message).  Construct and destroy it with the GIL held; parts() may be read
+// without it.
+class BufferViews {
+ public:
+  explicit BufferViews(nb::handle sequence) {
+    nb::object items = nb::steal(PySequence_Fast(sequence.ptr(), "parts must be a sequence of buffers"));
+    if (!items.is_valid()) throw nb::python_error();
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(items.ptr());
+    views_.reserve(static_cast<size_t>(n));
+    parts_.reserve(static_cast<size_t>(n));
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      Py_buffer view{};
+      if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(items.ptr(), i), &view, PyBUF_SIMPLE) != 0) {
+        for (Py_buffer& held : views_) PyBuffer_Release(&held);  // no destructor after a throw
+        throw nb::python_error();
+      }
+      views_.push_back(view);
+      parts_.emplace_back(static_cast<const uint8_t*>(view.buf), static_cast<size_t>(view.len));
+    }
+  }
+  ~BufferViews() {
+    for (Py_buffer& view : views_) PyBuffer_Release(&view);
+  }
+  BufferViews(const BufferViews&) = delete;
+  BufferViews& operator=(const BufferViews&) = delete;
+
+  std::span<const std::span<const uint8_t>> parts() const { return parts_; }
+
+ private:
+  std::vector<Py_buffer> views_;
+  std::vector<std::span<const uint8_t>> parts_;
+};
+
 // Moves `bytes` into a 1-D uint8 numpy array that owns them (via a capsule).
 nb::object OwnedArray(std::vector<uint8_t> bytes) {
   auto holder = std::make_unique<std::vector<uint8_t>>(std::move(bytes));
@@ -392,6 +426,20 @@ void BindFeedContract(nb::module_& m) {
           },
           "node"_a, "message"_a, "rows"_a,
           "`message`: a writable buffer of BATCH_HEADER_BYTES of room, then the IPC stream.")
+      .def(
+          "send_batch_parts",
+          [](Producer& self, size_t node, nb::handle parts, int64_t rows) {
+            BufferViews views(parts);
+            Status st;
+            {
+              nb::gil_scoped_release release;
+              st = self.SendBatchParts(node, views.parts(), rows);
+            }
+            ThrowIfError(st);
+          },
+          "node"_a, "parts"_a, "rows"_a,
+          "`parts`: the IPC stream as a sequence of buffers (what an Arrow IPC writer emits), copied\n"
+          "once, straight into the node's ring.")
       .def("end_partition", [](Producer& self) { ThrowIfError(self.EndPartition()); }, Release())
       .def_prop_ro("sent", &Producer::sent)
       .def("gone", &Producer::gone, "node"_a)
@@ -427,6 +475,18 @@ void BindFeedContract(nb::module_& m) {
             ThrowIfError(st);
           },
           "message"_a, "rows"_a)
+      .def(
+          "send_batch_parts",
+          [](InferenceProducer& self, nb::handle parts, int64_t rows) {
+            BufferViews views(parts);
+            Status st;
+            {
+              nb::gil_scoped_release release;
+              st = self.SendBatchParts(views.parts(), rows);
+            }
+            ThrowIfError(st);
+          },
+          "parts"_a, "rows"_a)
       .def("end", [](InferenceProducer& self) { ThrowIfError(self.End()); }, Release())
       .def("release_session", &InferenceProducer::ReleaseSession, Release())
       .def(
@@ -515,6 +575,16 @@ void BindFeedContract(nb::module_& m) {
             return Ranges(ValueOrThrow(std::move(r)));
           },
           "batch_size"_a, "drop_remainder"_a)
+      .def(
+          "next_epoch_batches",
+          [](Consumer& self, int64_t batch_size, int64_t max_batches, bool drop_remainder) {
+            Result<std::vector<feed::RowRange>> r = [&] {
+              nb::gil_scoped_release release;
+              return self.NextEpochBatches(batch_size, max_batches, drop_remainder);
+            }();
+            return Ranges(ValueOrThrow(std::move(r)));
+          },
+          "batch_size"_a, "max_batches"_a, "drop_remainder"_a)
       .def(
           "peek_row",
           [](Consumer& self) {

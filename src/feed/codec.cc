@@ -59,6 +59,19 @@ std::vector<uint8_t> EncodeBatch(const BatchHeader& h, std::span<const uint8_t> 
   return out;
 }
 
+size_t BatchParts(std::span<const std::span<const uint8_t>> ipc, std::span<uint8_t> header,
+                  std::vector<std::span<const uint8_t>>* parts) {
+  parts->clear();
+  parts->reserve(ipc.size() + 1);
+  parts->push_back(header.first(kBatchHeaderBytes));
+  size_t size = 0;
+  for (const auto& part : ipc) {
+    parts->push_back(part);
+    size += part.size();
+  }
+  return size;
+}
+
 Result<BatchHeader> DecodeBatch(std::span<const uint8_t> payload) {
   codec::Reader r(AsChars(payload));
   BatchHeader h;

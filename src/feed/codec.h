@@ -61,6 +61,10 @@ struct BatchHeader {
 // Writes the header into out[0, kBatchHeaderBytes).  out.size() >= kBatchHeaderBytes.
 void EncodeBatchHeader(const BatchHeader& h, std::span<uint8_t> out);
 std::vector<uint8_t> EncodeBatch(const BatchHeader& h, std::span<const uint8_t> ipc);
+// A kBatch payload as parts: `header` (kBatchHeaderBytes, filled in later by
+// EncodeBatchHeader), then the IPC stream's parts.  Returns the stream's size.
+size_t BatchParts(std::span<const std::span<const uint8_t>> ipc, std::span<uint8_t> header,
+                  std::vector<std::span<const uint8_t>>* parts);
 // The IPC stream is payload.subspan(kBatchHeaderBytes).
 Result<BatchHeader> DecodeBatch(std::span<const uint8_t> payload);
 

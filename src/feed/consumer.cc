@@ -377,8 +377,16 @@ Result<std::optional<uint32_t>> Consumer::BeginEpoch() {
 }
 
 Result<std::vector<RowRange>> Consumer::NextEpochBatch(int64_t batch_size, bool drop_remainder) {
+  return NextEpochBatches(batch_size, 1, drop_remainder);
+}
+
+Result<std::vector<RowRange>> Consumer::NextEpochBatches(int64_t batch_size, int64_t max_batches,
+                                                         bool drop_remainder) {
   Impl& s = *impl_;
   if (batch_size <= 0) return Status::InvalidArgument("batch_size must be positive, got " + std::to_string(batch_size));
+  if (max_batches <= 0) {
+    return Status::InvalidArgument("max_batches must be positive, got " + std::to_string(max_batches));
+  }
   if (!s.current_epoch) return std::vector<RowRange>();
   const uint32_t epoch = *s.current_epoch;
   EpochBound& info = s.epochs[epoch];
@@ -391,7 +399,8 @@ Result<std::vector<RowRange>> Consumer::NextEpochBatch(int64_t batch_size, bool 
     s.current_epoch.reset();
     return std::vector<RowRange>();
   }
-  const int64_t want = std::min(batch_size, left);
+  // Whole batches (as many as are provably there, up to max_batches), else the last smaller one.
+  const int64_t want = left >= batch_size ? std::min(left / batch_size, max_batches) * batch_size : left;
   EMBER_ASSIGN_OR_RAISE(std::vector<RowRange> out, s.Take(want, false, epoch));
   int64_t got = 0;
   for (const RowRange& r : out) got += r.rows;

@@ -58,8 +58,12 @@ class InferenceProducer::Impl {
   }
 
   Status Send(std::span<const uint8_t> payload, FeedKind kind) {
+    const std::span<const uint8_t> parts[1] = {payload};
+    return Send(parts, kind);
+  }
+  Status Send(std::span<const std::span<const uint8_t>> parts, FeedKind kind) {
     if (closed) return Status::Aborted(Where() + ": the feeding task closed the partition");
-    Status st = link->Write(kind, payload, options);
+    Status st = link->WriteParts(kind, parts, options);
     if (st.ok() && link->cancelled) {
       return Status::Cancelled(Where() + ": the node terminated its feed before answering");
     }
@@ -139,6 +143,15 @@ Status InferenceProducer::SendBatchInPlace(std::span<uint8_t> message, int64_t r
   impl_->sent += rows;
   EncodeBatchHeader({impl_->partition, kInferenceEpoch, 0, rows}, message);
   return impl_->Send(message, FeedKind::kBatch);
+}
+
+Status InferenceProducer::SendBatchParts(std::span<const std::span<const uint8_t>> ipc, int64_t rows) {
+  std::vector<std::span<const uint8_t>> parts;
+  uint8_t header[kBatchHeaderBytes];
+  EMBER_RETURN_NOT_OK(impl_->CheckSize(BatchParts(ipc, header, &parts), rows));
+  impl_->sent += rows;
+  EncodeBatchHeader({impl_->partition, kInferenceEpoch, 0, rows}, header);
+  return impl_->Send(parts, FeedKind::kBatch);
 }
 
 Status InferenceProducer::End() {

@@ -1,6 +1,7 @@
 #include "feed/link.h"
 
 #include <algorithm>
+#include <vector>
 
 namespace ember::feed {
 
@@ -33,10 +34,26 @@ Result<std::unique_ptr<Link>> Link::Open(const NodeEndpoint& node, const FeedOpt
 }
 
 Status Link::Write(FeedKind kind, std::span<const uint8_t> payload, const FeedOptions& options) {
+  const std::span<const uint8_t> parts[1] = {payload};
+  return WriteParts(kind, parts, options);
+}
+
+Status Link::WriteParts(FeedKind kind, std::span<const std::span<const uint8_t>> parts, const FeedOptions& options) {
   if (cancelled) return Status::OK();
   const Deadline deadline = Deadline::After(options.idle_timeout);
-  Status st = ring ? ring->Write(static_cast<uint32_t>(kind), payload, deadline)
-                   : client->Write(kind, payload, deadline);
+  Status st;
+  if (ring) {
+    st = ring->WriteParts(static_cast<uint32_t>(kind), parts, deadline);
+  } else if (parts.size() == 1) {
+    st = client->Write(kind, parts[0], deadline);
+  } else {
+    std::vector<uint8_t> joined;
+    size_t size = 0;
+    for (const auto& part : parts) size += part.size();
+    joined.reserve(size);
+    for (const auto& part : parts) joined.insert(joined.end(), part.begin(), part.end());
+    st = client->Write(kind, joined, deadline);
+  }
   if (st.code() == StatusCode::kCancelled) {
     cancelled = true;
     return Status::OK();

@@ -32,6 +32,9 @@ struct Link {
   // its feed) marks the link cancelled and returns OK; skipped once
   // cancelled.  Other errors name the node.
   Status Write(FeedKind kind, std::span<const uint8_t> payload, const FeedOptions& options);
+  // As Write, the payload in consecutive parts: copied straight into the
+  // ring (Ring::WriteParts); over TCP joined into one frame first.
+  Status WriteParts(FeedKind kind, std::span<const std::span<const uint8_t>> parts, const FeedOptions& options);
 
   // Over TCP: waits until the feed server has put every message written so
   // far into the node's ring (FeedClient::Flush); a no-op for a ring, whose

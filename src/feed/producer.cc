@@ -119,6 +119,18 @@ Status Producer::SendBatchInPlace(size_t node, std::span<uint8_t> message, int64
   return link.Write(FeedKind::kBatch, message, impl_->options);
 }
 
+Status Producer::SendBatchParts(size_t node, std::span<const std::span<const uint8_t>> ipc, int64_t rows) {
+  EMBER_RETURN_NOT_OK(impl_->CheckNode(node));
+  std::vector<std::span<const uint8_t>> parts;
+  uint8_t header[kBatchHeaderBytes];
+  EMBER_RETURN_NOT_OK(impl_->CheckSize(node, BatchParts(ipc, header, &parts), rows));
+  impl_->sent[node] += rows;
+  Link& link = *impl_->links[node];
+  if (link.cancelled) return Status::OK();
+  EncodeBatchHeader(BatchHeader{impl_->partition, impl_->epoch, impl_->attempt, rows}, header);
+  return link.WriteParts(FeedKind::kBatch, parts, impl_->options);
+}
+
 Status Producer::EndPartition() {
   if (impl_->ended) return Status::InvalidArgument("EndPartition called twice");
   impl_->ended = true;

@@ -229,6 +229,61 @@ TEST_P(FeedTest, AnEpochEndsOnlyWhenTheDriverSaysHowManyPartitionsItHad) {
   EXPECT_EQ(batches[1].size(), 2u);
 }
 
+TEST_P(FeedTest, NextEpochBatchesHandsOutRunsOfWholeBatchesThenTheLastSmallerOne) {
+  StartNodes(1);
+  FeedPartition(0, 0, 0, 50);  // messages of 7 rows: runs span messages
+  FeedPartition(1, 1, 100, 50);
+  EndEpochAll(0, 1);
+  EndEpochAll(1, 1);
+  auto c = OpenConsumer(0);
+  for (bool drop_remainder : {false, true}) {
+    ASSERT_TRUE(c->BeginEpoch().ok());
+    std::vector<int64_t> counts, values;
+    for (;;) {
+      auto run = c->NextEpochBatches(4, 5, drop_remainder);
+      ASSERT_TRUE(run.ok()) << run.status().ToString();
+      if (run->empty()) break;
+      counts.push_back(Count(*run));
+      for (int64_t v : Values(*run)) values.push_back(v);
+    }
+    // Runs hold whole batches (as many as the messages read so far allow, at most 5), then
+    // the last smaller batch unless dropped.
+    ASSERT_FALSE(counts.empty());
+    for (size_t i = 0; i + 1 < counts.size(); ++i) {
+      EXPECT_TRUE(counts[i] % 4 == 0 && counts[i] <= 20) << counts[i];
+    }
+    EXPECT_EQ(counts.back(), drop_remainder ? counts.back() - counts.back() % 4 : 2);
+    EXPECT_GT(*std::max_element(counts.begin(), counts.end()), 4) << "no run of several batches";
+    const int64_t base = drop_remainder ? 100 : 0;
+    ASSERT_EQ(values.size(), drop_remainder ? 48u : 50u);
+    for (size_t i = 0; i < values.size(); ++i) EXPECT_EQ(values[i], base + static_cast<int64_t>(i));
+  }
+  EXPECT_EQ(c->NextEpochBatches(4, 0, true).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_P(FeedTest, SendBatchPartsArrivesAsOneBatch) {
+  StartNodes(2);
+  auto producer = Producer::Open(Endpoints(), 0, 0, 0, Options());
+  ASSERT_TRUE(producer.ok()) << producer.status().ToString();
+  const std::vector<uint8_t> ipc = Ipc(1000);
+  const std::span<const uint8_t> whole(ipc);
+  const std::span<const uint8_t> parts[] = {whole.first(3), {}, whole.subspan(3)};
+  ASSERT_TRUE((*producer)->SendBatchParts(0, parts, 5).ok());
+  ASSERT_TRUE((*producer)->SendBatchParts(1, parts, 5).ok());
+  const std::vector<uint8_t> big((*producer)->MaxBatchBytes(0) + 1);
+  const std::span<const uint8_t> too_big[] = {whole, std::span<const uint8_t>(big).subspan(8)};
+  EXPECT_EQ((*producer)->SendBatchParts(0, too_big, 1).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*producer)->sent(), (std::vector<int64_t>{5, 5}));
+  ASSERT_TRUE((*producer)->EndPartition().ok());
+  EndEpochAll(0, 1);
+  for (int k = 0; k < 2; ++k) {
+    auto c = OpenConsumer(k);
+    auto batches = ConsumeEpoch(*c, 5);
+    ASSERT_EQ(batches.size(), 1u);
+    EXPECT_EQ(batches[0], (std::vector<int64_t>{1000, 1001, 1002, 1003, 1004}));
+  }
+}
+
 TEST_P(FeedTest, ANodeWithNoRowsOfATinyEpochStillStepsThroughIt) {
   StartNodes(2);
   FeedPartition(0, 0, 0, 1);

@@ -198,16 +198,23 @@ Result<std::unique_ptr<Ring>> Ring::Open(const std::string& name) {
 }
 
 Status Ring::Write(uint32_t kind, std::span<const uint8_t> payload, Deadline deadline) {
+  const std::span<const uint8_t> parts[1] = {payload};
+  return WriteParts(kind, parts, deadline);
+}
+
+Status Ring::WriteParts(uint32_t kind, std::span<const std::span<const uint8_t>> parts, Deadline deadline) {
   Call call(this);
   if (!call.ok()) return ClosedStatus();
   RingHeader* h = header_;
   const uint64_t cap = capacity_;
-  if (payload.size() > MaxPayload(cap)) {
-    return Status::InvalidArgument("feed message of " + std::to_string(payload.size()) +
+  size_t size = 0;
+  for (const auto& part : parts) size += part.size();
+  if (size > MaxPayload(cap)) {
+    return Status::InvalidArgument("feed message of " + std::to_string(size) +
                                    " bytes exceeds the ring's limit of " + std::to_string(MaxPayload(cap)) +
                                    " bytes (" + name_ + "); send smaller batches");
   }
-  const uint64_t record = kRecordHeader + Align8(payload.size());
+  const uint64_t record = kRecordHeader + Align8(size);
   RobustLock lock(&h->mu);
   for (;;) {
     if (closing_) return ClosedStatus();
@@ -224,11 +231,18 @@ Status Ring::Write(uint32_t kind, std::span<const uint8_t> payload, Deadline dea
         std::memcpy(h->data + pos, &marker, sizeof(marker));
         h->head += to_end;
       }
+      // The record is published by moving head, after it is whole: a producer that dies
+      // while copying leaves head where it was (see RobustLock).
       uint8_t* dst = h->data + h->head % cap;
-      const uint32_t len = static_cast<uint32_t>(payload.size());
+      const uint32_t len = static_cast<uint32_t>(size);
       std::memcpy(dst, &len, 4);
       std::memcpy(dst + 4, &kind, 4);
-      if (!payload.empty()) std::memcpy(dst + kRecordHeader, payload.data(), payload.size());
+      uint8_t* out = dst + kRecordHeader;
+      for (const auto& part : parts) {
+        if (part.empty()) continue;
+        std::memcpy(out, part.data(), part.size());
+        out += part.size();
+      }
       h->head += record;
       pthread_cond_signal(&h->not_empty);
       return Status::OK();

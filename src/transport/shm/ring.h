@@ -73,6 +73,13 @@ class Ring {
   // not reading); Aborted if the consumer closed the ring or its process
   // died (message says which).
   Status Write(uint32_t kind, std::span<const uint8_t> payload, Deadline deadline);
+  // As Write, the payload given as consecutive parts (say, the pieces an
+  // Arrow IPC writer emits, which point into the record batch's own
+  // buffers), copied one after another straight into the ring: one copy,
+  // no staging buffer.  The copy runs under the ring's lock, like Write's;
+  // if the process dies during it (or a part's memory faults), the message
+  // is never published and the next user of the ring carries on.
+  Status WriteParts(uint32_t kind, std::span<const std::span<const uint8_t>> parts, Deadline deadline);
 
   // Consumer: takes the next message, blocking while the ring is empty.
   // `payload` is resized and overwritten.  DeadlineExceeded if nothing

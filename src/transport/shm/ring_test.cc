@@ -1,6 +1,7 @@
 #include "transport/shm/ring.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <chrono>
 #include <cstring>
 #include <numeric>
+#include <span>
 #include <tuple>
 #include <thread>
 #include <vector>
@@ -238,6 +240,80 @@ TEST(Ring, ProducerInAnotherProcess) {
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+TEST(Ring, WritePartsJoinsThePartsIntoOneMessage) {
+  auto ring = Ring::Create(UniqueName(), 1 << 16);
+  ASSERT_TRUE(ring.ok());
+  auto producer = Ring::Open((*ring)->name());
+  ASSERT_TRUE(producer.ok());
+  const std::vector<uint8_t> a = Bytes(1, 13), b = Bytes(2, 1000), c = Bytes(3, 3);
+  const std::span<const uint8_t> parts[] = {a, {}, b, c};
+  ASSERT_TRUE((*producer)->WriteParts(5, parts, Soon()).ok());
+  ASSERT_TRUE((*producer)->WriteParts(6, {}, Soon()).ok());
+  const std::vector<uint8_t> big(Ring::MaxPayload(1 << 16));
+  const std::span<const uint8_t> too_big[] = {b, big};
+  EXPECT_EQ((*producer)->WriteParts(7, too_big, Soon()).code(), StatusCode::kInvalidArgument);
+
+  uint32_t kind;
+  std::vector<uint8_t> payload;
+  ASSERT_TRUE((*ring)->Read(&kind, &payload, Soon()).ok());
+  EXPECT_EQ(kind, 5u);
+  std::vector<uint8_t> joined = a;
+  joined.insert(joined.end(), b.begin(), b.end());
+  joined.insert(joined.end(), c.begin(), c.end());
+  EXPECT_EQ(payload, joined);
+  ASSERT_TRUE((*ring)->Read(&kind, &payload, Soon()).ok());
+  EXPECT_EQ(kind, 6u);
+  EXPECT_TRUE(payload.empty());
+  EXPECT_EQ((*ring)->Read(&kind, &payload, Deadline::After(Duration(50))).code(), StatusCode::kDeadlineExceeded);
+}
+
+// A producer that dies while copying a message into the ring (here: its second part is
+// unreadable memory, so the copy faults halfway with the ring's lock held) publishes nothing;
+// the lock passes on and the ring goes on carrying other producers' messages.
+TEST(Ring, ProducerDyingMidCopyPublishesNothing) {
+  auto ring = Ring::Create(UniqueName(), 8192);
+  ASSERT_TRUE(ring.ok());
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    struct sigaction sa {};
+    sa.sa_handler = [](int) { _exit(42); };  // dies holding the ring's lock
+    sigaction(SIGSEGV, &sa, nullptr);
+    sigaction(SIGBUS, &sa, nullptr);
+    auto w = Ring::Open((*ring)->name());
+    if (!w.ok() || !(*w)->Write(1, Bytes(1, 100), Soon()).ok()) _exit(2);
+    void* page = mmap(nullptr, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (page == MAP_FAILED) _exit(3);
+    const std::vector<uint8_t> first = Bytes(2, 500);
+    const std::span<const uint8_t> parts[] = {first, {static_cast<const uint8_t*>(page), 1000}};
+    (void)(*w)->WriteParts(2, parts, Soon());
+    _exit(4);  // not reached: the copy faults
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 42) << status;
+
+  auto w = Ring::Open((*ring)->name());
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE((*w)->Write(3, Bytes(3, 700), Soon()).ok());
+  uint32_t kind;
+  std::vector<uint8_t> payload;
+  ASSERT_TRUE((*ring)->Read(&kind, &payload, Soon()).ok());
+  EXPECT_EQ(kind, 1u);
+  EXPECT_EQ(payload, Bytes(1, 100));
+  ASSERT_TRUE((*ring)->Read(&kind, &payload, Soon()).ok());
+  EXPECT_EQ(kind, 3u) << "the half-copied message was published";
+  EXPECT_EQ(payload, Bytes(3, 700));
+  EXPECT_EQ((*ring)->Read(&kind, &payload, Deadline::After(Duration(50))).code(), StatusCode::kDeadlineExceeded);
+  // Round the ring a few times: its space is whole.
+  for (uint32_t i = 0; i < 50; ++i) {
+    ASSERT_TRUE((*w)->Write(10 + i, Bytes(i, 900), Soon()).ok());
+    ASSERT_TRUE((*ring)->Read(&kind, &payload, Soon()).ok());
+    ASSERT_EQ(kind, 10 + i);
+    ASSERT_EQ(payload, Bytes(i, 900));
+  }
 }
 
 TEST(Ring, ProducerSeesConsumerProcessDeath) {
