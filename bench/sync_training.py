@@ -69,8 +69,10 @@ def keras_node(args, ctx):
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    keras.utils.set_random_seed(1)
     batch, mode = args["batch"], args["mode"]
+    # MWMS must be created before TensorFlow runs anything (set_random_seed does).
+    strategy = tf.distribute.MultiWorkerMirroredStrategy() if mode == "mwms" else None
+    keras.utils.set_random_seed(1)
     x, y = _shard(ctx, batch)
     ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(batch, drop_remainder=True).prefetch(2)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -95,12 +97,11 @@ def keras_node(args, ctx):
 
         clock = Clock()
         # epoch 0 = warm-up (tracing, first allreduces); epoch 1 = the timed steps
-        model.fit(ds, epochs=2, steps_per_epoch=None or args["steps"], callbacks=callbacks + [clock], verbose=0)
+        model.fit(ds, epochs=2, steps_per_epoch=args["steps"], callbacks=callbacks + [clock], verbose=0)
         _write(args, ctx, args["steps"] * batch / clock.secs)
         return
 
     # mwms: the custom loop of examples/fashion_mnist/mwms_custom_loop.py
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
     global_batch = batch * ctx.num_workers
     with strategy.scope():
         model = train_single.build_model(keras)
