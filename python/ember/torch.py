@@ -56,37 +56,34 @@ def _flat_groups(tensors):
     return groups
 
 
-def allreduce_tensors_(tensors, comm=None, op: str = "average") -> None:
-    """Reduces CPU tensors over the training nodes, in place, one fused call per dtype."""
+def _fused_in_place(tensors, call) -> None:
+    """Runs `call(flat)` once per dtype on the tensors packed into one contiguous buffer, then
+    copies the result back (a lone contiguous tensor is passed as it is, without a copy)."""
     import torch
 
-    comm = _communicator(comm)
     for group in _flat_groups([t for t in tensors if t is not None]).values():
         if len(group) == 1 and group[0].is_contiguous():
-            comm.allreduce_(group[0].detach(), op)
+            call(group[0].detach())
             continue
         flat = torch.cat([t.detach().reshape(-1) for t in group])
-        comm.allreduce_(flat, op)
+        call(flat)
         offset = 0
         for t in group:
             n = t.numel()
             t.detach().copy_(flat[offset:offset + n].view_as(t))
             offset += n
+
+
+def allreduce_tensors_(tensors, comm=None, op: str = "average") -> None:
+    """Reduces CPU tensors over the training nodes, in place, one fused call per dtype."""
+    comm = _communicator(comm)
+    _fused_in_place(tensors, lambda flat: comm.allreduce_(flat, op))
 
 
 def broadcast_tensors_(tensors, root: int = 0, comm=None) -> None:
     """Overwrites CPU tensors with rank `root`'s, in place, one call per dtype."""
-    import torch
-
     comm = _communicator(comm)
-    for group in _flat_groups(list(tensors)).values():
-        flat = torch.cat([t.detach().reshape(-1) for t in group])
-        comm.broadcast_(flat, root)
-        offset = 0
-        for t in group:
-            n = t.numel()
-            t.detach().copy_(flat[offset:offset + n].view_as(t))
-            offset += n
+    _fused_in_place(tensors, lambda flat: comm.broadcast_(flat, root))
 
 
 def broadcast_parameters(module, root: int = 0, comm=None) -> None:
