@@ -45,8 +45,11 @@ def record_and_greet(args, ctx):
 
 
 def record_then_block_if_not_training(args, ctx):
-    """ps and evaluator nodes never return, like a TF ps doing server.join()."""
+    """ps and evaluator nodes never return, like a TF ps doing server.join().  Every node
+    records first (the barrier): shutdown stops ps and evaluator as soon as the training nodes
+    are done, which may be before a slower node process got to main_fun."""
     _write_ctx(ctx, args["out"])
+    ctx.barrier("recorded", timeout=60)
     if ctx.job_name in ("ps", "evaluator"):
         while True:
             time.sleep(1)
