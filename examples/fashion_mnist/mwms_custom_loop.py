@@ -25,26 +25,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import data  # noqa: E402  (examples/fashion_mnist/data.py)
+from train_single import build_model  # noqa: E402  (the CNN, shared with main.py)
 
 REPO = Path(__file__).resolve().parents[2]
 METRICS_FILE = "metrics.json"
 MODEL_FILE = "fashion_mnist.keras"
-
-
-def build_model(tf):
-    """Two conv blocks and a dense head: ~0.90 test accuracy after a few epochs."""
-    keras = tf.keras
-    return keras.Sequential([
-        keras.Input(shape=(*data.IMAGE_SHAPE, 1)),
-        keras.layers.Conv2D(32, 3, activation="relu"),
-        keras.layers.MaxPooling2D(),
-        keras.layers.Conv2D(64, 3, activation="relu"),
-        keras.layers.MaxPooling2D(),
-        keras.layers.Flatten(),
-        keras.layers.Dense(128, activation="relu"),
-        keras.layers.Dropout(0.3),
-        keras.layers.Dense(data.NUM_CLASSES),
-    ])
 
 
 def _is_chief(resolver) -> bool:
@@ -118,7 +103,7 @@ def main_fun(args, ctx):
     # Same initial weights on every run (MWMS copies the chief's to the other workers anyway).
     tf.keras.utils.set_random_seed(args.seed)
     with strategy.scope():
-        model = build_model(tf)
+        model = build_model(tf.keras)
         optimizer = tf.keras.optimizers.Adam(args.learning_rate)
         optimizer.build(model.trainable_variables)
     per_example_loss = tf.keras.losses.SparseCategoricalCrossentropy(
@@ -196,7 +181,7 @@ def main_fun(args, ctx):
 def evaluate(tf, model, args) -> dict:
     """The chief alone evaluates a plain copy of the trained model on every test image:
     evaluating the distributed model would need all workers in the loop."""
-    eval_model = build_model(tf)
+    eval_model = build_model(tf.keras)
     eval_model.compile(loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                        metrics=["accuracy"])
     eval_model.set_weights(model.get_weights())
@@ -257,7 +242,8 @@ def main(argv: list[str] | None = None) -> float:
              .config("spark.ui.showConsoleProgress", "false").getOrCreate())
     spark.sparkContext.setLogLevel("WARN")
     # main_fun imports data.py on the nodes.
-    spark.sparkContext.addPyFile(str(Path(data.__file__).resolve()))
+    for module in (data, sys.modules[build_model.__module__]):  # main_fun uses them on the nodes
+        spark.sparkContext.addPyFile(str(Path(module.__file__).resolve()))
     metrics_path = Path(args.model_dir) / METRICS_FILE
     metrics_path.unlink(missing_ok=True)  # never report a previous run's result
     try:
