@@ -10,10 +10,10 @@ JOBS ?= 2
 CORE_SOURCES := $(shell find include src python/src -name '*.h' -o -name '*.cc' -o -name 'CMakeLists.txt') CMakeLists.txt
 PYTEST_ARGS ?=
 
-FUZZERS := codec_fuzz feed_codec_fuzz protocol_fuzz node_startup_fuzz collective_wire_fuzz
+FUZZERS := codec_fuzz feed_codec_fuzz protocol_fuzz node_startup_fuzz collective_wire_fuzz record_reader_fuzz example_fuzz
 FUZZ_SECS ?= 10
 
-.PHONY: setup setup-torch run test test-cpp test-asan test-tsan test-py test-torch fuzz clean cpp-trainer
+.PHONY: setup setup-torch setup-hdfs run test test-cpp test-asan test-tsan test-py test-torch fuzz clean cpp-trainer
 
 setup: $(STAMPS)/ember
 
@@ -45,11 +45,11 @@ build/core/build.ninja: $(STAMPS)/system
 build/asan/build.ninja: $(STAMPS)/system
 	cmake -S . -B build/asan -G Ninja -DEMBER_BUILD_TESTS=ON -DEMBER_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
 
-test-cpp: build/core/build.ninja
+test-cpp: build/core/build.ninja setup-hdfs
 	cmake --build build/core -j $(JOBS)
 	ctest --test-dir build/core --output-on-failure -j $(JOBS)
 
-test-asan: build/asan/build.ninja
+test-asan: build/asan/build.ninja setup-hdfs
 	cmake --build build/asan -j $(JOBS)
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --test-dir build/asan --output-on-failure -j $(JOBS)
@@ -60,7 +60,7 @@ build/tsan/build.ninja: $(STAMPS)/system
 	cmake -S . -B build/tsan -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DEMBER_BUILD_TESTS=ON -DEMBER_TSAN=ON \
 	  -DEMBER_THREAD_SAFETY_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-test-tsan: build/tsan/build.ninja
+test-tsan: build/tsan/build.ninja setup-hdfs
 	cmake --build build/tsan -j $(JOBS)
 	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
 	  ctest --test-dir build/tsan --output-on-failure -j $(JOBS)
@@ -87,10 +87,10 @@ build/cpp_trainer/build.ninja: | $(STAMPS)/venv
 cpp-trainer: build/cpp_trainer/build.ninja
 	cmake --build build/cpp_trainer -j $(JOBS) --target cpp_trainer
 
-test-py: setup
+test-py: setup setup-hdfs
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test: setup setup-torch test-cpp test-asan test-tsan fuzz test-py test-torch
+test: setup setup-torch setup-hdfs test-cpp test-asan test-tsan fuzz test-py test-torch
 
 # Real PyTorch for python/tests_torch (DataFeed.to_torch_dataset, ember.torch's synchronous
 # training, unchanged torch.distributed programs) and the torch contenders of bench/.  PyPI has
@@ -106,6 +106,16 @@ setup-torch: .torch-site/.installed
 
 test-torch: setup setup-torch
 	$(PY) -m pytest python/tests_torch
+
+# A real HDFS for the tests (python/tests/hdfs_cluster.py runs a NameNode + DataNode on loopback):
+# Hadoop's hadoop-minicluster 3.4.1 and its dependency closure (scripts/hdfs/pom.xml, ~110 MB)
+# copied from Maven Central into .hdfs/lib once.
+.hdfs/.installed: scripts/hdfs/pom.xml $(STAMPS)/system
+	rm -rf .hdfs/lib
+	mvn -q -B -f scripts/hdfs/pom.xml dependency:copy-dependencies -DoutputDirectory=$(abspath .hdfs/lib)
+	@touch $@
+
+setup-hdfs: .hdfs/.installed
 
 clean:
 	rm -rf build $(STAMPS)

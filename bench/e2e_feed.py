@@ -10,7 +10,11 @@ inter-op thread per node, on a Spark standalone cluster of 2 workers on this hos
                (image: 784-byte binary, label: long), cluster.train(df); each node trains from
                feed.to_tf_dataset(batch, transform=bytes -> float32 [28,28,1] / 255).
   ember_tf     Ember InputMode.TENSORFLOW: each node reads its own TFRecord shards (made from the
-               same IDX files by examples/fashion_mnist/data.py) with tf.data (parse, cache, batch).
+               same IDX files by examples/fashion_mnist/data.py) with ember.data.tfrecord_dataset
+               (Ember's C++ reader: CRC checks and tf.Example decode on the core's thread, the
+               image as raw uint8 [B, 28, 28], read from the files on every pass, no cache).
+  tfdata_tf    the same shards with tf.data (TFRecordDataset, parse_example, cache, batch): what
+               a TENSORFLOW-mode program used before ember.data (TFoS's examples read this way).
   compute_only the ceiling, not a contender: Ember InputMode.TENSORFLOW where each node trains on
                one batch held in memory (tf.data from_tensors(...).repeat()): the model's own
                speed here, with no input pipeline at all.  No feed can beat it, so
@@ -30,9 +34,10 @@ the same windows.  Each worker iterates its own plain tf.data pipeline (prefetch
 off, as main.py does) and hands its batch to strategy.run.  No shuffling in any mode.
 samples/s = steps x global batch / window seconds, measured on worker 0 (chief for TFoS);
 medians over the windows.  The last line is:
-  e2e_samples_per_sec: ember_spark=<v> ember_tf=<v> compute_only=<v> tfos_spark=<v> ratio_spark_vs_tf=<v>
-                       ratio_vs_tfos=<v> ceiling_ratio_vs_tfos=<v> ratio_spark_vs_ceiling=<v>
-  (the last: median over rounds of each round's ember_spark / compute_only)
+  e2e_samples_per_sec: ember_spark=<v> ember_tf=<v> tfdata_tf=<v> compute_only=<v> tfos_spark=<v>
+                       ratio_spark_vs_tf=<v> ratio_vs_tfos=<v> ceiling_ratio_vs_tfos=<v>
+                       ratio_tf_vs_ceiling=<v> ratio_spark_vs_ceiling=<v>
+  (the two *_vs_ceiling: median over rounds of each round's ember_tf or ember_spark / compute_only)
 
   .venv/bin/python bench/e2e_feed.py            # defaults: batch 64 per node, 20 + 10 rounds x 100 steps
 """
@@ -92,7 +97,7 @@ def _build_step(args, tf, example, strategy):
     returns train_steps(iterator, num_steps) -> mean loss, and the global batch."""
     global_batch = args["batch"] * strategy.num_replicas_in_sync
     with strategy.scope():
-        model = example.build_model(tf)
+        model = example.build_model(tf.keras)
         optimizer = tf.keras.optimizers.Adam(1e-3)
         optimizer.build(model.trainable_variables)
     per_example_loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
@@ -164,7 +169,11 @@ def ember_interleaved_main(args, ctx):
     # ember_spark: fed by cluster.train(df) on the driver.
     feed = ctx.get_data_feed()
     spark_ds = feed.to_tf_dataset(args["batch"], transform=lambda c: _to_xy(np, c["image"], c["label"]))
-    # ember_tf: this node's own TFRecord shards through tf.data.
+    # ember_tf: this node's own TFRecord shards through Ember's reader (as main.py reads them).
+    import ember.data
+    ember_ds = ember.data.tfrecord_dataset(files, data.ember_features(), args["batch"], shard=(i, n),
+                                           drop_remainder=True).map(data.parse_batch).repeat()
+    # tfdata_tf: the same shards through tf.data.
     tf_ds = tf.data.TFRecordDataset(files[i::n], num_parallel_reads=len(files[i::n]))
     tf_ds = tf_ds.map(data.parse_example, num_parallel_calls=2).cache()
     tf_ds = tf_ds.batch(args["batch"], drop_remainder=True).repeat()
@@ -172,7 +181,8 @@ def ember_interleaved_main(args, ctx):
     batch = next(iter(tf.data.TFRecordDataset(files[i::n]).map(data.parse_example).batch(args["batch"])))
     compute_ds = tf.data.Dataset.from_tensors(batch).repeat()
 
-    pipelines = {"ember_spark": spark_ds.prefetch(2), "ember_tf": tf_ds.prefetch(2), "compute_only": compute_ds}
+    pipelines = {"ember_spark": spark_ds.prefetch(2), "ember_tf": ember_ds.prefetch(2), "tfdata_tf": tf_ds.prefetch(2),
+                 "compute_only": compute_ds}
     _time_windows(args, tf, train_steps, global_batch, pipelines, ctx.task_index == 0, "ember.json")
     ctx.barrier("bench_done", timeout=600)  # leave together (TF's coordination service)
 
@@ -319,13 +329,15 @@ def main(argv=None) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
     med = {k: C.median(results[k]["samples_per_sec"]) if k in results else float("nan")
-           for k in ("ember_spark", "ember_tf", "compute_only", "tfos_spark")}
+           for k in ("ember_spark", "ember_tf", "tfdata_tf", "compute_only", "tfos_spark")}
     results["medians"] = med
-    # Paired: each round's ember_spark window over the same round's compute_only window.
-    paired = [a / b for a, b in zip(results["ember_spark"]["samples_per_sec"],
-                                    results["compute_only"]["samples_per_sec"])]
-    results["paired_spark_vs_ceiling"] = paired
+    # Paired: each round's window over the same round's compute_only window.
+    ceiling = results["compute_only"]["samples_per_sec"]
+    paired = [a / b for a, b in zip(results["ember_spark"]["samples_per_sec"], ceiling)]
+    paired_tf = [a / b for a, b in zip(results["ember_tf"]["samples_per_sec"], ceiling)]
+    results["paired_spark_vs_ceiling"], results["paired_tf_vs_ceiling"] = paired, paired_tf
     C.log(f"ember_spark / compute_only per round: {[round(x, 3) for x in paired]}")
+    C.log(f"ember_tf / compute_only per round: {[round(x, 3) for x in paired_tf]}")
     print()
     print(f"medians over {args.repeats} windows of {args.steps} steps, samples/s (global batch {2 * args.batch}):")
     for k, v in med.items():
@@ -334,11 +346,12 @@ def main(argv=None) -> None:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     C.log(f"machine at end: {C.machine_info()}")
     print(f"e2e_samples_per_sec: ember_spark={C.fmt_rate(med['ember_spark'])} ember_tf={C.fmt_rate(med['ember_tf'])} "
+          f"tfdata_tf={C.fmt_rate(med['tfdata_tf'])} "
           f"compute_only={C.fmt_rate(med['compute_only'])} tfos_spark={C.fmt_rate(med['tfos_spark'])} "
           f"ratio_spark_vs_tf={med['ember_spark'] / med['ember_tf']:.2f} "
           f"ratio_vs_tfos={med['ember_spark'] / med['tfos_spark']:.2f} "
           f"ceiling_ratio_vs_tfos={med['compute_only'] / med['tfos_spark']:.2f} "
-          f"ratio_spark_vs_ceiling={C.median(paired):.2f}")
+          f"ratio_tf_vs_ceiling={C.median(paired_tf):.2f} ratio_spark_vs_ceiling={C.median(paired):.2f}")
 
 
 if __name__ == "__main__":

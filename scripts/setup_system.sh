@@ -10,6 +10,10 @@ pkgs=(
   dataset-fashion-mnist               # the main job's data (IDX gzip files)
   libgloo-dev                         # the peer of bench/allreduce.py (Gloo's ring allreduce)
   iproute2                            # ip netns: the two-"host" collective tests
+  zlib1g-dev                          # gzip / zlib TFRecord files (src/record)
+  libcurl4-openssl-dev                # HTTP client of the WebHDFS file system (src/fs)
+  nlohmann-json3-dev                  # WebHDFS's JSON answers (header-only)
+  maven                               # fetches Hadoop's minicluster jars for the HDFS tests (make setup-hdfs)
 )
 command -v java >/dev/null 2>&1 || pkgs+=(openjdk-17-jre-headless)   # Spark 4 needs Java 17
 missing=()

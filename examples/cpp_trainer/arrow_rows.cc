@@ -57,7 +57,7 @@ ember::Status RowDecoder::Append(const std::vector<ember::feed::RowRange>& range
       EMBER_RETURN_NOT_OK(FromArrow((*reader)->ReadNext(&batch), "read a fed record batch"));
       if (batch == nullptr) return ember::Status::Corruption("a fed Arrow IPC stream has no record batch");
       batch_ = std::move(batch);
-      message_ = range.message;
+      owner_ = range.owner;
       message_id_ = range.message_id;
     }
     auto image = batch_->GetColumnByName("image");

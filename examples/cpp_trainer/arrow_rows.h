@@ -38,7 +38,7 @@ class RowDecoder {
 
  private:
   uint64_t message_id_ = 0;
-  std::shared_ptr<const std::vector<uint8_t>> message_;  // keeps batch_'s bytes alive
+  std::shared_ptr<const void> owner_;  // keeps batch_'s bytes alive
   std::shared_ptr<arrow::RecordBatch> batch_;
 };
 

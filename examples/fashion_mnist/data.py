@@ -136,14 +136,27 @@ def _valid_manifest(data_dir: Path, train_shards: int, test_shards: int) -> dict
         return None
 
 
+def is_uri(data_dir: Path | str) -> bool:
+    """``hdfs://...``-style data sets are made elsewhere (e.g. copied up by the caller)."""
+    return "://" in str(data_dir)
+
+
+def absolute(data_dir: Path | str) -> str:
+    """``data_dir`` as an absolute local path, or the URI unchanged."""
+    return str(data_dir) if is_uri(data_dir) else str(Path(data_dir).resolve())
+
+
 def convert(data_dir: Path | str = DEFAULT_DATA_DIR, source_dir: Path | str = SOURCE_DIR,
-            train_shards: int = 8, test_shards: int = 1, force: bool = False) -> dict:
-    """Converts the IDX files in ``source_dir`` into TFRecord shards under ``data_dir``.
+            train_shards: int = 8, test_shards: int = 1, force: bool = False) -> dict | None:
+    """Converts the IDX files in ``source_dir`` into TFRecord shards under ``data_dir``; for a
+    URI ``data_dir`` (``hdfs://...``) does nothing and returns None: the shards are already there.
 
     Skips the work if ``data_dir`` already holds a valid conversion with the same shard counts
     (unless ``force``). Returns the manifest (a dict; ``manifest["converted"]`` tells whether this
     call wrote anything). Raises DataError for a missing or malformed source file.
     """
+    if is_uri(data_dir):
+        return None
     data_dir, source_dir = Path(data_dir).resolve(), Path(source_dir)
     if not force:
         manifest = _valid_manifest(data_dir, train_shards, test_shards)
@@ -179,7 +192,10 @@ def convert(data_dir: Path | str = DEFAULT_DATA_DIR, source_dir: Path | str = SO
 
 
 def shard_paths(data_dir: Path | str, split: str) -> list[str]:
-    """Absolute paths of ``split``'s shards, in order, as recorded in the manifest."""
+    """Absolute paths of ``split``'s shards, in order, as recorded in the manifest.  For a URI
+    (``hdfs://...``): the split's directory, whose files ember.data lists itself."""
+    if is_uri(data_dir):
+        return [f"{str(data_dir).rstrip('/')}/{split}"]
     data_dir = Path(data_dir)
     manifest = json.loads((data_dir / _MANIFEST).read_text())
     return [str(data_dir / split / s["file"]) for s in manifest["splits"][split]["shards"]]
@@ -194,6 +210,22 @@ def shard_examples(data_dir: Path | str, split: str) -> list[int]:
 def num_examples(data_dir: Path | str, split: str) -> int:
     """Number of examples in ``split``, as recorded in the manifest."""
     return sum(shard_examples(data_dir, split))
+
+
+def ember_features() -> dict:
+    """The records' features for ember.data.tfrecord_dataset: the image's 784 bytes as a uint8
+    [28, 28] array (no decode_raw, no copy) and the label."""
+    import tensorflow as tf
+
+    import ember.data
+    return {"image": ember.data.RawBytes(IMAGE_SHAPE), "label": tf.io.FixedLenFeature([], tf.int64)}
+
+
+def parse_batch(batch):
+    """tf.data map function: an ember.data batch -> (float32 [B, 28, 28, 1] in [0, 1], int64 [B])."""
+    import tensorflow as tf
+
+    return tf.cast(batch["image"][..., None], tf.float32) / 255.0, batch["label"]
 
 
 def parse_example(serialized):

@@ -4,7 +4,8 @@
     python examples/fashion_mnist/main.py                          # Spark local[2], 2 nodes
     python examples/fashion_mnist/main.py --master spark://127.0.0.1:7077
 
-Both read the TFRecord shards of data.py with tf.data, train a small CNN, evaluate it on the
+Both read the TFRecord shards of data.py (train_single.py with tf.data, main.py with ember.data,
+whose C++ reader also takes ``--data-dir hdfs://...``), train a small CNN, evaluate it on the
 10,000 test images and print ``test_accuracy=<value>``.  main.py is train_single.py made
 distributed with Ember's synchronous training (InputMode.TENSORFLOW: each node reads its own
 shards); ``diff`` the two files to see what a user changes (python/tests/test_examples.py keeps
@@ -48,10 +49,10 @@ def main_fun(args, ctx):
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
     tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     keras.utils.set_random_seed(args.seed)
-    files = data.shard_paths(args.data_dir, "train")[ctx.training_rank::ctx.num_workers]
-    train = (tf.data.TFRecordDataset(files).map(data.parse_example).cache()
+    files = data.shard_paths(args.data_dir, "train")
+    train = (ember.data.tfrecord_dataset(files, data.ember_features(), 500).map(data.parse_batch).unbatch().cache()
              .shuffle(30_000, seed=args.seed).batch(args.batch_size // ctx.num_workers).prefetch(2))
-    test = tf.data.TFRecordDataset(data.shard_paths(args.data_dir, "test")).map(data.parse_example).batch(1000)
+    test = ember.data.tfrecord_dataset(data.shard_paths(args.data_dir, "test"), data.ember_features(), 1000, shard=(0, 1)).map(data.parse_batch)
 
     model = build_model(keras)
     model.compile(optimizer=ember.keras.DistributedOptimizer(keras.optimizers.Adam(args.learning_rate)),
@@ -83,7 +84,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     data.convert(args.data_dir)  # the TFRecord shards, once
     Path(args.model_dir).mkdir(parents=True, exist_ok=True)
-    args.data_dir, args.model_dir = str(Path(args.data_dir).resolve()), str(Path(args.model_dir).resolve())
+    args.data_dir, args.model_dir = data.absolute(args.data_dir), str(Path(args.model_dir).resolve())
     return args
 
 

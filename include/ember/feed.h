@@ -256,19 +256,21 @@ struct ConsumerOptions {
 };
 
 // Rows handed out: rows [offset, offset + rows) of the record batch in a
-// received batch message.  The bytes are shared-owned: a caller may keep
-// (and wrap without copying) them past later calls.
+// received batch message.  The bytes are shared-owned: `message` stays valid
+// and unchanged while any copy of `owner` lives, so a caller may keep (and
+// wrap without copying) them past later calls, and drop them on any thread.
+// The owner is a lease on the node's ring (the bytes read in place) or a
+// buffer; holding many leases costs the node one copy of them, not a stall.
 struct RowRange {
-  std::shared_ptr<const std::vector<uint8_t>> message;
+  std::shared_ptr<const void> owner;
+  std::span<const uint8_t> message;  // the whole batch message
   size_t ipc_offset = 0;  // the IPC stream is message[ipc_offset:]
   uint64_t message_id = 0;  // the same for every range of one message
   int64_t offset = 0;
   int64_t rows = 0;
   uint32_t partition = 0;
   uint32_t epoch = 0;
-  std::span<const uint8_t> ipc() const {
-    return std::span<const uint8_t>(*message).subspan(ipc_offset);
-  }
+  std::span<const uint8_t> ipc() const { return message.subspan(ipc_offset); }
 };
 
 // Reads a node's ring: decodes every message, keeps partition sessions, the

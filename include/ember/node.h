@@ -56,6 +56,9 @@ struct NodeContext {
   // Name of this node's feed ring (InputMode::kSpark, training roles only); empty if not fed.
   std::string feed_ring;
   std::string default_fs;   // the driver's Hadoop fs.defaultFS, e.g. "file:///"
+  // The NameNode's WebHDFS address, "host:port" (the driver's Hadoop
+  // dfs.namenode.http-address), when default_fs is hdfs://; else empty.
+  std::string hdfs_http_address;
   std::string working_dir;  // the driver's working directory
   std::string log_dir;      // fully qualified log directory (TensorBoard); empty if none
   // Where a Python node writes its traceback when main_fun fails; a binary may

@@ -18,8 +18,8 @@ __version__ = "0.1.0"
 
 def __getattr__(name):
     # ember.keras imports Keras (and with it TensorFlow): only when asked for.
-    if name == "keras":
+    if name in ("keras", "data", "torch", "collective"):
         import importlib
 
-        return importlib.import_module("ember.keras")
+        return importlib.import_module(f"ember.{name}")
     raise AttributeError(f"module 'ember' has no attribute {name!r}")

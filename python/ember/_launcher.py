@@ -62,6 +62,7 @@ class NodeSpec:
     feed_ring_bytes: int = 64 << 20  # InputMode.SPARK: each training node's feed ring
     feed_timeout: float = 600.0      # InputMode.SPARK: how long the feed server waits without progress
     argv: Optional[List[str]] = None  # a program node: the executable and its arguments
+    hdfs_http_address: str = ""  # the NameNode's WebHDFS host:port when default_fs is hdfs://
 
 
 class NodeFailed(RuntimeError):
@@ -343,6 +344,7 @@ class NodeLauncher:
         ctx.input_mode = int(spec.input_mode)
         ctx.feed_ring = feed_ring
         ctx.default_fs = spec.default_fs
+        ctx.hdfs_http_address = spec.hdfs_http_address
         ctx.working_dir = spec.working_dir
         ctx.log_dir = log_dir or ""
         ctx.traceback_path = traceback_path

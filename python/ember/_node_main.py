@@ -43,6 +43,8 @@ def _run() -> int:
     from ember.context import Context
 
     ctx = Context.from_node_context(node)
+    from ember import context
+    context._current = ctx  # ember.data and friends find the node's context
     from ember import collective
     if ctx.training_rank is not None:
         collective.set_default(ctx.communicator)  # ember.keras / ember.torch find the job's nodes

@@ -29,7 +29,7 @@ import uuid
 import weakref
 from typing import Any, Callable, List, Optional, Sequence, Union
 
-from ember import _ember, _feed_driver, _feeding, config
+from ember import _ember, _feed_driver, _feeding, _hadoop, config
 from ember._console import Console
 from ember._launcher import NodeSpec
 from ember._names import TENSORBOARD_URL_KEY, WORKER_ROLES
@@ -403,11 +403,12 @@ class Cluster:
         host = (config.get("coordinator_host", sc) or sc.getConf().get("spark.driver.host", None)
                 or socket.gethostname())
         self.coordinator_address = f"{host}:{self._server.port}"
-        default_fs = sc._jsc.hadoopConfiguration().get("fs.defaultFS") or "file:///"
+        default_fs, hdfs_http_address = _hadoop.spark_fs_conf(sc)
         spec = NodeSpec(
             job_id=self.job_id, coordinator_host=host, coordinator_port=self._server.port,
             secret=self._secret, payload=payload,
-            num_nodes=self.num_nodes, default_fs=default_fs, working_dir=os.getcwd(),
+            num_nodes=self.num_nodes, default_fs=default_fs, hdfs_http_address=hdfs_http_address,
+            working_dir=os.getcwd(),
             log_dir=self.log_dir, tensorboard=tensorboard, input_mode=int(self.input_mode),
             reservation_timeout=float(reservation_timeout), connect_timeout=float(connect_timeout),
             kill_grace_secs=float(config.get("kill_grace_secs", sc)),

@@ -18,6 +18,14 @@ _SCHEME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 _FS_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://([^/]*)(.*)$")
 
 
+_current: Optional["Context"] = None  # set by the node process (ember._node_main)
+
+
+def current() -> Optional["Context"]:
+    """The Context of the node this process runs, or None outside a node."""
+    return _current
+
+
 def absolute_path(path: str, default_fs: Optional[str], working_dir: str) -> str:
     """A fully qualified URI for `path`, with TFoS ``hdfs_path`` semantics.
 
@@ -61,6 +69,8 @@ class Context:
         cluster_spec: ``{role: ["host:port", ...]}`` for every node of the job.
         num_workers: number of training nodes (chief + master + worker), as in TFoS.
         default_fs: the driver's Hadoop ``fs.defaultFS`` (e.g. ``file:///``).
+        hdfs_http_address: the NameNode's WebHDFS ``host:port`` (the driver's
+            ``dfs.namenode.http-address``) when default_fs is ``hdfs://``, else "".
         working_dir: the driver's working directory.
         log_dir: fully qualified log directory (TensorBoard), or None.
         input_mode: the job's InputMode.
@@ -71,12 +81,13 @@ class Context:
                  cluster_spec: Dict[str, List[str]], default_fs: str, working_dir: str,
                  log_dir: Optional[str] = None, input_mode: InputMode = InputMode.TENSORFLOW,
                  job_id: str = "", coordinator: Optional[tuple] = None,
-                 feed_ring: Optional[str] = None):
+                 feed_ring: Optional[str] = None, hdfs_http_address: str = ""):
         self.executor_id = executor_id
         self.job_name = job_name
         self.task_index = task_index
         self.cluster_spec = cluster_spec
         self.default_fs = default_fs
+        self.hdfs_http_address = hdfs_http_address
         self.working_dir = working_dir
         self.input_mode = InputMode(input_mode)
         self.job_id = job_id
@@ -101,7 +112,7 @@ class Context:
                    job_id=node.job_id,
                    coordinator=(node.coordinator_host, node.coordinator_port, node.secret,
                                 node.connect_timeout),
-                   feed_ring=node.feed_ring or None)
+                   feed_ring=node.feed_ring or None, hdfs_http_address=node.hdfs_http_address)
 
     @property
     def worker_num(self) -> int:

@@ -26,7 +26,8 @@ import pyarrow as pa
 from ember import _arrow_rows as rows_mod
 from ember import errors
 
-_DECODED_CACHE = 16  # received batches kept decoded (a batch is handed out over several calls)
+_DECODED_CACHE = 4  # received batches kept decoded (a batch is handed out over several calls; few,
+                    # since a kept batch pins ring bytes: see FeedConsumer in include/ember/feed.h)
 _RUN_BATCHES = 64    # epoch_batches asks the core for up to this many batches per call
 
 

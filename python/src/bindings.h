@@ -96,5 +96,9 @@ void BindFeed(nb::module_& m);
 void BindNode(nb::module_& m);
 // Defined in collective_binding.cc: Communicator, its options and stores.
 void BindCollective(nb::module_& m);
+// fs_binding.cc: ResolveOptions and the fs_* functions over URIs.
+void BindFileSystem(nb::module_& m);
+// data_binding.cc: ExampleDataset, ExampleWriter, fs_glob, infer_example_schema.
+void BindDataset(nb::module_& m);
 
 }  // namespace ember::python

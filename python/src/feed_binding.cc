@@ -123,6 +123,17 @@ nb::object SharedArray(std::shared_ptr<const std::vector<uint8_t>> bytes, size_t
   return nb::cast(nb::ndarray<nb::numpy, const uint8_t, nb::ndim<1>>(data, {size}, owner));
 }
 
+// `bytes` as a read-only uint8 numpy array that keeps `owner` (a ring lease
+// or a buffer) alive until the array and every view of it (pyarrow buffers,
+// numpy slices) are collected, on whichever thread drops the last one.
+nb::object SharedArray(std::shared_ptr<const void> owner, std::span<const uint8_t> bytes) {
+  auto* holder = new std::shared_ptr<const void>(std::move(owner));
+  nb::capsule capsule(holder, [](void* p) noexcept { delete static_cast<std::shared_ptr<const void>*>(p); });
+  static const uint8_t kEmpty = 0;
+  const uint8_t* data = bytes.empty() ? &kEmpty : bytes.data();
+  return nb::cast(nb::ndarray<nb::numpy, const uint8_t, nb::ndim<1>>(data, {bytes.size()}, capsule));
+}
+
 // shm::Ring::Close() is safe while other threads use the ring (its class
 // comment), so Python's close() needs no lock of its own.
 void BindShmRing(nb::module_& m) {
@@ -531,7 +542,7 @@ void BindFeedContract(nb::module_& m) {
       .def_ro("rows", &feed::RowRange::rows)
       .def_ro("partition", &feed::RowRange::partition)
       .def_ro("epoch", &feed::RowRange::epoch)
-      .def("ipc", [](const feed::RowRange& r) { return SharedArray(r.message, r.ipc_offset); },
+      .def("ipc", [](const feed::RowRange& r) { return SharedArray(r.owner, r.ipc()); },
            "The whole batch's IPC stream as a read-only uint8 numpy array (no copy).");
 
   nb::class_<Consumer>(m, "FeedConsumer", "The node's end of the feed (ember/feed.h Consumer).  Not thread-safe.")

@@ -85,4 +85,6 @@ NB_MODULE(_ember, m) {
   ember::python::BindFeed(m);
   ember::python::BindNode(m);
   ember::python::BindCollective(m);
+  ember::python::BindFileSystem(m);  // before BindDataset: its functions take ResolveOptions
+  ember::python::BindDataset(m);
 }

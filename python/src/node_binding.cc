@@ -46,6 +46,7 @@ void BindNode(nb::module_& m) {
           [](NodeContext& c, int mode) { c.input_mode = static_cast<InputMode>(mode); })
       .def_rw("feed_ring", &NodeContext::feed_ring)
       .def_rw("default_fs", &NodeContext::default_fs)
+      .def_rw("hdfs_http_address", &NodeContext::hdfs_http_address)
       .def_rw("working_dir", &NodeContext::working_dir)
       .def_rw("log_dir", &NodeContext::log_dir)
       .def_rw("traceback_path", &NodeContext::traceback_path)

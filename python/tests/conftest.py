@@ -134,3 +134,30 @@ def no_leftovers(job_id: str, timeout: float = 20.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"shared memory of job {job_id} left after {timeout}s: {shm_of_job(job_id)}")
         time.sleep(0.2)
+
+
+@pytest.fixture(scope="session")
+def hdfs():
+    """A real HDFS (NameNode + DataNode on loopback, python/tests/hdfs_cluster.py), shared by the
+    session's tests and stopped at its end; `make setup-hdfs` fetches its jars."""
+    from hdfs_cluster import HdfsCluster
+    with HdfsCluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def spark_on_hdfs(spark, hdfs):
+    """The module's SparkSession with fs.defaultFS and dfs.namenode.http-address naming `hdfs`
+    for the test (restored after), as a cluster with HDFS configured would have them."""
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    saved = {k: conf.get(k) for k in ("fs.defaultFS", "dfs.namenode.http-address")}
+    conf.set("fs.defaultFS", hdfs.default_fs)
+    conf.set("dfs.namenode.http-address", hdfs.http_address)
+    try:
+        yield spark
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                conf.unset(k)
+            else:
+                conf.set(k, v)

@@ -17,40 +17,10 @@
 namespace ember::feed {
 namespace {
 
-// Buffers for received messages, recycled.  A fresh vector per message (a few
-// MB each) costs a page fault per 4 KiB and resize()'s zeroing of every byte
-// before the ring copies the message in: measured in bench/feed_stages.py,
-// about a third of a node's read path.  A payload goes back to the pool when
-// its last holder (the consumer, a RowRange, a Python array) lets go, on any
-// thread.  Thread-safe.
-class BufferPool : public std::enable_shared_from_this<BufferPool> {
- public:
-  std::shared_ptr<std::vector<uint8_t>> Get() {
-    std::unique_ptr<std::vector<uint8_t>> buffer;
-    {
-      MutexLock lock(&mu_);
-      if (!free_.empty()) {
-        buffer = std::move(free_.back());
-        free_.pop_back();
-      }
-    }
-    if (!buffer) buffer = std::make_unique<std::vector<uint8_t>>();
-    std::weak_ptr<BufferPool> pool = weak_from_this();
-    return std::shared_ptr<std::vector<uint8_t>>(buffer.release(), [pool](std::vector<uint8_t>* b) {
-      std::unique_ptr<std::vector<uint8_t>> owned(b);
-      if (auto p = pool.lock()) p->Put(std::move(owned));
-    });
-  }
-
- private:
-  static constexpr size_t kMaxFree = 8;
-  void Put(std::unique_ptr<std::vector<uint8_t>> buffer) {
-    MutexLock lock(&mu_);
-    if (free_.size() < kMaxFree) free_.push_back(std::move(buffer));
-  }
-  Mutex mu_;
-  std::vector<std::unique_ptr<std::vector<uint8_t>>> free_ GUARDED_BY(mu_);
-};
+// Messages are leased from the ring (read in place, ring.h).  Leases that
+// pin more than this share of the ring are revoked (copied once into private
+// pages), so a node that keeps every batch alive never stalls its producers.
+constexpr uint64_t kPinnedShare = 2;  // capacity / kPinnedShare
 
 // One partition being fed to this node (inference: its rows get answers).
 struct Session {
@@ -70,7 +40,8 @@ struct Event {
   bool is_rows = false;
   std::shared_ptr<Session> session;
   uint32_t epoch = 0;
-  std::shared_ptr<const std::vector<uint8_t>> message;
+  std::shared_ptr<const void> owner;  // keeps `message` valid
+  std::span<const uint8_t> message;
   uint64_t message_id = 0;
   int64_t offset = 0;
   int64_t rows = 0;
@@ -92,7 +63,6 @@ class Consumer::Impl {
   std::optional<uint32_t> current_epoch;    // the one NextEpochBatch hands out now
   int64_t epoch_taken = 0;
   uint64_t next_message_id = 1;
-  std::shared_ptr<BufferPool> buffers = std::make_shared<BufferPool>();
 
   std::string Node() const { return "node " + options.node; }
 
@@ -100,7 +70,7 @@ class Consumer::Impl {
 
   // Reads and handles one message; false at the end of the feed.
   Result<bool> ReadMessage();
-  Status Handle(uint32_t kind, std::shared_ptr<std::vector<uint8_t>> payload);
+  Status Handle(uint32_t kind, std::shared_ptr<const void> owner, std::span<const uint8_t> payload);
   std::shared_ptr<Session> GetSession(uint32_t partition, uint32_t epoch);
   Result<std::vector<RowRange>> Take(int64_t n, bool stop_at_partition, std::optional<uint32_t> epoch);
   Result<std::optional<uint32_t>> NextEpoch();
@@ -115,9 +85,11 @@ class Consumer::Impl {
 
 Result<bool> Consumer::Impl::ReadMessage() {
   if (end_of_feed || terminated) return false;
-  uint32_t kind = 0;
-  std::shared_ptr<std::vector<uint8_t>> payload = buffers->Get();
-  Status st = ring->Read(&kind, payload.get(), Deadline::After(options.read_timeout));
+  if (ring->pinned_bytes() > ring->capacity() / kPinnedShare) {
+    EMBER_RETURN_NOT_OK(ring->RevokeLeases().WithContext(Node()));
+  }
+  std::shared_ptr<const shm::RingLease> lease;
+  Status st = ring->ReadLease(&lease, Deadline::After(options.read_timeout));
   if (st.code() == StatusCode::kDeadlineExceeded) {
     return Status::DeadlineExceeded(Node() + ": no data arrived from Spark for " +
                                     FormatDuration(options.read_timeout) +
@@ -125,7 +97,9 @@ Result<bool> Consumer::Impl::ReadMessage() {
                                     "timeout to ctx.get_data_feed()");
   }
   if (!st.ok()) return st.WithContext(Node());
-  EMBER_RETURN_NOT_OK(Handle(kind, std::move(payload)));
+  const uint32_t kind = lease->kind();
+  const std::span<const uint8_t> payload = lease->payload();
+  EMBER_RETURN_NOT_OK(Handle(kind, std::move(lease), payload));
   return true;
 }
 
@@ -139,11 +113,11 @@ std::shared_ptr<Session> Consumer::Impl::GetSession(uint32_t partition, uint32_t
   return s;
 }
 
-Status Consumer::Impl::Handle(uint32_t kind, std::shared_ptr<std::vector<uint8_t>> payload) {
+Status Consumer::Impl::Handle(uint32_t kind, std::shared_ptr<const void> owner, std::span<const uint8_t> payload) {
   auto where = [&](const Status& st) { return st.WithContext(Node()); };
   switch (static_cast<FeedKind>(kind)) {
     case FeedKind::kBatch: {
-      Result<BatchHeader> h = DecodeBatch(*payload);
+      Result<BatchHeader> h = DecodeBatch(payload);
       if (!h.ok()) return where(h.status());
       if (h->rows == 0) return Status::OK();
       std::shared_ptr<Session> session = GetSession(h->partition, h->epoch);
@@ -153,14 +127,15 @@ Status Consumer::Impl::Handle(uint32_t kind, std::shared_ptr<std::vector<uint8_t
       e.is_rows = true;
       e.session = std::move(session);
       e.epoch = h->epoch;
-      e.message = std::move(payload);
+      e.owner = std::move(owner);
+      e.message = payload;
       e.message_id = next_message_id++;
       e.rows = h->rows;
       events.push_back(std::move(e));
       return Status::OK();
     }
     case FeedKind::kEndPartition: {
-      Result<EndPartitionMsg> m = DecodeEndPartition(*payload);
+      Result<EndPartitionMsg> m = DecodeEndPartition(payload);
       if (!m.ok()) return where(m.status());
       std::shared_ptr<Session> session = GetSession(m->partition, m->epoch);
       session->rows = session->received;
@@ -174,7 +149,7 @@ Status Consumer::Impl::Handle(uint32_t kind, std::shared_ptr<std::vector<uint8_t
       return MaybeFinish(session);
     }
     case FeedKind::kBeginPartition: {
-      Result<BeginPartition> m = DecodeBeginPartition(*payload);
+      Result<BeginPartition> m = DecodeBeginPartition(payload);
       if (!m.ok()) return where(m.status());
       auto session = std::make_shared<Session>();
       session->partition = m->partition;
@@ -196,13 +171,13 @@ Status Consumer::Impl::Handle(uint32_t kind, std::shared_ptr<std::vector<uint8_t
       return Status::OK();
     }
     case FeedKind::kEndEpoch: {
-      Result<EndEpochMsg> m = DecodeEndEpoch(*payload);
+      Result<EndEpochMsg> m = DecodeEndEpoch(payload);
       if (!m.ok()) return where(m.status());
       epochs[m->epoch].SetPartitions(m->partitions);
       return Status::OK();
     }
     case FeedKind::kEndFeed:
-      EMBER_RETURN_NOT_OK(where(DecodeEndFeed(*payload)));
+      EMBER_RETURN_NOT_OK(where(DecodeEndFeed(payload)));
       end_of_feed = true;
       return Status::OK();
     default:
@@ -237,6 +212,7 @@ Result<std::vector<RowRange>> Consumer::Impl::Take(int64_t n, bool stop_at_parti
     if (!options.train_mode) EMBER_RETURN_NOT_OK(CheckPreviousAnswered(e.session.get()));
     const int64_t k = std::min(n - count, e.rows);
     RowRange r;
+    r.owner = e.owner;
     r.message = e.message;
     r.ipc_offset = kBatchHeaderBytes;
     r.message_id = e.message_id;
@@ -422,6 +398,7 @@ Result<std::optional<RowRange>> Consumer::PeekRow() {
     for (const Event& e : s.events) {
       if (e.is_rows && !s.Stale(e)) {
         RowRange r;
+        r.owner = e.owner;
         r.message = e.message;
         r.ipc_offset = kBatchHeaderBytes;
         r.message_id = e.message_id;

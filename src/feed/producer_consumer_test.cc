@@ -585,3 +585,59 @@ TEST_P(FeedTest, OversizeBatchesAreRefusedWithTheLimit) {
 
 }  // namespace
 }  // namespace ember::feed
+
+// The node reads messages in place (ring leases).  A node that keeps every
+// batch it got alive must neither stall its producers (leases past the
+// consumer's bound are revoked into private copies) nor see its kept bytes
+// change when the ring reuses them.
+namespace ember::feed {
+namespace {
+
+// An "IPC stream" of `bytes` bytes: the first row's value, then a pattern of it.
+std::vector<uint8_t> PaddedIpc(int64_t first, size_t bytes) {
+  std::vector<uint8_t> v(bytes);
+  std::memcpy(v.data(), &first, 8);
+  for (size_t i = 8; i < bytes; ++i) v[i] = static_cast<uint8_t>(first * 7 + i);
+  return v;
+}
+
+TEST_P(FeedTest, KeepingEveryBatchOfAnEpochBiggerThanTheRingNeitherStallsNorCorrupts) {
+  constexpr size_t kRing = 16 << 10;
+  constexpr size_t kIpc = 1000;
+  constexpr int64_t kRows = 10, kMessages = 200;  // 200 KB through a 16 KiB ring
+  StartNodes(1, kRing);
+  std::thread feeder([&] {
+    auto producer = Producer::Open(Endpoints(), 0, 0, 0, Options());
+    ASSERT_TRUE(producer.ok()) << producer.status().ToString();
+    for (int64_t m = 0; m < kMessages; ++m) {
+      ASSERT_TRUE((*producer)->SendBatch(0, PaddedIpc(m * kRows, kIpc), kRows).ok()) << m;
+    }
+    ASSERT_TRUE((*producer)->EndPartition().ok());
+    EndEpochAll(0, 1);
+  });
+  auto c = OpenConsumer(0);
+  ASSERT_TRUE(c->BeginEpoch().ok());
+  std::vector<RowRange> kept;
+  for (;;) {
+    auto batch = c->NextEpochBatch(25, false);
+    ASSERT_TRUE(batch.ok()) << batch.status().ToString();
+    if (batch->empty()) break;
+    for (RowRange& r : *batch) kept.push_back(std::move(r));
+  }
+  feeder.join();
+  std::vector<int64_t> values = Values(kept);
+  ASSERT_EQ(values.size(), static_cast<size_t>(kRows * kMessages));
+  for (size_t i = 0; i < values.size(); ++i) ASSERT_EQ(values[i], static_cast<int64_t>(i));
+  for (const RowRange& r : kept) {
+    auto want = PaddedIpc(FirstValue(r.ipc()), kIpc);
+    ASSERT_TRUE(std::equal(want.begin(), want.end(), r.ipc().begin(), r.ipc().end())) << FirstValue(r.ipc());
+  }
+  // Ranges outlive the consumer and its ring.
+  c.reset();
+  nodes_[0]->server->Close();
+  nodes_[0]->ring->Close();
+  EXPECT_EQ(FirstValue(kept.back().ipc()), (kMessages - 1) * kRows);
+}
+
+}  // namespace
+}  // namespace ember::feed

@@ -84,6 +84,7 @@ Result<std::string> EncodeStartup(const NodeContext& c) {
                             {"secret", c.secret.size()},
                             {"feed_ring", c.feed_ring.size()},
                             {"default_fs", c.default_fs.size()},
+                            {"hdfs_http_address", c.hdfs_http_address.size()},
                             {"working_dir", c.working_dir.size()},
                             {"log_dir", c.log_dir.size()},
                             {"traceback_path", c.traceback_path.size()},
@@ -117,6 +118,7 @@ Result<std::string> EncodeStartup(const NodeContext& c) {
   w.PutU8(static_cast<uint8_t>(c.input_mode));
   w.PutString(c.feed_ring);
   w.PutString(c.default_fs);
+  w.PutString(c.hdfs_http_address);
   w.PutString(c.working_dir);
   w.PutString(c.log_dir);
   w.PutString(c.traceback_path);
@@ -172,6 +174,7 @@ Result<NodeContext> DecodeStartup(std::string_view bytes) {
   c.input_mode = static_cast<InputMode>(mode);
   EMBER_RETURN_NOT_OK(Field(r, "feed_ring", &c.feed_ring, &codec::Reader::GetString));
   EMBER_RETURN_NOT_OK(Field(r, "default_fs", &c.default_fs, &codec::Reader::GetString));
+  EMBER_RETURN_NOT_OK(Field(r, "hdfs_http_address", &c.hdfs_http_address, &codec::Reader::GetString));
   EMBER_RETURN_NOT_OK(Field(r, "working_dir", &c.working_dir, &codec::Reader::GetString));
   EMBER_RETURN_NOT_OK(Field(r, "log_dir", &c.log_dir, &codec::Reader::GetString));
   EMBER_RETURN_NOT_OK(Field(r, "traceback_path", &c.traceback_path, &codec::Reader::GetString));

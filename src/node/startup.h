@@ -21,7 +21,7 @@
 namespace ember::node {
 
 inline constexpr char kStartupMagic[4] = {'E', 'M', 'B', 'N'};
-inline constexpr uint16_t kStartupVersion = 1;
+inline constexpr uint16_t kStartupVersion = 2;  // 2: hdfs_http_address
 
 // The message for `context`.  InvalidArgument if a field cannot be
 // represented (negative ids or timeout, a port outside 0..65535, a string or

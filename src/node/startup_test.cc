@@ -21,6 +21,7 @@ NodeContext FullContext() {
   c.input_mode = InputMode::kSpark;
   c.feed_ring = "/ember-0123456789ab-3";
   c.default_fs = "hdfs://nn:8020";
+  c.hdfs_http_address = "nn:9870";
   c.working_dir = "/home/me/job";
   c.log_dir = "hdfs://nn:8020/logs";
   c.traceback_path = "/tmp/ember-x/traceback.txt";
@@ -69,11 +70,13 @@ TEST(NodeStartupTest, AnotherVersionIsNamed) {
   auto bytes = EncodeStartup(FullContext());
   ASSERT_TRUE(bytes.ok());
   std::string other = *bytes;
-  other[4] = 2;  // u16 version follows the 4-byte magic
+  other[4] = static_cast<char>(kStartupVersion + 1);  // u16 version follows the 4-byte magic
   auto r = DecodeStartup(other);
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(r.status().message().find("version 2"), std::string::npos) << r.status().message();
-  EXPECT_NE(r.status().message().find("version 1"), std::string::npos) << r.status().message();
+  const std::string theirs = "version " + std::to_string(kStartupVersion + 1);
+  const std::string ours = "version " + std::to_string(kStartupVersion);
+  EXPECT_NE(r.status().message().find(theirs), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find(ours), std::string::npos) << r.status().message();
 }
 
 TEST(NodeStartupTest, WrongMagicIsCorruption) {
@@ -102,7 +105,7 @@ std::string Message(int32_t executor_id, int32_t port, int64_t timeout_ms, uint8
   w.PutString("secret");
   w.PutI64(timeout_ms);
   w.PutU8(mode);
-  for (int i = 0; i < 6; ++i) w.PutString("");
+  for (int i = 0; i < 7; ++i) w.PutString("");  // feed_ring .. payload
   return w.Release();
 }
 

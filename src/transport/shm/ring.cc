@@ -2,6 +2,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+#include <deque>
 
 #include "common/logging.h"
 
@@ -16,7 +18,7 @@ namespace ember::shm {
 
 namespace {
 constexpr uint64_t kMagic = 0x31474e4952424d45ull;  // "EMBRING1"
-constexpr uint32_t kVersion = 2;  // 2: 1 KiB abort reason
+constexpr uint32_t kVersion = 3;  // 2: 1 KiB abort reason; 3: read position, page-aligned data
 constexpr uint32_t kWrapMarker = 0xffffffffu;  // rest of the ring up to its end is unused
 constexpr size_t kRecordHeader = 8;           // u32 payload length, u32 kind
 constexpr size_t kMinCapacity = 4096;
@@ -25,6 +27,9 @@ constexpr size_t kReasonBytes = 1024;  // who failed and why (the last line of a
 constexpr int64_t kLivenessCheckMs = 100;
 
 size_t Align8(size_t n) { return (n + 7) & ~size_t{7}; }
+constexpr size_t kPage = 4096;  // data starts on a page of its own (RevokeLeases remaps data pages)
+size_t PageSize() { return static_cast<size_t>(sysconf(_SC_PAGESIZE)); }
+size_t PageRound(size_t n) { return (n + PageSize() - 1) & ~(PageSize() - 1); }
 }  // namespace
 
 // Lives at the start of the shared segment; the data area follows it.
@@ -39,12 +44,44 @@ struct RingHeader {
   pthread_cond_t not_full;    // producers wait; CLOCK_MONOTONIC
   pthread_mutex_t session_mu; // robust, process-shared; see LockSession()
   uint64_t head;              // next byte producers write     (guarded by mu)
-  uint64_t tail;              // next byte the consumer reads  (guarded by mu)
+  uint64_t tail;              // end of the bytes producers may not reuse (guarded by mu)
+  uint64_t read;              // next byte the consumer reads, >= tail (guarded by mu)
   int64_t consumer_pid;
   uint32_t aborted;           // guarded by mu
   uint32_t terminated;        // guarded by mu
   char abort_reason[kReasonBytes];
-  alignas(64) uint8_t data[];
+  alignas(kPage) uint8_t data[];
+};
+
+// A mapping of the whole segment that leases point into.  RevokeLeases may
+// have replaced some of its data pages with private copies; unmapped when
+// the last lease into it (or the Book, while current) goes.
+struct RingLease::View {
+  uint8_t* base = nullptr;
+  size_t size = 0;
+  View() = default;
+  View(const View&) = delete;
+  View& operator=(const View&) = delete;
+  ~View() {
+    if (base != nullptr) ::munmap(base, size);
+  }
+};
+
+// The consumer's leases, shared by its Ring and every lease, so that a lease
+// may be released after the Ring is gone.  Fields are guarded by header->mu,
+// the ring's robust mutex, which `mapping` keeps mapped.
+struct RingLease::Book {
+  struct Entry {
+    uint64_t start;  // ring byte counters of the record, wrap marker before it excluded
+    uint64_t end;
+    bool released;
+  };
+  std::shared_ptr<Mapping> mapping;
+  RingHeader* header = nullptr;
+  std::shared_ptr<View> view;  // where new leases point; made on the first lease
+  uint64_t generation = 0;     // bumped by RevokeLeases: older leases no longer pin
+  uint64_t first = 0;          // index of entries.front() since the generation began
+  std::deque<Entry> entries;   // in read order
 };
 
 namespace {
@@ -93,6 +130,24 @@ size_t Ring::MaxPayload(size_t capacity) {
   return Align8(capacity) / 2 - kRecordHeader;
 }
 
+RingLease::~RingLease() {
+  if (!book_) return;
+  RingHeader* h = book_->header;
+  RobustLock lock(&h->mu);
+  Book& b = *book_;
+  if (generation_ != b.generation) return;  // revoked: its bytes are private now
+  b.entries[index_ - b.first].released = true;
+  while (!b.entries.empty() && b.entries.front().released) {
+    b.entries.pop_front();
+    ++b.first;
+  }
+  const uint64_t tail = b.entries.empty() ? h->read : b.entries.front().start;
+  if (tail != h->tail) {
+    h->tail = tail;
+    pthread_cond_broadcast(&h->not_full);
+  }
+}
+
 // A public method's stay on the ring: while one exists, Close() does not
 // unmap.  ok() is false once Close() began; the method then returns
 // ClosedStatus() without touching the segment.
@@ -117,9 +172,13 @@ class Ring::Call {
 Ring::Ring(std::string name, SharedMemory segment, Mapping mapping)
     : name_(std::move(name)),
       segment_(std::move(segment)),
-      mapping_(std::move(mapping)),
-      header_(static_cast<RingHeader*>(mapping_.data())),
-      capacity_(header_->capacity) {}
+      mapping_(std::make_shared<Mapping>(std::move(mapping))),
+      header_(static_cast<RingHeader*>(mapping_->data())),
+      book_(std::make_shared<RingLease::Book>()),
+      capacity_(header_->capacity) {
+  book_->mapping = mapping_;
+  book_->header = header_;
+}
 
 Ring::~Ring() { Close(); }
 
@@ -147,7 +206,7 @@ Result<std::unique_ptr<Ring>> Ring::Create(const std::string& name, size_t capac
   auto* h = static_cast<RingHeader*>(mapping.data());
   h->version = kVersion;
   h->capacity = capacity;
-  h->head = h->tail = 0;
+  h->head = h->tail = h->read = 0;
   h->consumer_pid = getpid();
   h->aborted = 0;
   h->terminated = 0;
@@ -326,24 +385,26 @@ Status Ring::Read(uint32_t* kind, std::vector<uint8_t>* payload, Deadline deadli
   for (;;) {
     if (closing_) return ClosedStatus();
     if (h->aborted) return Status::Aborted("feed ring " + name_ + ": " + h->abort_reason);
-    if (h->head != h->tail) {
-      uint64_t pos = h->tail % cap;
+    if (h->head != h->read) {
+      uint64_t pos = h->read % cap;
       uint32_t len;
       std::memcpy(&len, h->data + pos, 4);
       if (len == kWrapMarker) {
-        h->tail += cap - pos;
+        h->read += cap - pos;
+        UpdateTailLocked();
         continue;
       }
-      // Only this process writes tail and only producers write records, so a
+      // Only this process writes read and only producers write records, so a
       // record header that does not fit says the segment was overwritten.
-      if (len > MaxPayload(cap) || h->head - h->tail < kRecordHeader + Align8(len)) {
+      if (len > MaxPayload(cap) || h->head - h->read < kRecordHeader + Align8(len)) {
         return Status::Corruption("feed ring " + name_ + ": record at offset " + std::to_string(pos) +
                                   " claims " + std::to_string(len) + " bytes");
       }
       std::memcpy(kind, h->data + pos + 4, 4);
       payload->resize(len);
       if (len > 0) std::memcpy(payload->data(), h->data + pos + kRecordHeader, len);
-      h->tail += kRecordHeader + Align8(len);
+      h->read += kRecordHeader + Align8(len);
+      UpdateTailLocked();
       pthread_cond_broadcast(&h->not_full);
       return Status::OK();
     }
@@ -352,6 +413,122 @@ Status Ring::Read(uint32_t* kind, std::vector<uint8_t>* payload, Deadline deadli
     }
     TimedWait(&h->not_empty, &h->mu, deadline);
   }
+}
+
+void Ring::UpdateTailLocked() {
+  const RingLease::Book& b = *book_;
+  header_->tail = b.entries.empty() ? header_->read : b.entries.front().start;
+}
+
+Status Ring::ReadLease(std::shared_ptr<const RingLease>* out, Deadline deadline) {
+  Call call(this);
+  if (!call.ok()) return ClosedStatus();
+  RingHeader* h = header_;
+  const uint64_t cap = capacity_;
+  RingLease::Book& b = *book_;
+  RobustLock lock(&h->mu);
+  for (;;) {
+    if (closing_) return ClosedStatus();
+    if (h->aborted) return Status::Aborted("feed ring " + name_ + ": " + h->abort_reason);
+    if (h->head != h->read) {
+      const uint64_t pos = h->read % cap;
+      uint32_t len;
+      std::memcpy(&len, h->data + pos, 4);
+      if (len == kWrapMarker) {
+        h->read += cap - pos;
+        UpdateTailLocked();
+        continue;
+      }
+      if (len > MaxPayload(cap) || h->head - h->read < kRecordHeader + Align8(len)) {
+        return Status::Corruption("feed ring " + name_ + ": record at offset " + std::to_string(pos) +
+                                  " claims " + std::to_string(len) + " bytes");
+      }
+      if (!b.view) {
+        // A second mapping of the same pages (mremap(2) with old_size 0), so
+        // that RevokeLeases can swap pages under leases without touching the
+        // ring's own mapping.
+        const size_t size = PageRound(mapping_->size());
+        void* p = ::mremap(mapping_->data(), 0, size, MREMAP_MAYMOVE);
+        if (p == MAP_FAILED) return Status::FromErrno(errno, "feed ring " + name_ + ": mapping a lease view");
+        b.view = std::make_shared<RingLease::View>();
+        b.view->base = static_cast<uint8_t*>(p);
+        b.view->size = size;
+      }
+      auto lease = std::shared_ptr<RingLease>(new RingLease());
+      lease->book_ = book_;
+      lease->view_ = b.view;
+      lease->generation_ = b.generation;
+      lease->index_ = b.first + b.entries.size();
+      std::memcpy(&lease->kind_, h->data + pos + 4, 4);
+      const size_t data_offset = static_cast<size_t>(h->data - reinterpret_cast<uint8_t*>(h));
+      lease->payload_ = std::span<const uint8_t>(b.view->base + data_offset + pos + kRecordHeader, len);
+      const uint64_t record = kRecordHeader + Align8(len);
+      b.entries.push_back({h->read, h->read + record, false});
+      h->read += record;
+      UpdateTailLocked();
+      pthread_cond_broadcast(&h->not_full);
+      *out = std::move(lease);
+      return Status::OK();
+    }
+    if (deadline.expired()) {
+      return Status::DeadlineExceeded("feed ring " + name_ + ": no data arrived before the deadline");
+    }
+    TimedWait(&h->not_empty, &h->mu, deadline);
+  }
+}
+
+uint64_t Ring::pinned_bytes() {
+  Call call(this);
+  if (!call.ok()) return 0;
+  RobustLock lock(&header_->mu);
+  return book_->entries.empty() ? 0 : header_->read - book_->entries.front().start;
+}
+
+namespace {
+// Replaces the pages of `base` covering bytes [from, to) with private copies
+// of themselves, in one step (mremap over them), so readers of those
+// addresses on other threads see the same bytes throughout.
+Status Privatize(uint8_t* base, size_t from, size_t to) {
+  const size_t lo = from & ~(PageSize() - 1);
+  const size_t len = PageRound(to) - lo;
+  void* copy = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (copy == MAP_FAILED) return Status::FromErrno(errno, "mmap of a lease copy");
+  std::memcpy(copy, base + lo, len);
+  if (::mremap(copy, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, base + lo) == MAP_FAILED) {
+    const int err = errno;
+    ::munmap(copy, len);
+    return Status::FromErrno(err, "mremap of a lease copy");
+  }
+  return Status::OK();
+}
+}  // namespace
+
+Status Ring::RevokeLeases() {
+  Call call(this);
+  if (!call.ok()) return ClosedStatus();
+  RobustLock lock(&header_->mu);
+  return RevokeLeasesLocked();
+}
+
+Status Ring::RevokeLeasesLocked() {
+  RingHeader* h = header_;
+  const uint64_t cap = capacity_;
+  RingLease::Book& b = *book_;
+  if (b.entries.empty()) return Status::OK();
+  // Every current lease lies in [start, read): at most two pieces of the data area.
+  const uint64_t start = b.entries.front().start % cap;
+  const uint64_t n = h->read - b.entries.front().start;
+  const size_t data_offset = static_cast<size_t>(h->data - reinterpret_cast<uint8_t*>(h));
+  const uint64_t first_end = std::min<uint64_t>(cap, start + n);
+  EMBER_RETURN_NOT_OK(Privatize(b.view->base, data_offset + start, data_offset + first_end));
+  if (start + n > cap) EMBER_RETURN_NOT_OK(Privatize(b.view->base, data_offset, data_offset + (start + n - cap)));
+  b.view.reset();  // later leases get a fresh view; the old one lives on in its leases
+  ++b.generation;
+  b.first = 0;
+  b.entries.clear();
+  UpdateTailLocked();
+  pthread_cond_broadcast(&h->not_full);
+  return Status::OK();
 }
 
 void Ring::Abort(const std::string& reason) {
@@ -385,7 +562,8 @@ void Ring::Terminate() {
   if (!call.ok()) return;
   RobustLock lock(&header_->mu);
   header_->terminated = 1;
-  header_->tail = header_->head;  // drop what is queued
+  header_->read = header_->head;  // drop what is queued
+  UpdateTailLocked();
   pthread_cond_broadcast(&header_->not_full);
 }
 
@@ -393,7 +571,7 @@ void Ring::Close() {
   MutexLock lock(&close_mu_);
   if (closed_) return;
   closed_ = true;
-  if (!mapping_.valid()) return;  // moved-from parts: nothing mapped
+  if (!mapping_ || !mapping_->valid()) return;  // moved-from parts: nothing mapped
   RingHeader* h = header_;
   closing_ = true;  // no new call touches the segment from here on
   {
@@ -408,6 +586,15 @@ void Ring::Close() {
     pthread_cond_broadcast(&h->not_empty);
   }
   for (int n = in_flight_.load(); n != 0; n = in_flight_.load()) in_flight_.wait(n);
+  {
+    // Leases outlive the Ring but must not pin the ring for whoever reads it
+    // next (another consumer of the same ring): detach them now.
+    RobustLock shared(&h->mu);
+    Status st = RevokeLeasesLocked();
+    if (!st.ok()) {
+      EMBER_LOG(WARN) << "feed ring " << name_ << ": leases kept pinned at Close: " << st.ToString();
+    }
+  }
   (void)segment_.Unlink();
   if (session_held_) {
     if (session_thread_ == std::this_thread::get_id()) {
@@ -420,11 +607,14 @@ void Ring::Close() {
       // writes to it when that thread locks or exits: never unmap it.
       EMBER_LOG(WARN) << "feed ring " << name_ << " closed while another thread holds its session lock; "
                       << "the mapping is kept until the process exits";
-      (void)mapping_.Leak();
+      (void)mapping_->Leak();
       return;
     }
   }
-  (void)mapping_.Close();
+  // Unmaps now unless leases still hold the mapping (their Book keeps it):
+  // then the last lease to go unmaps it.
+  book_.reset();
+  mapping_.reset();
 }
 
 }  // namespace ember::shm

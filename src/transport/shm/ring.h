@@ -15,6 +15,15 @@
 // calls, which return Aborted ("... is closed") within moments, waits for
 // every call on this object to leave, and only then unmaps the segment.
 // Calls made after Close() return the same Aborted status.
+//
+// Leases (ReadLease) let the consumer read a message in place.  The ring
+// keeps a consumer read position apart from `tail`, the end of the bytes
+// producers may not reuse: tail is the start of the oldest unreleased lease,
+// or the read position when none is left.  A lease held for long pins the
+// ring, so the consumer bounds what leases pin (pinned_bytes()) and, past
+// its bound, RevokeLeases(): the leased bytes are copied into private pages
+// mapped over the very addresses the leases point at, and the ring bytes
+// are freed.  Holders never notice; producers never wait on a held lease.
 #pragma once
 
 #include <atomic>
@@ -33,6 +42,32 @@
 namespace ember::shm {
 
 struct RingHeader;
+class Ring;
+
+// A message read in place by Ring::ReadLease.  payload() stays valid and
+// unchanged for the life of the lease, after Ring::Close() or the Ring's
+// destruction too (the lease keeps its own mapping).  Destroying it releases
+// the ring bytes, on any thread.  Thread-safe to read from many threads.
+class RingLease {
+ public:
+  ~RingLease();
+  RingLease(const RingLease&) = delete;
+  RingLease& operator=(const RingLease&) = delete;
+  uint32_t kind() const { return kind_; }
+  std::span<const uint8_t> payload() const { return payload_; }
+
+ private:
+  friend class Ring;
+  struct Book;
+  struct View;
+  RingLease() = default;
+  std::shared_ptr<Book> book_;
+  std::shared_ptr<View> view_;  // the mapping payload_ points into
+  uint64_t generation_ = 0;
+  uint64_t index_ = 0;
+  uint32_t kind_ = 0;
+  std::span<const uint8_t> payload_;
+};
 
 class Ring {
  public:
@@ -86,6 +121,19 @@ class Ring {
   // arrived before `deadline`; Aborted after Abort().  Where a stream of
   // messages ends is said by message kinds (the feed protocol), not here.
   Status Read(uint32_t* kind, std::vector<uint8_t>* payload, Deadline deadline);
+  // Consumer: as Read, without copying: the message stays in the ring, its
+  // bytes not reusable by producers, until the lease is destroyed (see the
+  // class comment).  Errors as Read; IOError if mapping the lease view fails.
+  Status ReadLease(std::shared_ptr<const RingLease>* lease, Deadline deadline);
+  // Consumer: bytes producers cannot reuse because of leases (from the
+  // oldest unreleased lease to the read position).  0 without leases.
+  uint64_t pinned_bytes();
+  // Consumer: detaches every outstanding lease from the ring: their pages
+  // become private copies (same addresses, same bytes), tail moves to the
+  // read position and producers wake.  Costs one copy of pinned_bytes()
+  // (rounded out to pages) and a fresh mapping for later leases.  IOError
+  // if the kernel refuses a mapping (the leases then stay as they were).
+  Status RevokeLeases();
 
   // Producer: OK while the consumer accepts messages; otherwise the Aborted
   // or Cancelled status a Write() would return.  Never blocks.  Lets a task
@@ -103,7 +151,9 @@ class Ring {
   void Terminate();
 
   // Wakes and waits out calls in flight on other threads (see the class
-  // comment), releases the session lock if held, unmaps the segment and, for
+  // comment), revokes outstanding leases (they stay valid; the ring is free
+  // for the next consumer), releases the session lock if held, unmaps the
+  // segment (once no lease maps it) and, for
   // the consumer, aborts the ring for producers ("the node closed its feed")
   // and unlinks the name.  If another thread still holds the session lock,
   // the mapping is left in place (a locked robust mutex must not be
@@ -115,11 +165,17 @@ class Ring {
 
   Ring(std::string name, SharedMemory segment, Mapping mapping);
   Status ClosedStatus() const;
+  // With h->mu held: tail after a read or a release.
+  void UpdateTailLocked();
+  // With h->mu held: RevokeLeases().
+  Status RevokeLeasesLocked();
 
   const std::string name_;
   SharedMemory segment_;  // owner (consumer): unlinked by Close()
-  Mapping mapping_;
+  // Shared with leases (through book_), which may outlive Close().
+  std::shared_ptr<Mapping> mapping_;
   RingHeader* const header_;  // in mapping_; used only inside a Call
+  std::shared_ptr<RingLease::Book> book_;  // the consumer's leases
   const size_t capacity_;
 
   // Close() safety: a call enters by incrementing in_flight_, then checks

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <numeric>
 #include <span>
 #include <tuple>
@@ -635,6 +636,211 @@ TEST(RingClose, ConcurrentCloseUnderLoad) {
     stop = true;
     for (auto& t : threads) t.join();
   }
+}
+
+}  // namespace
+}  // namespace ember::shm
+
+// ------------------------------------------------------------------ leases
+namespace ember::shm {
+namespace {
+
+std::shared_ptr<const RingLease> Lease(Ring& ring) {
+  std::shared_ptr<const RingLease> lease;
+  Status st = ring.ReadLease(&lease, Soon());
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return lease;
+}
+
+bool Same(const std::shared_ptr<const RingLease>& lease, uint32_t seq, size_t n) {
+  auto want = Bytes(seq, n);
+  return lease && lease->payload().size() == n && std::equal(want.begin(), want.end(), lease->payload().begin());
+}
+
+// kind + 1000-byte payload = 1008 bytes a record.
+constexpr size_t kMsg = 1000;
+constexpr uint64_t kRecord = 1008;
+
+TEST(RingLease, ReadsInPlaceAndTailMovesOnlyToTheOldestUnreleased) {
+  auto ring = Ring::Create(UniqueName(), 1 << 16);
+  ASSERT_TRUE(ring.ok());
+  auto producer = Ring::Open((*ring)->name());
+  ASSERT_TRUE(producer.ok());
+  for (uint32_t i = 0; i < 3; ++i) ASSERT_TRUE((*producer)->Write(10 + i, Bytes(i, kMsg), Soon()).ok());
+  auto a = Lease(**ring), b = Lease(**ring), c = Lease(**ring);
+  EXPECT_EQ(a->kind(), 10u);
+  EXPECT_EQ(c->kind(), 12u);
+  EXPECT_TRUE(Same(a, 0, kMsg) && Same(b, 1, kMsg) && Same(c, 2, kMsg));
+  EXPECT_EQ((*ring)->pinned_bytes(), 3 * kRecord);
+  b.reset();  // out of order: a still pins everything from its start
+  EXPECT_EQ((*ring)->pinned_bytes(), 3 * kRecord);
+  a.reset();  // tail moves past a and the released b, to c
+  EXPECT_EQ((*ring)->pinned_bytes(), kRecord);
+  EXPECT_TRUE(Same(c, 2, kMsg));
+  c.reset();
+  EXPECT_EQ((*ring)->pinned_bytes(), 0u);
+}
+
+TEST(RingLease, HeldLeaseBlocksProducersUntilReleasedFromAnotherThread) {
+  auto ring = Ring::Create(UniqueName(), 4096);
+  ASSERT_TRUE(ring.ok());
+  auto producer = Ring::Open((*ring)->name());
+  ASSERT_TRUE(producer.ok());
+  // Four records fill the 4 KiB ring; all leased, none released.
+  for (uint32_t i = 0; i < 4; ++i) ASSERT_TRUE((*producer)->Write(1, Bytes(i, kMsg), Soon()).ok());
+  std::vector<std::shared_ptr<const RingLease>> held;
+  for (int i = 0; i < 4; ++i) held.push_back(Lease(**ring));
+  EXPECT_EQ((*producer)->Write(1, Bytes(9, kMsg), Deadline::After(Duration(100))).code(),
+            StatusCode::kDeadlineExceeded);
+  std::atomic<bool> written{false};
+  std::thread writer([&] {
+    EXPECT_TRUE((*producer)->Write(1, Bytes(4, kMsg), Soon()).ok());
+    written = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(written.load());
+  held[1].reset();  // not the oldest: no room yet
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(written.load());
+  std::thread releaser([&] { held[0].reset(); });  // released on another thread
+  releaser.join();
+  writer.join();
+  EXPECT_TRUE(written.load());
+  // Wrapped around: the new record sits at the ring's start, leases 2 and 3 intact.
+  EXPECT_TRUE(Same(held[2], 2, kMsg) && Same(held[3], 3, kMsg));
+  auto wrapped = Lease(**ring);
+  EXPECT_TRUE(Same(wrapped, 4, kMsg));
+}
+
+TEST(RingLease, RevokeKeepsBytesAndFreesTheRing) {
+  auto ring = Ring::Create(UniqueName(), 4096);
+  ASSERT_TRUE(ring.ok());
+  auto producer = Ring::Open((*ring)->name());
+  ASSERT_TRUE(producer.ok());
+  std::vector<std::shared_ptr<const RingLease>> held;
+  // Three laps of the ring, every lease kept: each lap, the held leases are revoked.
+  for (uint32_t i = 0; i < 12; ++i) {
+    ASSERT_TRUE((*producer)->Write(1, Bytes(i, kMsg), Soon()).ok()) << i;
+    held.push_back(Lease(**ring));
+    if ((*ring)->pinned_bytes() >= 3 * kRecord) {
+      ASSERT_TRUE((*ring)->RevokeLeases().ok());
+      EXPECT_EQ((*ring)->pinned_bytes(), 0u);
+    }
+  }
+  for (uint32_t i = 0; i < 12; ++i) EXPECT_TRUE(Same(held[i], i, kMsg)) << i;
+  held.clear();  // releasing revoked leases changes nothing
+  EXPECT_EQ((*ring)->pinned_bytes(), 0u);
+}
+
+TEST(RingLease, RevokeWhileAnotherThreadReadsTheLease) {
+  auto ring = Ring::Create(UniqueName(), 1 << 16);
+  ASSERT_TRUE(ring.ok());
+  auto producer = Ring::Open((*ring)->name());
+  ASSERT_TRUE(producer.ok());
+  ASSERT_TRUE((*producer)->Write(1, Bytes(5, 20000), Soon()).ok());
+  auto lease = Lease(**ring);
+  std::atomic<bool> stop{false};
+  std::atomic<int> bad{0};
+  std::thread reader([&] {
+    while (!stop) {
+      if (!Same(lease, 5, 20000)) ++bad;
+    }
+  });
+  ASSERT_TRUE((*ring)->RevokeLeases().ok());
+  // The freed bytes are overwritten while the reader keeps checking.
+  for (uint32_t i = 0; i < 6; ++i) {
+    ASSERT_TRUE((*producer)->Write(1, Bytes(100 + i, 20000), Soon()).ok());
+    std::vector<uint8_t> out;
+    uint32_t kind;
+    ASSERT_TRUE((*ring)->Read(&kind, &out, Soon()).ok());
+  }
+  stop = true;
+  reader.join();
+  EXPECT_EQ(bad.load(), 0);
+}
+
+TEST(RingLease, CloseTerminateAbortWithLeasesOutstanding) {
+  auto ring = Ring::Create(UniqueName(), 1 << 16);
+  ASSERT_TRUE(ring.ok());
+  auto producer = Ring::Open((*ring)->name());
+  ASSERT_TRUE(producer.ok());
+  auto consumer = Ring::Open((*ring)->name());  // the node's Consumer opens the launcher's ring
+  ASSERT_TRUE(consumer.ok());
+  for (uint32_t i = 0; i < 3; ++i) ASSERT_TRUE((*producer)->Write(1, Bytes(i, kMsg), Soon()).ok());
+  auto a = Lease(**consumer);
+  (*consumer)->Terminate();  // drops what is queued; the lease stays valid
+  EXPECT_EQ((*producer)->Write(1, Bytes(7, kMsg), Soon()).code(), StatusCode::kCancelled);
+  std::shared_ptr<const RingLease> none;
+  (*consumer)->Abort("stop");
+  EXPECT_EQ((*consumer)->ReadLease(&none, Soon()).code(), StatusCode::kAborted);
+  (*consumer)->Close();
+  consumer->reset();  // the Ring object is gone; the lease still maps its bytes
+  (*ring)->Close();
+  EXPECT_TRUE(Same(a, 0, kMsg));
+  a.reset();  // releasing after Close touches only what the lease kept mapped
+}
+
+TEST(RingLease, AConsumerClosedWithLeasesLeavesTheRingToTheNextConsumer) {
+  auto ring = Ring::Create(UniqueName(), 4096);
+  ASSERT_TRUE(ring.ok());
+  auto producer = Ring::Open((*ring)->name());
+  ASSERT_TRUE(producer.ok());
+  ASSERT_TRUE((*producer)->Write(1, Bytes(0, kMsg), Soon()).ok());
+  ASSERT_TRUE((*producer)->Write(1, Bytes(1, kMsg), Soon()).ok());
+  auto first = Ring::Open((*ring)->name());
+  ASSERT_TRUE(first.ok());
+  auto kept = Lease(**first);
+  (*first)->Close();  // its lease stays valid but no longer pins the ring
+  auto next = Ring::Open((*ring)->name());
+  ASSERT_TRUE(next.ok());
+  EXPECT_TRUE(Same(Lease(**next), 1, kMsg));  // carries on after what the first one read
+  // Three laps' worth of writes reuse every byte, the kept lease's included.
+  for (uint32_t i = 2; i < 12; ++i) {
+    ASSERT_TRUE((*producer)->Write(1, Bytes(i, kMsg), Soon()).ok()) << i;
+    EXPECT_TRUE(Same(Lease(**next), i, kMsg)) << i;
+  }
+  EXPECT_TRUE(Same(kept, 0, kMsg));
+}
+
+TEST(RingLease, ManyMessagesReleasedOnOtherThreads) {
+  auto ring = Ring::Create(UniqueName(), 1 << 14);
+  ASSERT_TRUE(ring.ok());
+  auto producer = Ring::Open((*ring)->name());
+  ASSERT_TRUE(producer.ok());
+  constexpr uint32_t kCount = 2000;
+  std::thread writer([&] {
+    for (uint32_t i = 0; i < kCount; ++i) ASSERT_TRUE((*producer)->Write(i, Bytes(i, 100 + i % 700), Soon()).ok());
+  });
+  std::mutex mu;
+  std::vector<std::shared_ptr<const RingLease>> queue;
+  std::atomic<bool> done{false};
+  std::thread releaser([&] {
+    for (;;) {
+      std::vector<std::shared_ptr<const RingLease>> batch;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        batch.swap(queue);
+      }
+      for (auto& l : batch) l.reset();
+      if (done && batch.empty()) return;
+      std::this_thread::yield();
+    }
+  });
+  int bad = 0;
+  for (uint32_t i = 0; i < kCount; ++i) {
+    if ((*ring)->pinned_bytes() > (1 << 12)) {
+      ASSERT_TRUE((*ring)->RevokeLeases().ok());
+    }
+    auto lease = Lease(**ring);
+    if (!lease || lease->kind() != i || !Same(lease, i, 100 + i % 700)) ++bad;
+    std::lock_guard<std::mutex> lock(mu);
+    queue.push_back(std::move(lease));
+  }
+  done = true;
+  writer.join();
+  releaser.join();
+  EXPECT_EQ(bad, 0);
+  EXPECT_EQ((*ring)->pinned_bytes(), 0u);
 }
 
 }  // namespace

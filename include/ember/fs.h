@@ -1,0 +1,177 @@
+// FileSystem: where Ember's core reads and writes files (LevelDB's Env is
+// the model).  Readers and writers in the core (TFRecords, TensorBoard
+// events, checkpoints) take a FileSystem or one of its file objects, never a
+// path they open themselves, so tests swap in the in-memory or the
+// fault-injecting one, and an `hdfs://` path needs nothing but its URI.
+//
+// Back ends: the local file system, HDFS over WebHDFS (HTTP; no libhdfs,
+// no JVM, no CLASSPATH), and an in-memory one for tests.  ResolveFileSystem
+// picks one from a path or URI.
+//
+// Errors name the file (its full URI) and, for reads, the byte offset.
+// NotFound for a missing file or directory; IOError for what the OS or the
+// server refused; Unavailable when a server cannot be reached.
+//
+// Thread safety: a FileSystem is safe for concurrent use from many threads;
+// a file object is used by one thread at a time.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ember/result.h"
+#include "ember/status.h"
+
+namespace ember {
+
+using Duration = std::chrono::milliseconds;  // same alias as ember/coordinator.h
+
+namespace fs {
+
+// Reads a file from its start (or from an offset given at open) to its end.
+class SequentialFile {
+ public:
+  virtual ~SequentialFile() = default;
+  // Reads up to buffer.size() bytes into `buffer`; returns how many, fewer
+  // only at the end of the file, 0 once at the end.
+  virtual Result<size_t> Read(std::span<uint8_t> buffer) = 0;
+  // Skips `n` bytes (past the end: the next Read returns 0).
+  virtual Status Skip(uint64_t n) = 0;
+  // The file's URI as opened ("/data/x", "hdfs://nn:8020/data/x"), for errors.
+  virtual const std::string& uri() const = 0;
+};
+
+// Reads at any offset.
+class RandomAccessFile {
+ public:
+  virtual ~RandomAccessFile() = default;
+  // Reads up to buffer.size() bytes at `offset`; returns how many, fewer
+  // only at the end of the file.  Safe to call from several threads at once.
+  virtual Result<size_t> ReadAt(uint64_t offset, std::span<uint8_t> buffer) const = 0;
+  virtual Result<uint64_t> Size() const = 0;
+  virtual const std::string& uri() const = 0;
+};
+
+// Writes a new file.  Bytes may be buffered until Flush, Sync or Close.
+// A file that was not Close()d successfully may be missing, empty or hold
+// any prefix of what was appended: writers that need all-or-nothing write a
+// temporary name and Rename it (see AtomicWriteFile).
+class WritableFile {
+ public:
+  virtual ~WritableFile() = default;  // closes, dropping the status; call Close()
+  virtual Status Append(std::span<const uint8_t> data) = 0;
+  // Hands buffered bytes to the OS / the server (readable by others after).
+  virtual Status Flush() = 0;
+  // Flush, then make the bytes durable (fsync; HDFS: the DataNodes hold them).
+  virtual Status Sync() = 0;
+  // Flushes and closes.  Idempotent; Append after Close is InvalidArgument.
+  virtual Status Close() = 0;
+  virtual const std::string& uri() const = 0;
+};
+
+struct FileInfo {
+  std::string name;  // the last path component
+  uint64_t size = 0;
+  bool is_dir = false;
+  int64_t mtime_ms = 0;  // modification time, ms since the epoch
+};
+
+class FileSystem {
+ public:
+  virtual ~FileSystem() = default;
+
+  // Paths passed to a FileSystem are absolute within it ("/data/x"); a URI
+  // prefix is accepted if it names this file system.
+  virtual Result<std::unique_ptr<SequentialFile>> NewSequentialFile(const std::string& path) = 0;
+  virtual Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& path) = 0;
+  // Creates or truncates `path`; its parent directories are created.
+  virtual Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) = 0;
+
+  virtual Result<FileInfo> Stat(const std::string& path) = 0;
+  // The entries of directory `path`, sorted by name.  NotFound if missing.
+  virtual Result<std::vector<FileInfo>> List(const std::string& path) = 0;
+  // Creates `path` and missing parents; OK if it exists as a directory.
+  virtual Status CreateDir(const std::string& path) = 0;
+  // Deletes a file or an empty directory; NotFound if missing.
+  virtual Status Delete(const std::string& path) = 0;
+  // Deletes a file or a directory with everything under it; OK if missing.
+  virtual Status DeleteRecursively(const std::string& path) = 0;
+  // Renames `from` to `to`, replacing a file at `to`.  Atomic on the local
+  // file system and on HDFS (a reader sees the old or the new file, never a
+  // part); the in-memory one too.
+  virtual Status Rename(const std::string& from, const std::string& to) = 0;
+
+  // "file", "hdfs", "mem": for messages.
+  virtual std::string scheme() const = 0;
+  // The URI of `path` in this file system ("hdfs://nn:8020/x"), for messages.
+  virtual std::string Uri(const std::string& path) const = 0;
+};
+
+// The local file system (POSIX).  One shared instance.
+std::shared_ptr<FileSystem> LocalFileSystem();
+
+// A new, empty in-memory file system (tests).  Files live as long as it does.
+std::shared_ptr<FileSystem> NewMemoryFileSystem();
+
+// HDFS through its WebHDFS REST API (libcurl).  Value type for options.
+struct HdfsOptions {
+  // The NameNode's HTTP address, "host:port" (dfs.namenode.http-address).
+  std::string http_address;
+  // What `hdfs://host:port` URIs name, "hdfs://host:port" (fs.defaultFS);
+  // used for messages and to accept such URIs.
+  std::string default_fs;
+  std::string user;  // user.name for HDFS's simple authentication
+  Duration connect_timeout{30000};  // one TCP connect to the NameNode or a DataNode
+  Duration io_timeout{120000};      // one request making no progress
+  size_t read_chunk_bytes = 8 << 20;   // bytes per ranged OPEN request
+  size_t write_chunk_bytes = 8 << 20;  // bytes buffered before a CREATE/APPEND
+};
+Result<std::shared_ptr<FileSystem>> NewHdfsFileSystem(HdfsOptions options);
+
+// How ResolveFileSystem maps URIs to file systems.  Value type.
+struct ResolveOptions {
+  // fs.defaultFS of the Spark / Hadoop configuration: where a path with no
+  // scheme lives ("file:///" or "" for local, "hdfs://nn:8020").
+  std::string default_fs;
+  // NameNode HTTP addresses by NameNode URI authority ("nn:8020" ->
+  // "nn:9870"), from dfs.namenode.http-address; when an `hdfs://` authority
+  // is missing here, its host with port 9870 (Hadoop 3's default).
+  std::map<std::string, std::string> hdfs_http_addresses;
+  std::string hdfs_user;  // empty: the process's user name
+  Duration connect_timeout{30000};
+  Duration io_timeout{120000};
+};
+
+// Resolves `uri` ("/a/b", "file:///a/b", "hdfs://nn:8020/a/b", "hdfs:///a/b",
+// "webhdfs://nn:9870/a/b", "mem://..." is not resolvable) to its file system
+// and the path within it.
+struct Resolved {
+  std::shared_ptr<FileSystem> fs;
+  std::string path;
+};
+Result<Resolved> ResolveFileSystem(const std::string& uri, const ResolveOptions& options);
+
+// Helpers over any FileSystem.
+
+// Paths matching `pattern`, sorted: `*`, `?` and `[...]` in any component
+// (fnmatch(3) rules per component); a pattern without them is returned as
+// is if it exists.  A directory pattern lists the directory's files
+// (skipping names starting with "_" or ".", as Spark's outputs have
+// _SUCCESS).  NotFound naming the pattern when nothing matches.
+Result<std::vector<std::string>> Glob(FileSystem& fs, const std::string& pattern);
+
+// Reads a whole file.
+Result<std::string> ReadFile(FileSystem& fs, const std::string& path);
+
+// Writes `data` to `path` all-or-nothing: a temporary name in the same
+// directory, Sync, Close, then Rename.  On failure the temporary is deleted
+// and `path` is unchanged.
+Status AtomicWriteFile(FileSystem& fs, const std::string& path, std::span<const uint8_t> data);
+
+}  // namespace fs
+}  // namespace ember

@@ -1,0 +1,39 @@
+"""What Ember reads from Spark's Hadoop configuration (the edge; the core takes option structs).
+
+``fs.defaultFS`` says where a path with no scheme lives; for ``hdfs://`` the core speaks WebHDFS
+to the NameNode's HTTP address, ``dfs.namenode.http-address`` (Hadoop 3's default port 9870),
+so nodes and Spark tasks need no libhdfs, no JVM and no CLASSPATH.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Tuple
+from urllib.parse import urlsplit
+
+_DEFAULT_HTTP_PORT = 9870  # Hadoop 3's dfs.namenode.http-address port
+
+
+def namenode_http_address(default_fs: str, get: Callable[[str], Optional[str]]) -> str:
+    """The WebHDFS ``host:port`` of ``default_fs`` when it is ``hdfs://``, else "".
+
+    ``get`` reads a Hadoop configuration key (None if unset).  A wildcard bind address
+    (``0.0.0.0:9870``, Hadoop's default) means the NameNode's own host.
+    """
+    parts = urlsplit(default_fs or "")
+    if parts.scheme != "hdfs" or not parts.hostname:
+        return ""
+    configured = (get(f"dfs.namenode.http-address.{parts.netloc}") or get("dfs.namenode.http-address") or "")
+    host, port = parts.hostname, _DEFAULT_HTTP_PORT
+    if configured:
+        h, _, p = configured.strip().rpartition(":")
+        if p.isdigit():
+            port = int(p)
+        if h and h not in ("0.0.0.0", "::", "[::]"):
+            host = h
+    return f"{host}:{port}"
+
+
+def spark_fs_conf(sc) -> Tuple[str, str]:
+    """(fs.defaultFS, the NameNode's WebHDFS address or "") of SparkContext ``sc``."""
+    conf = sc._jsc.hadoopConfiguration()
+    default_fs = conf.get("fs.defaultFS") or "file:///"
+    return default_fs, namenode_http_address(default_fs, conf.get)

@@ -1,0 +1,18 @@
+"""Ember's data layer: TFRecord files and tf.Example, read and written by the C++ core.
+
+* :func:`tfrecord_dataset` — for nodes (InputMode.TENSORFLOW): a node's shard of TFRecord files,
+  local or on HDFS (WebHDFS: no libhdfs, no CLASSPATH), as numpy batches, a ``tf.data.Dataset``
+  or a PyTorch ``IterableDataset``.
+* :func:`save_as_tfrecords` / :func:`load_tfrecords` — DataFrame <-> TFRecord files of
+  tf.Example, distributed over Spark tasks, Arrow in and out (TFoS's ``dfutil`` without the
+  tensorflow-hadoop jar).
+
+The type mapping is in :mod:`ember.data._schema`.
+"""
+
+from ember.data._features import RawBytes  # noqa: E402
+from ember.data.dataframe import load_tfrecords, save_as_tfrecords  # noqa: E402
+from ember.data.tfrecord import TFRecordBatches, tfrecord_batches, tfrecord_dataset  # noqa: E402
+
+__all__ = ["RawBytes", "TFRecordBatches", "load_tfrecords", "save_as_tfrecords", "tfrecord_batches",
+           "tfrecord_dataset"]

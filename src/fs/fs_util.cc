@@ -1,0 +1,127 @@
+// Glob, ReadFile and AtomicWriteFile over any FileSystem (ember/fs.h).
+#include <fnmatch.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <random>
+#include <set>
+
+#include "ember/fs.h"
+
+namespace ember::fs {
+namespace {
+
+bool HasWildcard(const std::string& s) { return s.find_first_of("*?[") != std::string::npos; }
+
+std::vector<std::string> SplitPath(const std::string& p) {
+  std::vector<std::string> parts;
+  size_t i = 0;
+  while (i < p.size()) {
+    const size_t j = p.find('/', i);
+    const size_t end = j == std::string::npos ? p.size() : j;
+    if (end > i) parts.push_back(p.substr(i, end - i));
+    i = end + 1;
+  }
+  return parts;
+}
+
+std::string Join(const std::string& dir, const std::string& name) {
+  return dir == "/" ? "/" + name : dir + "/" + name;
+}
+
+bool Hidden(const std::string& name) { return !name.empty() && (name[0] == '_' || name[0] == '.'); }
+
+}  // namespace
+
+Result<std::vector<std::string>> Glob(FileSystem& fs, const std::string& pattern) {
+  if (pattern.empty() || pattern[0] != '/') {
+    return Status::InvalidArgument("glob pattern must be an absolute path: \"" + pattern + "\"");
+  }
+  const std::vector<std::string> parts = SplitPath(pattern);
+  // Expand one component at a time; only components with wildcards list.
+  std::vector<std::string> candidates{"/"};
+  for (size_t i = 0; i < parts.size() && !candidates.empty(); ++i) {
+    const bool last = i + 1 == parts.size();
+    std::vector<std::string> next;
+    for (const std::string& dir : candidates) {
+      if (!HasWildcard(parts[i])) {
+        next.push_back(Join(dir, parts[i]));
+        continue;
+      }
+      auto entries = fs.List(dir);
+      if (!entries.ok()) {
+        if (entries.status().code() == StatusCode::kNotFound) continue;
+        return entries.status();
+      }
+      for (const FileInfo& e : *entries) {
+        // FNM_PERIOD: a wildcard does not match a leading '.', as in the shell.
+        if ((last || e.is_dir) && fnmatch(parts[i].c_str(), e.name.c_str(), FNM_PERIOD) == 0) {
+          next.push_back(Join(dir, e.name));
+        }
+      }
+    }
+    candidates = std::move(next);
+  }
+  std::set<std::string> out;
+  for (const std::string& c : candidates) {
+    auto info = fs.Stat(c);
+    if (!info.ok()) {
+      if (info.status().code() == StatusCode::kNotFound) continue;
+      return info.status();
+    }
+    if (!info->is_dir) {
+      out.insert(c);
+      continue;
+    }
+    EMBER_ASSIGN_OR_RAISE(auto entries, fs.List(c));
+    for (const FileInfo& e : entries) {
+      if (!e.is_dir && !Hidden(e.name)) out.insert(Join(c, e.name));
+    }
+  }
+  if (out.empty()) return Status::NotFound("no files match " + fs.Uri(pattern));
+  return std::vector<std::string>(out.begin(), out.end());
+}
+
+Result<std::string> ReadFile(FileSystem& fs, const std::string& path) {
+  EMBER_ASSIGN_OR_RAISE(auto file, fs.NewSequentialFile(path));
+  std::string data;
+  constexpr size_t kChunk = 1 << 20;
+  while (true) {
+    const size_t old = data.size();
+    data.resize(old + kChunk);
+    auto n = file->Read(std::span<uint8_t>(reinterpret_cast<uint8_t*>(data.data()) + old, kChunk));
+    if (!n.ok()) return n.status();
+    data.resize(old + *n);
+    if (*n < kChunk) break;
+  }
+  return data;
+}
+
+Status AtomicWriteFile(FileSystem& fs, const std::string& path, std::span<const uint8_t> data) {
+  const auto slash = path.rfind('/');
+  if (slash == std::string::npos || slash + 1 == path.size()) {
+    return Status::InvalidArgument("AtomicWriteFile needs an absolute file path: \"" + path + "\"");
+  }
+  // A hidden name (Glob skips it) unique across processes and threads.
+  static std::atomic<uint64_t> counter{0};
+  static const uint64_t salt = std::random_device{}();
+  const std::string tmp = path.substr(0, slash + 1) + "." + path.substr(slash + 1) + ".tmp-" +
+                          std::to_string(getpid()) + "-" + std::to_string(salt % 1000000) + "-" +
+                          std::to_string(counter.fetch_add(1));
+  Status st = [&]() -> Status {
+    EMBER_ASSIGN_OR_RAISE(auto file, fs.NewWritableFile(tmp));
+    EMBER_RETURN_NOT_OK(file->Append(data));
+    EMBER_RETURN_NOT_OK(file->Sync());
+    EMBER_RETURN_NOT_OK(file->Close());
+    return fs.Rename(tmp, path);
+  }();
+  if (!st.ok()) {
+    (void)fs.Delete(tmp);  // best effort; NotFound when it was never made
+    return st.WithContext("writing " + fs.Uri(path));
+  }
+  return Status::OK();
+}
+
+}  // namespace ember::fs

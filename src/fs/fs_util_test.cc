@@ -1,0 +1,163 @@
+// Glob, ReadFile, AtomicWriteFile and ResolveFileSystem over the in-memory
+// and local file systems.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "ember/fs.h"
+
+namespace ember::fs {
+namespace {
+
+std::span<const uint8_t> Bytes(const std::string& s) {
+  return {reinterpret_cast<const uint8_t*>(s.data()), s.size()};
+}
+
+void Write(FileSystem& fs, const std::string& path, const std::string& data) {
+  auto f = fs.NewWritableFile(path);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  ASSERT_TRUE((*f)->Append(Bytes(data)).ok());
+  ASSERT_TRUE((*f)->Close().ok());
+}
+
+class GlobTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* p : {"/d/part-0", "/d/part-1", "/d/part-10", "/d/_SUCCESS", "/d/.crc", "/d/sub/x",
+                          "/e/a/f1", "/e/b/f1", "/e/b/f2", "/e/c.txt"}) {
+      Write(*fs_, p, p);
+    }
+  }
+  std::vector<std::string> G(const std::string& pattern) {
+    auto r = Glob(*fs_, pattern);
+    EXPECT_TRUE(r.ok()) << pattern << ": " << r.status().ToString();
+    return r.ok() ? *r : std::vector<std::string>{};
+  }
+  std::shared_ptr<FileSystem> fs_ = NewMemoryFileSystem();
+};
+
+using V = std::vector<std::string>;
+
+TEST_F(GlobTest, StarQuestionAndBrackets) {
+  EXPECT_EQ(G("/d/part-*"), (V{"/d/part-0", "/d/part-1", "/d/part-10"}));
+  EXPECT_EQ(G("/d/part-?"), (V{"/d/part-0", "/d/part-1"}));
+  EXPECT_EQ(G("/d/part-[1-9]*"), (V{"/d/part-1", "/d/part-10"}));
+}
+
+TEST_F(GlobTest, WildcardInTheMiddleMatchesDirectoriesOnly) {
+  EXPECT_EQ(G("/e/*/f1"), (V{"/e/a/f1", "/e/b/f1"}));
+  EXPECT_EQ(G("/e/*/f*"), (V{"/e/a/f1", "/e/b/f1", "/e/b/f2"}));
+}
+
+TEST_F(GlobTest, DirectoryListsItsVisibleFiles) {
+  // _SUCCESS and .crc skipped, the subdirectory too.
+  EXPECT_EQ(G("/d"), (V{"/d/part-0", "/d/part-1", "/d/part-10"}));
+  EXPECT_EQ(G("/d/"), (V{"/d/part-0", "/d/part-1", "/d/part-10"}));
+}
+
+TEST_F(GlobTest, StarDoesNotMatchALeadingDot) {
+  EXPECT_EQ(G("/d/*"), (V{"/d/_SUCCESS", "/d/part-0", "/d/part-1", "/d/part-10", "/d/sub/x"}));
+}
+
+TEST_F(GlobTest, LiteralPathReturnedIfItExists) { EXPECT_EQ(G("/e/c.txt"), (V{"/e/c.txt"})); }
+
+TEST_F(GlobTest, NothingMatchingIsNotFoundNamingThePattern) {
+  for (const char* p : {"/d/nope-*", "/nope/*", "/e/c.txt/x", "/missing"}) {
+    auto r = Glob(*fs_, p);
+    ASSERT_FALSE(r.ok()) << p;
+    EXPECT_EQ(r.status().code(), StatusCode::kNotFound) << r.status().ToString();
+    EXPECT_NE(r.status().message().find(p), std::string::npos) << r.status().ToString();
+  }
+  EXPECT_EQ(Glob(*fs_, "relative/*").status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(ReadFileTest, ReadsWholeFileAcrossChunks) {
+  auto fs = NewMemoryFileSystem();
+  std::string big(3 * (1 << 20) + 17, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 7);
+  Write(*fs, "/big", big);
+  auto r = ReadFile(*fs, "/big");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, big);
+  EXPECT_EQ(ReadFile(*fs, "/missing").status().code(), StatusCode::kNotFound);
+}
+
+TEST(AtomicWriteFileTest, ReplacesAndLeavesNoTemporary) {
+  auto fs = NewMemoryFileSystem();
+  ASSERT_TRUE(AtomicWriteFile(*fs, "/dir/f", Bytes("one")).ok());
+  ASSERT_TRUE(AtomicWriteFile(*fs, "/dir/f", Bytes("two")).ok());
+  EXPECT_EQ(ReadFile(*fs, "/dir/f").ValueOr(""), "two");
+  auto list = fs->List("/dir");
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 1u);
+  EXPECT_EQ((*list)[0].name, "f");
+}
+
+TEST(AtomicWriteFileTest, LocalFileSystem) {
+  char tmpl[] = "/tmp/ember-fs-util-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  auto fs = LocalFileSystem();
+  ASSERT_TRUE(AtomicWriteFile(*fs, dir + "/f", Bytes("old")).ok());
+  ASSERT_TRUE(AtomicWriteFile(*fs, dir + "/f", Bytes("new")).ok());
+  EXPECT_EQ(ReadFile(*fs, dir + "/f").ValueOr(""), "new");
+  EXPECT_EQ(fs->List(dir).ValueOr({}).size(), 1u);
+  ASSERT_TRUE(fs->DeleteRecursively(dir).ok());
+}
+
+TEST(ResolveTest, MapsSchemesToFileSystems) {
+  ResolveOptions o;
+  auto r = ResolveFileSystem("/a/b", o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->fs, LocalFileSystem());
+  EXPECT_EQ(r->path, "/a/b");
+  for (const char* u : {"file:///a/b", "file:/a/b", "file://localhost/a/b"}) {
+    r = ResolveFileSystem(u, o);
+    ASSERT_TRUE(r.ok()) << u << ": " << r.status().ToString();
+    EXPECT_EQ(r->fs, LocalFileSystem());
+    EXPECT_EQ(r->path, "/a/b");
+  }
+  o.default_fs = "file:///";
+  EXPECT_EQ(ResolveFileSystem("/x", o)->fs, LocalFileSystem());
+}
+
+TEST(ResolveTest, HdfsUrisAndTheCache) {
+  ResolveOptions o;
+  o.default_fs = "hdfs://nn:8020";
+  o.hdfs_http_addresses["nn:8020"] = "nn-http:50070";
+  auto bare = ResolveFileSystem("/a/b", o);
+  ASSERT_TRUE(bare.ok()) << bare.status().ToString();
+  EXPECT_EQ(bare->fs->scheme(), "hdfs");
+  EXPECT_EQ(bare->path, "/a/b");
+  EXPECT_EQ(bare->fs->Uri("/a/b"), "hdfs://nn:8020/a/b");
+  auto full = ResolveFileSystem("hdfs://nn:8020/c", o);
+  auto noauth = ResolveFileSystem("hdfs:///d", o);
+  ASSERT_TRUE(full.ok() && noauth.ok());
+  EXPECT_EQ(full->fs, bare->fs);  // one FileSystem per address
+  EXPECT_EQ(noauth->fs, bare->fs);
+  EXPECT_EQ(noauth->path, "/d");
+  // Not in hdfs_http_addresses: the host with Hadoop 3's port 9870.
+  auto other = ResolveFileSystem("hdfs://other:8020/e", o);
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(other->fs, bare->fs);
+  EXPECT_EQ(other->fs->Uri("/e"), "hdfs://other:8020/e");
+  auto web = ResolveFileSystem("webhdfs://w:9870/f", o);
+  ASSERT_TRUE(web.ok());
+  EXPECT_EQ(web->fs->Uri("/f"), "webhdfs://w:9870/f");
+  EXPECT_EQ(web->path, "/f");
+}
+
+TEST(ResolveTest, UnresolvableUrisAreInvalidArgument) {
+  ResolveOptions o;
+  for (const char* u : {"mem:///x", "s3://bucket/x", "relative/path", "hdfs:///x", "file://host/x", "webhdfs:///x"}) {
+    auto r = ResolveFileSystem(u, o);
+    ASSERT_FALSE(r.ok()) << u;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << u;
+    EXPECT_NE(r.status().message().find(u), std::string::npos) << r.status().ToString();
+  }
+}
+
+}  // namespace
+}  // namespace ember::fs

@@ -1,0 +1,127 @@
+// ResolveFileSystem (ember/fs.h): a URI to its file system and path.
+#include <map>
+#include <memory>
+#include <string>
+
+#include "common/mutex.h"
+#include "ember/fs.h"
+
+namespace ember::fs {
+namespace {
+
+struct Uri {
+  std::string scheme;     // "" for a bare path
+  std::string authority;  // "nn:8020", may be empty
+  std::string path;       // "/a/b"
+};
+
+// "scheme://authority/path", "scheme:/path" (Hadoop's "file:/x") or "/path".
+Result<Uri> ParseUri(const std::string& s) {
+  Uri u;
+  const auto colon = s.find(':');
+  const auto slash = s.find('/');
+  if (colon == std::string::npos || (slash != std::string::npos && slash < colon)) {
+    u.path = s;
+    if (u.path.empty() || u.path[0] != '/') return Status::InvalidArgument("not an absolute path or URI: \"" + s + "\"");
+    return u;
+  }
+  u.scheme = s.substr(0, colon);
+  std::string rest = s.substr(colon + 1);
+  if (rest.compare(0, 2, "//") == 0) {
+    const auto end = rest.find('/', 2);
+    u.authority = rest.substr(2, end == std::string::npos ? std::string::npos : end - 2);
+    u.path = end == std::string::npos ? "/" : rest.substr(end);
+  } else {
+    u.path = rest;
+  }
+  if (u.path.empty() || u.path[0] != '/') return Status::InvalidArgument("not an absolute path or URI: \"" + s + "\"");
+  return u;
+}
+
+// One HDFS FileSystem per (address, options), for the life of the process:
+// its connection pool stays warm across ResolveFileSystem calls.
+class HdfsCache {
+ public:
+  Result<std::shared_ptr<FileSystem>> Get(const HdfsOptions& o) {
+    const std::string key = o.http_address + "|" + o.default_fs + "|" + o.user + "|" +
+                            std::to_string(o.connect_timeout.count()) + "|" + std::to_string(o.io_timeout.count());
+    MutexLock lock(&mu_);
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second;
+    EMBER_ASSIGN_OR_RAISE(auto fs, NewHdfsFileSystem(o));
+    cache_.emplace(key, fs);
+    return fs;
+  }
+
+ private:
+  Mutex mu_;
+  std::map<std::string, std::shared_ptr<FileSystem>> cache_ GUARDED_BY(mu_);
+};
+
+HdfsCache& Cache() {
+  static auto* cache = new HdfsCache();  // never destroyed: used until exit
+  return *cache;
+}
+
+Result<Resolved> Hdfs(const std::string& http_address, const std::string& default_fs,
+                      const std::string& path, const ResolveOptions& options) {
+  HdfsOptions o;
+  o.http_address = http_address;
+  o.default_fs = default_fs;
+  o.user = options.hdfs_user;
+  o.connect_timeout = options.connect_timeout;
+  o.io_timeout = options.io_timeout;
+  EMBER_ASSIGN_OR_RAISE(auto fs, Cache().Get(o));
+  return Resolved{std::move(fs), path};
+}
+
+}  // namespace
+
+Result<Resolved> ResolveFileSystem(const std::string& uri, const ResolveOptions& options) {
+  EMBER_ASSIGN_OR_RAISE(Uri u, ParseUri(uri));
+  if (u.scheme.empty()) {
+    const std::string& d = options.default_fs;
+    if (d.empty() || d.compare(0, 5, "file:") == 0) return Resolved{LocalFileSystem(), u.path};
+    // default_fs "hdfs://nn:8020" (or "hdfs://nn:8020/"): the path lives there.
+    std::string base = d;
+    while (!base.empty() && base.back() == '/') base.pop_back();
+    if (base.find("://") == std::string::npos) {
+      return Status::InvalidArgument("ResolveOptions.default_fs is not a URI: \"" + d + "\"");
+    }
+    return ResolveFileSystem(base + u.path, options);
+  }
+  if (u.scheme == "file") {
+    if (!u.authority.empty() && u.authority != "localhost") {
+      return Status::InvalidArgument(uri + ": a file:// URI names no host (use file:///path)");
+    }
+    return Resolved{LocalFileSystem(), u.path};
+  }
+  if (u.scheme == "hdfs") {
+    std::string authority = u.authority;
+    if (authority.empty()) {  // hdfs:///path: the NameNode of default_fs
+      auto d = ParseUri(options.default_fs);
+      if (!d.ok() || d->scheme != "hdfs" || d->authority.empty()) {
+        return Status::InvalidArgument(uri + ": hdfs:/// needs an hdfs://host:port default_fs; it is \"" +
+                                       options.default_fs + "\"");
+      }
+      authority = d->authority;
+    }
+    std::string http;
+    auto it = options.hdfs_http_addresses.find(authority);
+    if (it != options.hdfs_http_addresses.end()) {
+      http = it->second;
+    } else {
+      const auto colon = authority.rfind(':');
+      http = authority.substr(0, colon) + ":9870";  // Hadoop 3's dfs.namenode.http-address port
+    }
+    return Hdfs(http, "hdfs://" + authority, u.path, options);
+  }
+  if (u.scheme == "webhdfs") {
+    if (u.authority.empty()) return Status::InvalidArgument(uri + ": webhdfs:// needs host:port");
+    return Hdfs(u.authority, "webhdfs://" + u.authority, u.path, options);
+  }
+  return Status::InvalidArgument(uri + ": no file system for scheme \"" + u.scheme +
+                                 "\" (paths, file://, hdfs:// and webhdfs:// are)");
+}
+
+}  // namespace ember::fs

@@ -1,0 +1,163 @@
+#include "ember/dataset.h"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <string>
+#include <vector>
+
+namespace ember::record {
+namespace {
+
+using example::FeatureKind;
+using example::FeatureSpec;
+
+// Writes `rows` Examples {id: int64 scalar = first_id + i, pixels: 3 bytes} to `path`.
+void WriteExamples(fs::FileSystem& fs, const std::string& path, int64_t first_id, int64_t rows) {
+  std::vector<int64_t> ids(rows);
+  std::iota(ids.begin(), ids.end(), first_id);
+  std::vector<int64_t> splits(rows + 1);
+  std::iota(splits.begin(), splits.end(), 0);
+  std::vector<uint8_t> pixels;
+  std::vector<int64_t> pixel_offsets{0};
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int b = 0; b < 3; ++b) pixels.push_back(static_cast<uint8_t>(first_id + i + b));
+    pixel_offsets.push_back(static_cast<int64_t>(pixels.size()));
+  }
+  example::ColumnView id;
+  id.name = "id";
+  id.kind = FeatureKind::kInt64;
+  id.ints = ids;
+  id.row_splits = splits;
+  example::ColumnView px;
+  px.name = "pixels";
+  px.kind = FeatureKind::kBytes;
+  px.bytes_data = pixels;
+  px.bytes_offsets = pixel_offsets;
+  px.row_splits = splits;
+  std::vector<example::ColumnView> cols{id, px};
+  std::string out;
+  std::vector<int64_t> offsets;
+  ASSERT_TRUE(example::EncodeExamples(cols, &out, &offsets).ok());
+  auto file = fs.NewWritableFile(path);
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  auto writer = RecordWriter::Open(std::move(*file), {.compression = Compression::kNone});
+  ASSERT_TRUE(writer.ok());
+  for (int64_t i = 0; i < rows; ++i) {
+    ASSERT_TRUE((*writer)->Write(std::string_view(out).substr(offsets[i], offsets[i + 1] - offsets[i])).ok());
+  }
+  ASSERT_TRUE((*writer)->Close().ok());
+}
+
+DatasetOptions Options(int64_t batch, int prefetch) {
+  DatasetOptions o;
+  o.schema = {FeatureSpec{"id", FeatureKind::kInt64, 1}, FeatureSpec{"pixels", FeatureKind::kBytes, 1}};
+  o.batch_size = batch;
+  o.prefetch = prefetch;
+  return o;
+}
+
+// All ids of a dataset, batch sizes in `sizes`.
+std::vector<int64_t> Drain(ExampleDataset& ds, std::vector<size_t>* sizes) {
+  std::vector<int64_t> ids;
+  for (;;) {
+    auto batch = ds.Next();
+    EXPECT_TRUE(batch.ok()) << batch.status().ToString();
+    if (!batch.ok() || !batch->has_value()) break;
+    const auto& cols = **batch;
+    sizes->push_back(cols[0].num_rows());
+    ids.insert(ids.end(), cols[0].ints.begin(), cols[0].ints.end());
+    EXPECT_EQ(cols[1].bytes_data[0], static_cast<uint8_t>(cols[0].ints[0]));
+  }
+  return ids;
+}
+
+class DatasetTest : public ::testing::TestWithParam<int> {  // the prefetch depth
+ protected:
+  void SetUp() override {
+    fs_ = fs::NewMemoryFileSystem();
+    WriteExamples(*fs_, "/d/a", 0, 10);
+    WriteExamples(*fs_, "/d/b", 10, 0);  // an empty file
+    WriteExamples(*fs_, "/d/c", 10, 7);
+  }
+  std::shared_ptr<fs::FileSystem> fs_;
+};
+
+TEST_P(DatasetTest, ReadsEveryFileInOrderInBatches) {
+  auto ds = ExampleDataset::Open(fs_, {"/d/a", "/d/b", "/d/c"}, Options(4, GetParam()));
+  ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+  std::vector<size_t> sizes;
+  std::vector<int64_t> ids = Drain(**ds, &sizes);
+  std::vector<int64_t> want(17);
+  std::iota(want.begin(), want.end(), 0);
+  EXPECT_EQ(ids, want);
+  EXPECT_EQ(sizes, (std::vector<size_t>{4, 4, 4, 4, 1}));  // batches span files
+  EXPECT_EQ((*ds)->stats().files, 3u);
+  EXPECT_EQ((*ds)->stats().rows, 17u);
+  auto again = (*ds)->Next();  // stays at the end
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->has_value());
+}
+
+TEST_P(DatasetTest, DropRemainderAndShards) {
+  DatasetOptions o = Options(4, GetParam());
+  o.drop_remainder = true;
+  o.num_shards = 3;
+  o.shard_index = 1;
+  auto ds = ExampleDataset::Open(fs_, {"/d/a", "/d/b", "/d/c"}, o);
+  ASSERT_TRUE(ds.ok());
+  std::vector<size_t> sizes;
+  // Records 1, 4, 7, 10, 13, 16 of the whole sequence; the last 2 make no whole batch.
+  EXPECT_EQ(Drain(**ds, &sizes), (std::vector<int64_t>{1, 4, 7, 10}));
+  EXPECT_EQ(sizes, (std::vector<size_t>{4}));
+}
+
+TEST_P(DatasetTest, MissingFileNamedWhenReached) {
+  auto ds = ExampleDataset::Open(fs_, {"/d/a", "/d/nope"}, Options(100, GetParam()));
+  ASSERT_TRUE(ds.ok());
+  auto batch = (*ds)->Next();
+  ASSERT_FALSE(batch.ok());
+  EXPECT_EQ(batch.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(batch.status().message().find("/d/nope"), std::string::npos) << batch.status().ToString();
+  EXPECT_FALSE((*ds)->Next().ok());  // the error sticks
+}
+
+TEST_P(DatasetTest, RecordNotMatchingTheSchemaNamesFileAndOffset) {
+  DatasetOptions o = Options(100, GetParam());
+  o.schema[0].kind = FeatureKind::kFloat;  // "id" is int64 in the files
+  auto ds = ExampleDataset::Open(fs_, {"/d/a"}, o);
+  ASSERT_TRUE(ds.ok());
+  auto batch = (*ds)->Next();
+  ASSERT_FALSE(batch.ok());
+  const std::string& m = batch.status().message();
+  EXPECT_NE(m.find("/d/a"), std::string::npos) << m;
+  EXPECT_NE(m.find("at byte 0"), std::string::npos) << m;
+  EXPECT_NE(m.find("id"), std::string::npos) << m;
+}
+
+TEST_P(DatasetTest, CloseWhileTheReaderWaitsForRoom) {
+  auto ds = ExampleDataset::Open(fs_, {"/d/a", "/d/c"}, Options(1, GetParam()));
+  ASSERT_TRUE(ds.ok());
+  ASSERT_TRUE((*ds)->Next().ok());  // the reading thread fills its queue and waits
+  (*ds)->Close();
+  auto after = (*ds)->Next();
+  ASSERT_FALSE(after.ok());
+  EXPECT_EQ(after.status().code(), StatusCode::kCancelled);
+}
+
+INSTANTIATE_TEST_SUITE_P(Prefetch, DatasetTest, ::testing::Values(0, 1, 3));
+
+TEST(Dataset, RejectsBadOptions) {
+  auto fs = fs::NewMemoryFileSystem();
+  EXPECT_EQ(ExampleDataset::Open(fs, {}, Options(0, 1)).status().code(), StatusCode::kInvalidArgument);
+  DatasetOptions o = Options(4, 1);
+  o.shard_index = 2;
+  o.num_shards = 2;
+  EXPECT_EQ(ExampleDataset::Open(fs, {}, o).status().code(), StatusCode::kInvalidArgument);
+  o = Options(4, 1);
+  o.schema.clear();
+  EXPECT_EQ(ExampleDataset::Open(fs, {}, o).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ember::record
