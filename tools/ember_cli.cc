@@ -7,10 +7,17 @@
 //
 // Options: --compression=auto|none|gzip|zlib (default: from each file's
 // name), --default-fs=URI (where paths without a scheme live, e.g.
-// hdfs://nn:8020; default local).  A path may be a file, a directory (its
-// files, skipping _* and .*) or a glob pattern; local or hdfs:// alike.
+// hdfs://nn:8020; default local), --namenode-http=[AUTHORITY=]HOST:PORT
+// (the WebHDFS address of the NameNode at hdfs://AUTHORITY, Hadoop's
+// dfs.namenode.http-address; without AUTHORITY, of every hdfs:// NameNode
+// named by --default-fs or a path; default: its host, port 9870).  The
+// Python entry point `ember` (python/ember/_cli.py) fills both from
+// $HADOOP_CONF_DIR.  A path may be a file, a directory (its files, skipping
+// _* and .*) or a glob pattern; local or hdfs:// alike.
 // Exit status 0 on success, 1 on a bad file, 2 on bad usage; errors go to
 // stderr.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -32,8 +39,15 @@ struct Options {
   std::vector<std::string> paths;
 };
 
-// The one place the CLI maps a URI to a file system.
+// The one place the CLI maps a URI to a file system.  A relative path is
+// relative to the working directory when paths without a scheme are local.
 Result<fs::Resolved> OpenFs(const std::string& uri, const Options& o) {
+  const bool local_default = o.resolve.default_fs.empty() || o.resolve.default_fs.rfind("file:", 0) == 0;
+  if (local_default && !uri.empty() && uri[0] != '/' && uri.find("://") == std::string::npos) {
+    char cwd[4096];
+    if (getcwd(cwd, sizeof(cwd)) == nullptr) return Status::IOError("getcwd failed for relative path " + uri);
+    return fs::ResolveFileSystem(std::string(cwd) + "/" + uri, o.resolve);
+  }
   return fs::ResolveFileSystem(uri, o.resolve);
 }
 
@@ -234,8 +248,15 @@ int Schema(const Options& o) {
 
 int Usage() {
   std::cerr << "usage: ember records count|head|verify|schema [--compression=auto|none|gzip|zlib]\n"
-               "                     [--default-fs=URI] [-n N] <path>...\n";
+               "                     [--default-fs=URI] [--namenode-http=[AUTHORITY=]HOST:PORT] [-n N] <path>...\n";
   return 2;
+}
+
+// The authority of an hdfs:// URI ("nn:8020" of "hdfs://nn:8020/a"), else "".
+std::string HdfsAuthority(const std::string& uri) {
+  constexpr std::string_view kScheme = "hdfs://";
+  if (uri.rfind(kScheme, 0) != 0) return "";
+  return uri.substr(kScheme.size(), uri.find('/', kScheme.size()) - kScheme.size());
 }
 
 }  // namespace
@@ -244,6 +265,7 @@ int Main(int argc, char** argv) {
   if (argc < 3 || std::strcmp(argv[1], "records") != 0) return Usage();
   const std::string cmd = argv[2];
   Options o;
+  std::string any_namenode_http;  // --namenode-http=HOST:PORT, for every NameNode
   for (int i = 3; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "-n" && i + 1 < argc) {
@@ -256,6 +278,15 @@ int Main(int argc, char** argv) {
       o.compression = *c;
     } else if (a.rfind("--default-fs=", 0) == 0) {
       o.resolve.default_fs = a.substr(13);
+    } else if (a.rfind("--namenode-http=", 0) == 0) {
+      const std::string v = a.substr(16);
+      const size_t eq = v.find('=');
+      if (v.empty() || eq == 0 || eq + 1 == v.size()) return Usage();
+      if (eq == std::string::npos) {
+        any_namenode_http = v;
+      } else {
+        o.resolve.hdfs_http_addresses[v.substr(0, eq)] = v.substr(eq + 1);
+      }
     } else if (a == "-h" || a == "--help") {
       return Usage();
     } else if (!a.empty() && a[0] == '-') {
@@ -266,6 +297,14 @@ int Main(int argc, char** argv) {
     }
   }
   if (o.paths.empty()) return Usage();
+  if (!any_namenode_http.empty()) {
+    std::vector<std::string> uris = o.paths;
+    uris.push_back(o.resolve.default_fs);
+    for (const auto& uri : uris) {
+      const std::string authority = HdfsAuthority(uri);
+      if (!authority.empty()) o.resolve.hdfs_http_addresses.emplace(authority, any_namenode_http);
+    }
+  }
   if (cmd == "count") return Count(o);
   if (cmd == "head") return Head(o);
   if (cmd == "verify") return Verify(o);

@@ -19,7 +19,7 @@ LAYERS = [
     {"_launcher", "_node_main", "_feed_driver", "data"},  # data/: TFRecord datasets, DataFrame <-> TFRecord
     {"_spark_job", "_watcher"},
     {"cluster"},
-    {"__init__"},
+    {"__init__", "_cli"},  # the package and the `ember` command
 ]
 LAYER = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 
