@@ -138,12 +138,22 @@ Status ExampleDecoder::DecodeFeature(size_t index, std::string_view feature, boo
       if (spec.kind == FeatureKind::kInt64) {
         int64_t n = parse::CountValues(list, r.kind);
         if (n < 0) return false;
-        col.ints.reserve(col.ints.size() + static_cast<size_t>(n));
+        // Geometric growth: reserving exactly size + n on every row would
+        // reallocate (and copy the column) on every row.
+        const size_t want = col.ints.size() + static_cast<size_t>(n);
+        if (want > col.ints.capacity()) col.ints.reserve(std::max(want, 2 * col.ints.capacity()));
       }
       return parse::ForEachValue(
           list, r.kind,
           [&](std::string_view b) {
-            col.bytes_data.insert(col.bytes_data.end(), b.begin(), b.end());
+            // resize + memcpy: insert() from char iterators into uint8_t
+            // copies byte by byte.
+            const size_t at = col.bytes_data.size();
+            if (at + b.size() > col.bytes_data.capacity()) {
+              col.bytes_data.reserve(std::max(at + b.size(), 2 * col.bytes_data.capacity()));
+            }
+            col.bytes_data.resize(at + b.size());
+            if (!b.empty()) std::memcpy(col.bytes_data.data() + at, b.data(), b.size());
             col.bytes_offsets.push_back(static_cast<int64_t>(col.bytes_data.size()));
           },
           [&](const char* le, size_t n) {
@@ -187,8 +197,19 @@ std::vector<FeatureColumn> ExampleDecoder::Finish() {
   columns_.clear();
   columns_.resize(schema_.size());
   for (size_t i = 0; i < schema_.size(); ++i) {
-    columns_[i].name = schema_[i].name;
-    columns_[i].kind = schema_[i].kind;
+    FeatureColumn& c = columns_[i];
+    c.name = schema_[i].name;
+    c.kind = schema_[i].kind;
+    // The next batch is most likely shaped like this one: size its buffers
+    // up front, so they are written once instead of regrown (and copied)
+    // while it fills.
+    const FeatureColumn& last = out[i];
+    c.floats.reserve(last.floats.size());
+    c.ints.reserve(last.ints.size());
+    c.bytes_data.reserve(last.bytes_data.size());
+    c.bytes_offsets.reserve(last.bytes_offsets.size());
+    c.row_splits.reserve(last.row_splits.size());
+    c.present.reserve(last.present.size());
   }
   return out;
 }
