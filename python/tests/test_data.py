@@ -80,6 +80,8 @@ def test_tf_dataset_matches_parse_example(tf, tmp_path):
         assert a["tags"].to_list() == tf.RaggedTensor.from_sparse(b["tags"]).to_list()
         assert a["pixels"].dtype == tf.uint8
     assert sum(1 for _ in ours) == 3  # a second pass reads the file again
+    # Already the node's shard: a tf.distribute strategy must not shard it a second time.
+    assert ours.options().experimental_distribute.auto_shard_policy == tf.data.experimental.AutoShardPolicy.OFF
 
 
 def test_shards_whole_files_or_records(tf, tmp_path):

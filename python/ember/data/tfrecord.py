@@ -20,6 +20,7 @@ import numpy as np
 
 from ember import _ember
 from ember.data import _features, _fs
+from ember.tf import _keep_freed_memory
 
 Paths = Union[str, Sequence[str]]
 
@@ -96,13 +97,19 @@ class TFRecordBatches:
         ragged = [s.name for s in self.specs if s.shape is None]
 
         def gen():
+            _keep_freed_memory()  # runs after TF's generator dataset set its malloc options
             for batch in self:
                 for name in ragged:
                     values, splits = batch[name]
                     batch[name] = tf.RaggedTensor.from_row_splits(values, splits, validate=False)
                 yield batch
 
-        return tf.data.Dataset.from_generator(gen, output_signature=signature)
+        ds = tf.data.Dataset.from_generator(gen, output_signature=signature)
+        # Already this node's shard: a tf.distribute strategy must not shard it again (it
+        # would fall back to keeping every n-th batch of a generator).
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+        return ds.with_options(options)
 
     def to_torch_dataset(self, transform=None):
         """A ``torch.utils.data.IterableDataset`` of ``{feature: tensor}`` batches, or of what
