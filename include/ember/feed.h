@@ -71,11 +71,24 @@ struct FeedOptions {
   Duration idle_timeout{600000};
   // Largest message accepted from or sent to a feed server.
   size_t max_message_bytes = size_t{64} << 20;
-  // Inference over shared memory: the result ring a producer creates, named
-  // "<result_ring_prefix>-r<partition>-<pid>-<n>", of this many bytes.
-  std::string result_ring_prefix = "/ember";
+  // Inference over shared memory: the size of the result ring a producer
+  // creates (named after the node's ring, see ResultRingPrefix).
   size_t result_ring_bytes = size_t{32} << 20;
 };
+
+// Result rings (inference) are named after the node they belong to:
+// "<ResultRingPrefix(node_ring)>-...", both those a feeding task on the
+// node's host creates and those the node's TCP feed server creates for
+// remote tasks.  `node_ring` is NodeEndpoint::ring ("/<job>-<executor>").
+std::string ResultRingPrefix(std::string_view node_ring);
+
+// Unlinks the names of the result rings of the node whose ring is
+// `node_ring`: a name is normally dropped by the node once both ends have
+// the ring mapped, so what is left belongs to partitions whose node ended
+// first and whose feeding task was killed (Spark SIGKILLs the Python workers
+// of a failed stage's tasks).  Mappings stay valid.  Call once the node has
+// ended (its launcher does).  IOError naming /dev/shm if it cannot be listed.
+Status RemoveResultRings(std::string_view node_ring);
 
 // Where a node's feed is.  Value type; the launcher publishes it in the
 // coordinator's key/value store as Encode()'s bytes.

@@ -35,8 +35,7 @@ FeedOptions = _ember.FeedOptions
 _TRANSPORTS = {"auto": _ember.Transport.AUTO, "shm": _ember.Transport.SHM, "tcp": _ember.Transport.TCP}
 
 
-def feed_options(secret: bytes, feed_timeout: Optional[float] = None, transport: Optional[str] = None,
-                 job_id: str = "") -> FeedOptions:
+def feed_options(secret: bytes, feed_timeout: Optional[float] = None, transport: Optional[str] = None) -> FeedOptions:
     """The producers' options: `feed_timeout` is FeedOptions.idle_timeout (seconds a wait may make
     no progress, on this side and at the node's feed server); what is not given keeps the core's default."""
     options = FeedOptions()
@@ -47,8 +46,6 @@ def feed_options(secret: bytes, feed_timeout: Optional[float] = None, transport:
         if transport not in _TRANSPORTS:
             raise ValueError(f"feed transport must be one of {sorted(_TRANSPORTS)}, got {transport!r}")
         options.transport = _TRANSPORTS[transport]
-    if job_id:
-        options.result_ring_prefix = f"/ember-{job_id}"
     return options
 
 

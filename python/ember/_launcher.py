@@ -156,7 +156,7 @@ class NodeFeed:
         try:
             self.server = _ember.FeedServer.start(
                 self.ring.name, spec.secret, bind_host="0.0.0.0", port=0,
-                result_ring_prefix=f"/{spec.job_id}-{executor_id}-results",
+                result_ring_prefix=_ember.result_ring_prefix(self.ring.name),
                 idle_timeout=spec.feed_timeout)
         except BaseException:
             self.ring.close()
@@ -182,6 +182,8 @@ class NodeFeed:
     def close(self) -> None:
         self.server.close()
         self.ring.close()
+        # Result rings whose feeding task was killed before the node could map them.
+        _ember.remove_result_rings(self.ring.name)
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -199,7 +199,7 @@ class Cluster:
 
     def _feed_options(self, feed_timeout: float) -> _feeding.FeedOptions:
         return _feeding.feed_options(secret=self._secret, feed_timeout=float(feed_timeout),
-                                    transport=str(config.get("feed_transport", self._sc)), job_id=self.job_id)
+                                    transport=str(config.get("feed_transport", self._sc)))
 
     def train(self, data: Any, num_epochs: int = 1, feed_timeout: float = 600.0, qname: str = "input") -> None:
         """Feeds a DataFrame or RDD to the training nodes (InputMode.SPARK); returns when all

@@ -335,7 +335,6 @@ void BindFeedContract(nb::module_& m) {
                          [](FeedOptions& o, nb::bytes b) { o.secret = BytesToString(b); })
                      .def_rw("transport", &FeedOptions::transport)
                      .def_rw("max_message_bytes", &FeedOptions::max_message_bytes)
-                     .def_rw("result_ring_prefix", &FeedOptions::result_ring_prefix)
                      .def_rw("result_ring_bytes", &FeedOptions::result_ring_bytes);
   SecondsField(options, "connect_timeout", &FeedOptions::connect_timeout,
                "Seconds to reach a node (its ring, or its feed server including the handshake).");
@@ -346,7 +345,7 @@ void BindFeedContract(nb::module_& m) {
            [](const FeedOptions& o) {
              return nb::make_tuple(nb::bytes(o.secret.data(), o.secret.size()), static_cast<int>(o.transport),
                                    o.connect_timeout.count(), o.idle_timeout.count(), o.max_message_bytes,
-                                   o.result_ring_prefix, o.result_ring_bytes);
+                                   o.result_ring_bytes);
            })
       .def("__setstate__", [](FeedOptions& o, nb::tuple t) {
         new (&o) FeedOptions();
@@ -355,8 +354,7 @@ void BindFeedContract(nb::module_& m) {
         o.connect_timeout = Duration(nb::cast<int64_t>(t[2]));
         o.idle_timeout = Duration(nb::cast<int64_t>(t[3]));
         o.max_message_bytes = nb::cast<size_t>(t[4]);
-        o.result_ring_prefix = nb::cast<std::string>(t[5]);
-        o.result_ring_bytes = nb::cast<size_t>(t[6]);
+        o.result_ring_bytes = nb::cast<size_t>(t[5]);
       });
 
   nb::class_<NodeEndpoint>(m, "NodeEndpoint", "Where a node's feed is (ember/feed.h NodeEndpoint).")
@@ -398,6 +396,13 @@ void BindFeedContract(nb::module_& m) {
       [](int64_t rows, const std::vector<int64_t>& sent, size_t first) { return feed::SplitRows(rows, sent, first); },
       "rows"_a, "sent"_a, "first"_a, "How the next `rows` rows of a partition go to the nodes (ember/feed.h SplitRows).");
   m.def("max_batch_bytes", &feed::MaxBatchBytes, "ring_capacity"_a, "max_message_bytes"_a);
+  m.def(
+      "result_ring_prefix", [](const std::string& node_ring) { return feed::ResultRingPrefix(node_ring); }, "node_ring"_a,
+        "The names of a node's result rings start with this (ember/feed.h ResultRingPrefix).");
+  m.def(
+      "remove_result_rings", [](const std::string& node_ring) { ThrowIfError(feed::RemoveResultRings(node_ring)); },
+      nb::call_guard<nb::gil_scoped_release>(), "node_ring"_a,
+      "Unlinks what is left of a node's result rings once it has ended (ember/feed.h RemoveResultRings).");
 
   nb::class_<Producer>(m, "FeedProducer",
                        "One feeding task's partition of one training epoch, to every node (ember/feed.h Producer).\n"

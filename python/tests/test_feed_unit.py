@@ -99,7 +99,7 @@ def _endpoint(ring):
 
 
 def _options(**kw):
-    return feeding.feed_options(b"s" * 32, feed_timeout=10.0, job_id="t" + secrets.token_hex(3), **kw)
+    return feeding.feed_options(b"s" * 32, feed_timeout=10.0, **kw)
 
 
 class _FeedServers:

@@ -34,7 +34,7 @@ def _feed_epochs(ring, epochs: int, rows: int) -> None:
     from ember import _ember
     server = _ember.FeedServer.start(ring.name, b"s" * 32, bind_host="127.0.0.1")  # the driver's way in
     ep = feeding.NodeEndpoint(0, "worker:0", ring.name, "127.0.0.1", server.port)
-    opts = feeding.feed_options(b"s" * 32, feed_timeout=10.0, job_id="t" + secrets.token_hex(3))
+    opts = feeding.feed_options(b"s" * 32, feed_timeout=10.0)
     for e in range(epochs):
         data = [(np.full(3, e * 100 + i, np.float32), i % 10) for i in range(rows)]
         feeding.feed_partition(feeding.rdd_rows_to_batches(data, chunk=7), 0, e, [ep], opts)

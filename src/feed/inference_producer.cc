@@ -1,9 +1,14 @@
 // InferenceProducer: one partition to one node, its answers back, checked.
+#include <dirent.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <mutex>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "common/thread_annotations.h"
 #include "ember/feed.h"
@@ -19,9 +24,9 @@ constexpr Duration kHealthTick{100};
 
 std::atomic<uint64_t> g_result_rings{0};
 
-std::string ResultRingName(const FeedOptions& options, uint32_t partition) {
+std::string ResultRingName(const NodeEndpoint& node, uint32_t partition) {
   static const uint32_t salt = std::random_device{}();
-  return options.result_ring_prefix + "-r" + std::to_string(partition) + "-" + std::to_string(getpid()) + "-" +
+  return ResultRingPrefix(node.ring) + "-r" + std::to_string(partition) + "-" + std::to_string(getpid()) + "-" +
          std::to_string(salt) + "-" + std::to_string(g_result_rings++);
 }
 
@@ -36,6 +41,24 @@ Status ServerErrorStatus(const std::string& text) {
 }
 
 }  // namespace
+
+std::string ResultRingPrefix(std::string_view node_ring) { return std::string(node_ring) + "-results"; }
+
+Status RemoveResultRings(std::string_view node_ring) {
+  // POSIX shared memory names live in /dev/shm on Linux, without the "/".
+  std::string prefix = ResultRingPrefix(node_ring);
+  if (!prefix.empty() && prefix[0] == '/') prefix.erase(0, 1);
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return Status::FromErrno(errno, "listing /dev/shm for result rings of " + std::string(node_ring));
+  std::vector<std::string> names;
+  while (const dirent* e = readdir(dir)) {
+    const std::string_view name = e->d_name;
+    if (name.substr(0, prefix.size()) == prefix) names.emplace_back(name);
+  }
+  closedir(dir);
+  for (const std::string& name : names) shm_unlink(("/" + name).c_str());  // gone already: fine
+  return Status::OK();
+}
 
 class InferenceProducer::Impl {
  public:
@@ -103,7 +126,7 @@ Result<std::unique_ptr<InferenceProducer>> InferenceProducer::Open(const NodeEnd
   }
   impl->link = link.MoveValueUnsafe();
   if (impl->link->local()) {
-    EMBER_ASSIGN_OR_RAISE(impl->results, shm::Ring::Create(ResultRingName(options, partition), options.result_ring_bytes));
+    EMBER_ASSIGN_OR_RAISE(impl->results, shm::Ring::Create(ResultRingName(impl->link->node, partition), options.result_ring_bytes));
   }
   return std::unique_ptr<InferenceProducer>(new InferenceProducer(std::move(impl)));
 }

@@ -2,6 +2,7 @@
 // shm rings and over TCP through a node's FeedServer.  A stand-in for Arrow:
 // a batch's "IPC stream" is the i64 value of its first row; row i of it is
 // that value + i.
+#include <dirent.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -79,7 +80,7 @@ class FeedTest : public ::testing::TestWithParam<Via> {
       o.bind_host = "127.0.0.1";
       o.secret = kSecret;
       o.ring_name = node->ring->name();
-      o.result_ring_prefix = UniqueName("results");
+      o.result_ring_prefix = ResultRingPrefix(node->ring->name());
       o.result_ring_capacity = 1 << 16;
       o.idle_timeout = server_idle;
       auto server = FeedServer::Start(o);
@@ -102,7 +103,6 @@ class FeedTest : public ::testing::TestWithParam<Via> {
     o.transport = GetParam() == Via::kShm ? Transport::kAuto : Transport::kTcp;  // auto: the ring is here
     o.connect_timeout = Duration(5000);
     o.idle_timeout = Duration(10000);
-    o.result_ring_prefix = UniqueName("r");
     o.result_ring_bytes = 1 << 16;
     return o;
   }
@@ -534,6 +534,45 @@ TEST_P(FeedTest, ANodeFailureDuringInferenceIsReportedWithTheNodesReasonPromptly
       << r.status().message();
   EXPECT_NE(r.status().message().find("partition 0"), std::string::npos) << r.status().message();
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(3));
+}
+
+// Regression: a node killed during inference, then its feeding task killed
+// (Spark SIGKILLs the Python workers of a failed stage), left the task's
+// result ring in /dev/shm: the node drops the name only once it has mapped
+// the ring.  Result rings are named after their node, and the node's
+// launcher removes what is left when the node has ended.
+TEST_P(FeedTest, ResultRingsOfADeadNodeAreRemovedByName) {
+  StartNodes(2);
+  auto prod = InferenceProducer::Open(Endpoints()[0], 7, Options());
+  ASSERT_TRUE(prod.ok());
+  ASSERT_TRUE((*prod)->Begin().ok());  // over shm: the result ring exists now, named for worker:0
+  const std::string node0 = nodes_[0]->ring->name().substr(1), node1 = nodes_[1]->ring->name().substr(1);
+  auto names_of = [](const std::string& node_ring_no_slash) {
+    std::vector<std::string> out;
+    const std::string prefix = node_ring_no_slash + "-results";
+    if (DIR* d = opendir("/dev/shm")) {
+      while (const dirent* e = readdir(d)) {
+        if (std::string_view(e->d_name).substr(0, prefix.size()) == prefix) out.emplace_back(e->d_name);
+      }
+      closedir(d);
+    }
+    return out;
+  };
+  std::unique_ptr<shm::Ring> other;  // a result ring of worker:1 stays
+  auto made = shm::Ring::Create(ResultRingPrefix(nodes_[1]->ring->name()) + "-r1-test", 1 << 16);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  other = made.MoveValueUnsafe();
+  if (GetParam() == Via::kShm) {
+    EXPECT_EQ(names_of(node0).size(), 1u);
+  }
+  EXPECT_EQ(names_of(node1).size(), 1u);
+  ASSERT_TRUE(RemoveResultRings(nodes_[0]->ring->name()).ok());
+  EXPECT_TRUE(names_of(node0).empty());
+  EXPECT_EQ(names_of(node1).size(), 1u);
+  ASSERT_TRUE(RemoveResultRings(nodes_[1]->ring->name()).ok());
+  EXPECT_TRUE(names_of(node1).empty());
+  ASSERT_TRUE(RemoveResultRings("/no-such-node").ok());  // nothing to remove: fine
+  nodes_[0]->ring->Abort("node worker:0 failed (killed by signal 9)");
 }
 
 TEST_P(FeedTest, TheProducersIdleTimeoutReachesTheNodeSide) {
