@@ -248,7 +248,7 @@ def load_tfrecords(spark, path: Union[str, Sequence[str]], schema=None, binary_f
     def read_files(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         opts = _fs.options_from(default_fs, http)
         for b in batches:
-            for uri in b.column("uri").to_pylist():
+            for uri in (uris[i] for i in b.column("id").to_pylist()):
                 ds = _ember.ExampleDataset.open([uri], opts, core, _READ_BATCH, False, 1, 0, 1,
                                                 compression, skip_corrupt)
                 try:
@@ -257,5 +257,7 @@ def load_tfrecords(spark, path: Union[str, Sequence[str]], schema=None, binary_f
                 finally:
                     ds.close()
 
-    files = spark.createDataFrame([(u,) for u in uris], "uri string").repartition(n)
+    # File i is read by the task holding id i: spark.range spreads them over n partitions with
+    # no shuffle (the closure carries the URIs).
+    files = spark.range(0, len(uris), 1, n)
     return files.mapInArrow(read_files, from_arrow_schema(arrow))
