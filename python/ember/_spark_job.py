@@ -62,15 +62,48 @@ def check_slots(sc, needed: int, timeout: float) -> None:
         f"but the Spark application has {have} ({where}). {advice}.")
 
 
-def spark_error_summary(error: BaseException) -> str:
-    """The Python traceback inside a Spark job failure, or the start of its text."""
+def spark_error_summary(error: BaseException, sc=None) -> str:
+    """The Python traceback inside a Spark job failure, or the start of its text; with `sc`,
+    what to do when the executors' Python cannot import Ember."""
     text = str(error)
     m = re.search(r"Traceback \(most recent call last\):.*?(?=\n\s*at [\w$.]+\(|\Z)", text, re.S)
     if m:
         tb = m.group(0).strip()
         last = tb.splitlines()[-1]
-        return f"{last}\n(Python traceback of the Spark task:)\n{tb[-4000:]}"
-    return text[:2000]
+        summary = f"{last}\n(Python traceback of the Spark task:)\n{tb[-4000:]}"
+    else:
+        summary = text[:2000]
+    return (ember_import_hint(sc, summary) if sc is not None else "") + summary
+
+
+_NO_EMBER = re.compile(r"ModuleNotFoundError: No module named 'ember(\.[\w.]+)?'|ImportError: .*ember[./]_ember")
+
+
+def ember_import_hint(sc, summary: str) -> str:
+    """When `summary` says Spark's Python workers could not import Ember: which Python they
+    run, and the fix (a paragraph ending in a blank line); else ""."""
+    if not _NO_EMBER.search(summary):
+        return ""
+    import os
+    import sys
+
+    python = getattr(sc, "pythonExec", None) or "python3"
+    how = ("PYSPARK_PYTHON is unset, so it is python3 from the executors' PATH"
+           if not os.environ.get("PYSPARK_PYTHON") else "from PYSPARK_PYTHON")
+    text = (f"Spark's Python workers cannot import Ember. They run `{python}` ({how}); this "
+            f"driver runs `{sys.executable}`, with Ember {_version()}. Fix: set PYSPARK_PYTHON "
+            f"(or spark.pyspark.python) to a Python that has this Ember installed on every executor, "
+            f"before the SparkSession starts, or ship this environment to the executors with "
+            f"spark.archives (Spark's \"Python package management\").")
+    if str(sc.master).startswith("local"):
+        text += (f" In local mode the driver's own interpreter is the one to use: "
+                 f"PYSPARK_PYTHON={sys.executable}.")
+    return text + "\n\n"
+
+
+def _version() -> str:
+    import ember
+    return getattr(ember, "__version__", "?")
 
 
 class NodesJob:
@@ -118,7 +151,7 @@ class NodesJob:
         self._thread.start()
 
     def failure_text(self) -> str:
-        return f"the Spark job running the {self.num_nodes} nodes failed: {spark_error_summary(self.error)}"
+        return f"the Spark job running the {self.num_nodes} nodes failed: {spark_error_summary(self.error, self._sc)}"
 
     def cancel(self) -> None:
         """Cancels the job group (its tasks are interrupted); idempotent."""
@@ -145,4 +178,4 @@ class NodesJob:
                 f"{timeout:g}s. Look at the Spark UI for job group {self.job_id}.")
         if self.error is not None and not self.cancelled:
             raise ClusterError(f"every node reported done, but the Spark job running them failed: "
-                               f"{spark_error_summary(self.error)}") from self.error
+                               f"{spark_error_summary(self.error, self._sc)}") from self.error

@@ -240,7 +240,7 @@ class Cluster:
                 self._teardown(abort_reason=f"node {failure.job_name}:{failure.task_index} failed")
                 raise failure from e
             if type(e).__name__ == "Py4JJavaError":
-                raise ClusterError(f"Cluster.train: the feeding Spark job failed: {spark_error_summary(e)}") from e
+                raise ClusterError(f"Cluster.train: the feeding Spark job failed: {spark_error_summary(e, self._sc)}") from e
             raise
 
     def train_stream(self, stream_df: Any, feed_timeout: float = 600.0,
