@@ -76,7 +76,7 @@ def spark_error_summary(error: BaseException, sc=None) -> str:
     return (ember_import_hint(sc, summary) if sc is not None else "") + summary
 
 
-_NO_EMBER = re.compile(r"ModuleNotFoundError: No module named 'ember(\.[\w.]+)?'|ImportError: .*ember[./]_ember")
+_NO_EMBER = re.compile(r"ModuleNotFoundError: No module named 'ember(\._ember)?'|ImportError: .*ember[./]_ember")
 
 
 def ember_import_hint(sc, summary: str) -> str:
