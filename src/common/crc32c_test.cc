@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <string>
@@ -60,6 +61,29 @@ TEST(Crc32c, HardwareMatchesPortable) {
     }
     ASSERT_EQ(ExtendPortable(0, buf.data() + align, 4096), ExtendHardware(0, buf.data() + align, 4096));
   }
+}
+
+// Lengths around the interleaved paths' block edges (3 x 256 and 3 x 8192
+// bytes) and well past them, where partial CRCs are shifted and joined.
+TEST(Crc32c, InterleavedBlocksMatchPortable) {
+  if (!HardwareAvailable()) GTEST_SKIP() << "no SSE4.2 on this CPU";
+  std::mt19937 rng(7);
+  std::vector<uint8_t> buf(3 * 8192 * 3 + 64);
+  for (auto& b : buf) b = static_cast<uint8_t>(rng());
+  for (size_t edge : {size_t{3 * 256}, size_t{3 * 8192}, size_t{2 * 3 * 8192}}) {
+    for (size_t n = edge - 9; n <= edge + 9; ++n) {
+      for (size_t align : {0, 3, 8}) {
+        uint32_t init = static_cast<uint32_t>(rng());
+        ASSERT_EQ(ExtendPortable(init, buf.data() + align, n), ExtendHardware(init, buf.data() + align, n))
+            << "align " << align << " n " << n;
+      }
+    }
+  }
+  ASSERT_EQ(ExtendPortable(0, buf.data(), buf.size()), ExtendHardware(0, buf.data(), buf.size()));
+  // Extending in pieces gives the CRC of the whole.
+  uint32_t c = 0;
+  for (size_t at = 0; at < buf.size(); at += 1000) c = Extend(c, buf.data() + at, std::min<size_t>(1000, buf.size() - at));
+  EXPECT_EQ(Value(buf.data(), buf.size()), c);
 }
 
 TEST(Crc32c, PortableStandardResult) {
