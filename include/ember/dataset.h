@@ -2,13 +2,13 @@
 // what a node's input pipeline pulls (ember.data.tfrecord_dataset in Python,
 // or a C++ trainer directly).  Files are read one after another through a
 // FileSystem (local or HDFS alike); each batch is decoded straight into
-// columns (ember/example.h) on a background thread, up to `prefetch` batches
+// columns (ember/example.h) on background threads, up to `prefetch` batches
 // ahead, so the caller's thread only takes finished batches.
 //
 // Errors name the file's URI and the byte offset of the record at fault
 // (and the feature, for a record that does not match the schema).
 //
-// Thread safety: one thread calls Next() at a time; the reading thread is
+// Thread safety: one thread calls Next() at a time; the decoding threads are
 // internal and stopped by Close() or the destructor.
 #pragma once
 
@@ -39,6 +39,14 @@ struct DatasetOptions {
   int64_t shard_index = 0;
   // Decoded batches kept ready ahead of Next(); 0 decodes in Next().
   int prefetch = 2;
+  // Threads decoding batches side by side (files are still read in order,
+  // one batch at a time); batches come out in file order whatever the
+  // count.  Unused with prefetch 0.
+  int decode_threads = 2;
+  // Read uncompressed files in place where the file system maps them
+  // (FileSystem::MapReadOnly: local files), else as streams.  Mapped input
+  // must not be truncated while it is read (see MapReadOnly).
+  bool map_files = true;
   ReaderOptions reader;  // compression, skip_corrupt, buffer size
 };
 

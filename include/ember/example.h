@@ -93,6 +93,9 @@ class ExampleDecoder {
   // Returns the columns, in schema order, and starts over with no rows.
   std::vector<FeatureColumn> Finish();
   size_t num_rows() const { return rows_; }
+  // Error messages count rows from `row` on (rows other decoders were
+  // given first); Finish() otherwise advances the count by its rows.
+  void set_first_row(size_t row) { row_base_ = row - rows_; }
 
  private:
   ExampleDecoder() = default;

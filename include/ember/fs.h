@@ -74,6 +74,16 @@ class WritableFile {
   virtual const std::string& uri() const = 0;
 };
 
+// A whole file's bytes in memory, read-only: a mapping of a local file, so
+// readers take records in place instead of copying them out of the OS.
+class ReadOnlyMemoryRegion {
+ public:
+  virtual ~ReadOnlyMemoryRegion() = default;
+  // Valid while this object lives; empty for an empty file.
+  virtual std::span<const uint8_t> data() const = 0;
+  virtual const std::string& uri() const = 0;
+};
+
 struct FileInfo {
   std::string name;  // the last path component
   uint64_t size = 0;
@@ -91,6 +101,15 @@ class FileSystem {
   virtual Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& path) = 0;
   // Creates or truncates `path`; its parent directories are created.
   virtual Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) = 0;
+  // The whole of `path` as one region, or nullptr when this file system
+  // cannot map files (HDFS; the fault-injecting one, whose faults live in
+  // its streams): then read it with NewSequentialFile.  The local file
+  // system mmaps; the in-memory one snapshots.  Caution: a local file
+  // truncated while mapped makes reading its lost part fault (SIGBUS), so
+  // map only inputs that are not rewritten in place.
+  virtual Result<std::shared_ptr<const ReadOnlyMemoryRegion>> MapReadOnly(const std::string& path) {
+    return std::shared_ptr<const ReadOnlyMemoryRegion>();
+  }
 
   virtual Result<FileInfo> Stat(const std::string& path) = 0;
   // The entries of directory `path`, sorted by name.  NotFound if missing.

@@ -68,6 +68,12 @@ class RecordReader {
   // Takes the file; fails only on bad options (e.g. zlib refusing to start).
   static Result<std::unique_ptr<RecordReader>> Open(std::unique_ptr<fs::SequentialFile> file,
                                                      const ReaderOptions& options = {});
+  // Reads records in place from a mapped file (FileSystem::MapReadOnly):
+  // Next()'s views stay valid as long as `region` lives, not only until the
+  // next call.  InvalidArgument unless options.compression resolves to
+  // kNone (a compressed file is read through a SequentialFile).
+  static Result<std::unique_ptr<RecordReader>> Open(std::shared_ptr<const fs::ReadOnlyMemoryRegion> region,
+                                                     const ReaderOptions& options = {});
   ~RecordReader();
   RecordReader(const RecordReader&) = delete;
   RecordReader& operator=(const RecordReader&) = delete;

@@ -81,7 +81,7 @@ std::unique_ptr<record::ExampleDataset> OpenDataset(const std::vector<std::strin
                                                     const std::vector<std::tuple<std::string, std::string, int64_t>>& specs,
                                                     int64_t batch_size, bool drop_remainder, int64_t num_shards,
                                                     int64_t shard_index, int prefetch, const std::string& compression,
-                                                    bool skip_corrupt) {
+                                                    bool skip_corrupt, int decode_threads) {
   record::DatasetOptions options;
   options.schema = ToSchema(specs);
   options.batch_size = batch_size;
@@ -89,6 +89,7 @@ std::unique_ptr<record::ExampleDataset> OpenDataset(const std::vector<std::strin
   options.num_shards = num_shards;
   options.shard_index = shard_index;
   options.prefetch = prefetch;
+  options.decode_threads = decode_threads;
   options.reader.compression = ValueOrThrow(record::ParseCompression(compression));
   options.reader.skip_corrupt = skip_corrupt;
   // Every path must live on one file system (one dataset reads one place).
@@ -237,7 +238,8 @@ void BindDataset(nb::module_& m) {
       .def_static("open", &OpenDataset, nb::call_guard<nb::gil_scoped_release>(),  // may reach a NameNode
                   nb::arg("uris"), nb::arg("resolve"), nb::arg("schema"), nb::arg("batch_size"),
                   nb::arg("drop_remainder"), nb::arg("num_shards"), nb::arg("shard_index"), nb::arg("prefetch"),
-                  nb::arg("compression"), nb::arg("skip_corrupt"))
+                  nb::arg("compression"), nb::arg("skip_corrupt"),
+                  nb::arg("decode_threads") = record::DatasetOptions{}.decode_threads)
       .def("next",
            [](record::ExampleDataset& self) -> nb::object {
              std::optional<std::vector<FeatureColumn>> batch;

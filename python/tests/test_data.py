@@ -84,6 +84,27 @@ def test_tf_dataset_matches_parse_example(tf, tmp_path):
     assert ours.options().experimental_distribute.auto_shard_policy == tf.data.experimental.AutoShardPolicy.OFF
 
 
+@pytest.mark.parametrize("drop_remainder", [False, True])
+@pytest.mark.parametrize("decode_threads", [1, 3])
+def test_tf_dataset_of_fixed_features_in_chunks(tf, tmp_path, drop_remainder, decode_threads):
+    """Fixed-shape features reach tf.data in chunks of batches (one generator step each, then
+    unbatch()): the batches, their sizes and the remainder are those of tfrecord_batches."""
+    write_tf_examples(tf, tmp_path / "a.tfrecord", range(0, 23))
+    write_tf_examples(tf, tmp_path / "b.tfrecord", range(23, 37))
+    spec = {k: v for k, v in features(tf).items() if k != "tags"}
+    kw = dict(batch_size=5, drop_remainder=drop_remainder, decode_threads=decode_threads)
+    want = list(ember.data.tfrecord_batches(str(tmp_path), spec, **kw))
+    ds = ember.data.tfrecord_dataset(str(tmp_path), spec, **kw)
+    assert ds.element_spec["pixels"].shape.as_list() == [None, 2, 2]
+    for _ in range(2):  # each pass reads the files again
+        got = list(ds)
+        assert [len(b["id"]) for b in got] == [5] * 7 + ([] if drop_remainder else [2])
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            for k in spec:
+                np.testing.assert_array_equal(a[k].numpy(), b[k])
+
+
 def test_shards_whole_files_or_records(tf, tmp_path):
     for i in range(3):
         write_tf_examples(tf, tmp_path / f"part-{i}", range(10 * i, 10 * i + 10))

@@ -87,6 +87,13 @@ Result<Mapping> Mapping::Map(int fd, size_t bytes, const std::string& what) {
   return Mapping(mem, bytes);
 }
 
+Result<Mapping> Mapping::MapFileReadOnly(int fd, size_t bytes, const std::string& what) {
+  void* mem = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+  if (mem == MAP_FAILED) return Status::FromErrno(errno, "mmap " + what);
+  (void)::madvise(mem, bytes, MADV_SEQUENTIAL);  // a hint: its failure changes nothing
+  return Mapping(mem, bytes);
+}
+
 Status Mapping::Close() {
   void* data = std::exchange(data_, nullptr);
   const size_t size = std::exchange(size_, 0);

@@ -59,7 +59,8 @@ class SharedMemory {
   bool owner_ = false;  // true until Unlink() succeeded
 };
 
-// One read-write MAP_SHARED mapping, unmapped on Close() or destruction.
+// One mapping (read-write MAP_SHARED, or a read-only file's), unmapped on
+// Close() or destruction.
 class Mapping {
  public:
   Mapping() = default;
@@ -71,6 +72,9 @@ class Mapping {
 
   // Maps `bytes` of `fd` from offset 0.  IOError naming `what` on failure.
   static Result<Mapping> Map(int fd, size_t bytes, const std::string& what);
+  // Maps `bytes` (> 0) of a file opened for reading, read-only, for one
+  // front-to-back pass (MADV_SEQUENTIAL: the kernel reads ahead).
+  static Result<Mapping> MapFileReadOnly(int fd, size_t bytes, const std::string& what);
 
   void* data() const { return data_; }
   size_t size() const { return size_; }

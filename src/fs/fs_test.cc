@@ -233,6 +233,40 @@ TEST_P(FsContractTest, ReaderOpenBeforeRenameKeepsItsFile) {
   EXPECT_EQ(ReadAll(P("a")), "second!");
 }
 
+// A mapped file holds the bytes it had when mapped, also after its name is
+// replaced; an empty file maps to an empty region; a missing one is NotFound.
+TEST_P(FsContractTest, MapReadOnly) {
+  auto w = fs_->NewWritableFile(P("m"));
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE((*w)->Append(Bytes("mapped bytes")).ok());
+  ASSERT_TRUE((*w)->Close().ok());
+  auto region = fs_->MapReadOnly(P("m"));
+  ASSERT_TRUE(region.ok()) << region.status().ToString();
+  ASSERT_NE(*region, nullptr);  // both back ends map
+  auto d = (*region)->data();
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(d.data()), d.size()), "mapped bytes");
+  EXPECT_NE((*region)->uri().find("m"), std::string::npos);
+  auto w2 = fs_->NewWritableFile(P("m2"));
+  ASSERT_TRUE(w2.ok());
+  ASSERT_TRUE((*w2)->Append(Bytes("other")).ok());
+  ASSERT_TRUE((*w2)->Close().ok());
+  ASSERT_TRUE(fs_->Rename(P("m2"), P("m")).ok());
+  d = (*region)->data();
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(d.data()), d.size()), "mapped bytes");
+
+  auto e = fs_->NewWritableFile(P("empty"));
+  ASSERT_TRUE(e.ok());
+  ASSERT_TRUE((*e)->Close().ok());
+  auto empty = fs_->MapReadOnly(P("empty"));
+  ASSERT_TRUE(empty.ok()) << empty.status().ToString();
+  EXPECT_TRUE((*empty)->data().empty());
+
+  auto missing = fs_->MapReadOnly(P("nope"));
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("nope"), std::string::npos);
+}
+
 TEST_P(FsContractTest, UriAndScheme) {
   EXPECT_EQ(fs_->scheme(), GetParam() == "local" ? "file" : "mem");
   std::string uri = fs_->Uri(P("f"));

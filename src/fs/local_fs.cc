@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/fd.h"
+#include "common/shm.h"
 #include "ember/fs.h"
 
 namespace ember::fs {
@@ -102,6 +103,19 @@ class LocalRandomAccessFile final : public RandomAccessFile {
 
  private:
   Fd fd_;
+  std::string path_;
+};
+
+class LocalRegion final : public ReadOnlyMemoryRegion {
+ public:
+  LocalRegion(Mapping mapping, std::string path) : mapping_(std::move(mapping)), path_(std::move(path)) {}
+  std::span<const uint8_t> data() const override {
+    return {static_cast<const uint8_t*>(mapping_.data()), mapping_.size()};
+  }
+  const std::string& uri() const override { return path_; }
+
+ private:
+  Mapping mapping_;  // unmapped when the last reader lets go
   std::string path_;
 };
 
@@ -192,6 +206,18 @@ class LocalFs final : public FileSystem {
     std::string path = StripScheme(uri);
     EMBER_ASSIGN_OR_RAISE(Fd fd, OpenRead(path));
     return std::unique_ptr<RandomAccessFile>(new LocalRandomAccessFile(std::move(fd), path));
+  }
+
+  Result<std::shared_ptr<const ReadOnlyMemoryRegion>> MapReadOnly(const std::string& uri) override {
+    std::string path = StripScheme(uri);
+    EMBER_ASSIGN_OR_RAISE(Fd fd, OpenRead(path));
+    struct stat st;
+    if (::fstat(fd.get(), &st) != 0) return PathError(errno, "stat", path);
+    Mapping mapping;  // an empty file maps nothing (mmap refuses 0 bytes)
+    if (st.st_size > 0) {
+      EMBER_ASSIGN_OR_RAISE(mapping, Mapping::MapFileReadOnly(fd.get(), static_cast<size_t>(st.st_size), path));
+    }
+    return std::shared_ptr<const ReadOnlyMemoryRegion>(std::make_shared<LocalRegion>(std::move(mapping), path));
   }
 
   Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& uri) override {

@@ -138,6 +138,20 @@ class MemWritableFile final : public WritableFile {
   bool closed_ = false;
 };
 
+// A snapshot of a file's bytes at MapReadOnly time.
+class MemRegion final : public ReadOnlyMemoryRegion {
+ public:
+  MemRegion(std::string data, std::string uri) : data_(std::move(data)), uri_(std::move(uri)) {}
+  std::span<const uint8_t> data() const override {
+    return {reinterpret_cast<const uint8_t*>(data_.data()), data_.size()};
+  }
+  const std::string& uri() const override { return uri_; }
+
+ private:
+  const std::string data_;
+  const std::string uri_;
+};
+
 class MemoryFs final : public FileSystem {
  public:
   MemoryFs() { dirs_.insert("/"); }
@@ -152,6 +166,13 @@ class MemoryFs final : public FileSystem {
     EMBER_ASSIGN_OR_RAISE(std::string p, Normalize(path));
     EMBER_ASSIGN_OR_RAISE(auto file, Find(p, "open"));
     return std::unique_ptr<RandomAccessFile>(new MemRandomAccessFile(std::move(file), MemUri(p)));
+  }
+
+  Result<std::shared_ptr<const ReadOnlyMemoryRegion>> MapReadOnly(const std::string& path) override {
+    EMBER_ASSIGN_OR_RAISE(std::string p, Normalize(path));
+    EMBER_ASSIGN_OR_RAISE(auto file, Find(p, "open"));
+    MutexLock lock(&file->mu);
+    return std::shared_ptr<const ReadOnlyMemoryRegion>(std::make_shared<MemRegion>(file->data, MemUri(p)));
   }
 
   Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {

@@ -1,6 +1,8 @@
 #include "ember/dataset.h"
 
-#include <deque>
+#include <algorithm>
+#include <cstring>
+#include <map>
 #include <thread>
 #include <utility>
 
@@ -8,46 +10,59 @@
 
 namespace ember::record {
 
-// One reading thread fills `ready_` (at most max(prefetch, 1) batches);
-// Next() takes from it.  With prefetch 0 there is no thread: Next() reads.
+// Decoding runs on `decode_threads` workers.  A worker claims the next
+// sequence number, gathers that batch's records under gather_mu_ (files are
+// read and framed, CRCs checked, in order, by one worker at a time) into its
+// own arena, then decodes them with its own ExampleDecoder outside every
+// lock while the next worker gathers.  Batches land in `done_` by sequence
+// number and Next() hands them out in that order, so an error (a bad
+// record, a missing file) surfaces after every batch before it.  With
+// prefetch 0 there are no threads: Next() gathers and decodes.
+//
+// Lock order: gather_mu_ before mu_.
 class ExampleDataset::Impl {
  public:
   Impl(std::shared_ptr<fs::FileSystem> fs, std::vector<std::string> paths, DatasetOptions options,
-       example::ExampleDecoder decoder)
-      : fs_(std::move(fs)), paths_(std::move(paths)), options_(std::move(options)), decoder_(std::move(decoder)) {}
+       std::vector<example::ExampleDecoder> decoders)
+      : fs_(std::move(fs)), paths_(std::move(paths)), options_(std::move(options)),
+        capacity_(static_cast<int64_t>(std::max(options_.prefetch, 1)) + static_cast<int64_t>(decoders.size()) - 1) {
+    workers_.reserve(decoders.size());
+    for (auto& d : decoders) workers_.push_back(Worker{std::move(d), {}, {}, {}, {}, {}});
+  }
 
   ~Impl() { Close(); }
 
   void Start() {
-    if (options_.prefetch > 0) thread_ = std::thread([this] { Run(); });
+    if (options_.prefetch == 0) return;
+    for (size_t w = 0; w < workers_.size(); ++w) threads_.emplace_back([this, w] { Work(w); });
   }
 
   Result<std::optional<std::vector<example::FeatureColumn>>> Next() {
-    if (options_.prefetch == 0) {
-      MutexLock lock(&mu_);
-      if (closed_) return Status::Cancelled("dataset closed");
-      if (!failure_.ok()) return failure_;
-      if (ended_) return std::optional<std::vector<example::FeatureColumn>>();
-      lock.Unlock();
-      auto batch = ReadBatch();
-      lock.Lock();
-      if (!batch.ok()) failure_ = batch.status();
-      else if (!batch->has_value()) ended_ = true;
-      else stats_.rows += (**batch)[0].num_rows();
-      return batch;
-    }
     MutexLock lock(&mu_);
-    while (ready_.empty() && failure_.ok() && !ended_ && !closed_) changed_.Wait(&mu_);
-    if (closed_) return Status::Cancelled("dataset closed");
-    if (!ready_.empty()) {
-      std::vector<example::FeatureColumn> batch = std::move(ready_.front());
-      ready_.pop_front();
-      stats_.rows += batch[0].num_rows();
-      changed_.SignalAll();
-      return std::optional<std::vector<example::FeatureColumn>>(std::move(batch));
+    if (options_.prefetch == 0 && !closed_ && failure_.ok() && !ended_) {
+      ++claimed_;
+      lock.Unlock();
+      Batch b = Produce(0);
+      lock.Lock();
+      done_.emplace(b.seq, std::move(b));
     }
+    while (!closed_ && failure_.ok() && !ended_ && !done_.contains(next_out_)) changed_.Wait(&mu_);
+    if (closed_) return Status::Cancelled("dataset closed");
     if (!failure_.ok()) return failure_;
-    return std::optional<std::vector<example::FeatureColumn>>();
+    if (ended_) return std::optional<std::vector<example::FeatureColumn>>();
+    auto node = done_.extract(next_out_++);
+    changed_.SignalAll();  // room for one more batch
+    Batch& b = node.mapped();
+    if (!b.status.ok()) {
+      failure_ = b.status;
+      return failure_;
+    }
+    if (b.columns.empty()) {
+      ended_ = true;
+      return std::optional<std::vector<example::FeatureColumn>>();
+    }
+    stats_.rows += b.columns[0].num_rows();
+    return std::optional<std::vector<example::FeatureColumn>>(std::move(b.columns));
   }
 
   void Close() {
@@ -56,7 +71,9 @@ class ExampleDataset::Impl {
       closed_ = true;
       changed_.SignalAll();
     }
-    if (thread_.joinable()) thread_.join();
+    for (auto& t : threads_) {
+      if (t.joinable()) t.join();
+    }
   }
 
   DatasetStats stats() const {
@@ -65,45 +82,154 @@ class ExampleDataset::Impl {
   }
 
  private:
-  // The reading thread: batches into ready_ until the end, an error or Close.
-  void Run() {
+  // A batch in sequence: its columns, or the error at that point of the
+  // files, or neither (the end).
+  struct Batch {
+    int64_t seq = 0;
+    Status status;
+    std::vector<example::FeatureColumn> columns;
+  };
+
+  // What one worker owns: the records it gathered, where each came from,
+  // its decoder.  A record of a mapped file is read in place (the batch
+  // keeps the mapping alive); one of a streamed file is copied into `arena`,
+  // since the reader's buffer moves on.
+  struct Piece {
+    const uint8_t* mapped;  // the record in a mapped file, or nullptr: in arena
+    size_t offset, size;     // in arena
+  };
+  struct Worker {
+    example::ExampleDecoder decoder;
+    std::vector<uint8_t> arena;
+    std::vector<Piece> pieces;
+    std::vector<std::pair<size_t, uint64_t>> origins;  // (index in uris, byte offset) per record
+    std::vector<std::string> uris;  // the files this batch's records came from
+    std::vector<std::shared_ptr<const fs::ReadOnlyMemoryRegion>> regions;  // mapped files they lie in
+  };
+
+  void Work(size_t w) {
     for (;;) {
       {
         MutexLock lock(&mu_);
-        while (!closed_ && ready_.size() >= static_cast<size_t>(options_.prefetch)) changed_.Wait(&mu_);
-        if (closed_) return;
+        while (!closed_ && !gather_done_ && claimed_ - next_out_ >= capacity_) changed_.Wait(&mu_);
+        if (closed_ || gather_done_) return;
+        ++claimed_;
       }
-      auto batch = ReadBatch();  // file I/O and decoding outside the lock
+      Batch b = Produce(w);
       MutexLock lock(&mu_);
-      if (!batch.ok()) {
-        failure_ = batch.status();
-      } else if (!batch->has_value()) {
-        ended_ = true;
-      } else {
-        ready_.push_back(std::move(**batch));
-      }
+      done_.emplace(b.seq, std::move(b));
       changed_.SignalAll();
-      if (!failure_.ok() || ended_) return;
     }
   }
 
+  // Gathers the next batch's records (in sequence, under gather_mu_), then
+  // decodes them on this thread.
+  Batch Produce(size_t w) {
+    Worker& worker = workers_[w];
+    Batch b;
+    size_t first_row = 0;
+    bool decode = false;
+    {
+      MutexLock gather(&gather_mu_);
+      b.seq = next_seq_++;
+      if (!gather_stopped_) {
+        first_row = rows_gathered_;
+        b.status = Gather(&worker);
+        const size_t rows = worker.pieces.size();
+        if (!b.status.ok() || rows == 0 ||
+            (options_.drop_remainder && rows < static_cast<size_t>(options_.batch_size))) {
+          gather_stopped_ = true;  // an error or the end: later batches are ends
+        } else {
+          rows_gathered_ += rows;
+          decode = true;
+        }
+        MutexLock lock(&mu_);
+        stats_.records = static_cast<uint64_t>(records_);
+        stats_.files = files_;
+        stats_.skipped_records = skipped_;
+        if (gather_stopped_) gather_done_ = true;
+        changed_.SignalAll();
+      }
+    }
+    if (decode) b.status = Decode(&worker, first_row, &b.columns);
+    return b;
+  }
+
+  // Up to batch_size records of this shard, in place or into the arena.
+  Status Gather(Worker* worker) EXCLUSIVE_LOCKS_REQUIRED(gather_mu_) {
+    worker->arena.clear();
+    worker->pieces.clear();
+    worker->origins.clear();
+    worker->uris.clear();
+    worker->regions.clear();
+    std::string_view record;
+    while (worker->pieces.size() < static_cast<size_t>(options_.batch_size)) {
+      EMBER_ASSIGN_OR_RAISE(bool more, NextRecord(&record));
+      if (!more) break;
+      if (worker->uris.empty() || worker->uris.back() != reader_->uri()) {
+        worker->uris.push_back(reader_->uri());
+        if (region_ != nullptr) worker->regions.push_back(region_);
+      }
+      worker->origins.emplace_back(worker->uris.size() - 1, reader_->last_offset());
+      if (region_ != nullptr) {
+        worker->pieces.push_back({reinterpret_cast<const uint8_t*>(record.data()), 0, record.size()});
+        continue;
+      }
+      const size_t at = worker->arena.size();
+      if (at + record.size() > worker->arena.capacity()) {
+        worker->arena.reserve(std::max(at + record.size(), 2 * worker->arena.capacity()));
+      }
+      worker->arena.resize(at + record.size());
+      if (!record.empty()) std::memcpy(worker->arena.data() + at, record.data(), record.size());
+      worker->pieces.push_back({nullptr, at, record.size()});
+    }
+    return Status::OK();
+  }
+
+  Status Decode(Worker* worker, size_t first_row, std::vector<example::FeatureColumn>* columns) {
+    worker->decoder.set_first_row(first_row);
+    for (size_t i = 0; i < worker->pieces.size(); ++i) {
+      const Piece& p = worker->pieces[i];
+      const uint8_t* bytes = p.mapped != nullptr ? p.mapped : worker->arena.data() + p.offset;
+      Status st = worker->decoder.Add(std::string_view(reinterpret_cast<const char*>(bytes), p.size));
+      if (!st.ok()) {
+        worker->decoder.Finish();  // drops the rows of this batch
+        const auto& [uri, offset] = worker->origins[i];
+        return Status(st.code(), worker->uris[uri] + ": the record at byte " + std::to_string(offset) + ": " +
+                                     st.message());
+      }
+    }
+    *columns = worker->decoder.Finish();
+    worker->regions.clear();  // a mapping goes once no batch reads it
+    return Status::OK();
+  }
+
   // The next record of this shard, or false at the end of the last file.
-  // Only the reading thread (or Next() without one) calls it.
-  Result<bool> NextRecord(std::string_view* record) {
+  // The view is valid until the next call, or while region_ lives.
+  Result<bool> NextRecord(std::string_view* record) EXCLUSIVE_LOCKS_REQUIRED(gather_mu_) {
     for (;;) {
       if (reader_ == nullptr) {
         if (next_path_ == paths_.size()) return false;
         const std::string& path = paths_[next_path_++];
-        EMBER_ASSIGN_OR_RAISE(auto file, fs_->NewSequentialFile(path));
-        EMBER_ASSIGN_OR_RAISE(reader_, RecordReader::Open(std::move(file), options_.reader));
-        MutexLock lock(&mu_);
-        ++stats_.files;
+        const Compression c = options_.reader.compression == Compression::kAuto ? CompressionFromPath(path)
+                                                                                : options_.reader.compression;
+        region_.reset();
+        if (c == Compression::kNone && options_.map_files) {
+          EMBER_ASSIGN_OR_RAISE(region_, fs_->MapReadOnly(path));
+        }
+        if (region_ != nullptr) {
+          EMBER_ASSIGN_OR_RAISE(reader_, RecordReader::Open(region_, options_.reader));
+        } else {
+          EMBER_ASSIGN_OR_RAISE(auto file, fs_->NewSequentialFile(path));
+          EMBER_ASSIGN_OR_RAISE(reader_, RecordReader::Open(std::move(file), options_.reader));
+        }
+        ++files_;
       }
       EMBER_ASSIGN_OR_RAISE(bool more, reader_->Next(record));
       if (!more) {
-        MutexLock lock(&mu_);
-        stats_.skipped_records += reader_->stats().skipped_records;
+        skipped_ += reader_->stats().skipped_records;
         reader_.reset();
+        region_.reset();
         continue;
       }
       const int64_t index = records_++;
@@ -112,47 +238,37 @@ class ExampleDataset::Impl {
     }
   }
 
-  Result<std::optional<std::vector<example::FeatureColumn>>> ReadBatch() {
-    std::string_view record;
-    while (decoder_.num_rows() < static_cast<size_t>(options_.batch_size)) {
-      EMBER_ASSIGN_OR_RAISE(bool more, NextRecord(&record));
-      if (!more) break;
-      Status st = decoder_.Add(record);
-      if (!st.ok()) {
-        return Status(st.code(), reader_->uri() + ": the record at byte " + std::to_string(reader_->last_offset()) +
-                                     ": " + st.message());
-      }
-    }
-    {
-      MutexLock lock(&mu_);
-      stats_.records = static_cast<uint64_t>(records_);
-    }
-    const size_t rows = decoder_.num_rows();
-    if (rows == 0 || (options_.drop_remainder && rows < static_cast<size_t>(options_.batch_size))) {
-      decoder_.Finish();  // drops a short remainder
-      return std::optional<std::vector<example::FeatureColumn>>();
-    }
-    return std::optional<std::vector<example::FeatureColumn>>(decoder_.Finish());
-  }
-
   const std::shared_ptr<fs::FileSystem> fs_;
   const std::vector<std::string> paths_;
   const DatasetOptions options_;
+  const int64_t capacity_;  // batches claimed but not yet handed out, at most
 
-  // Owned by the reading thread (or by Next() when prefetch is 0).
-  example::ExampleDecoder decoder_;
-  std::unique_ptr<RecordReader> reader_;
-  size_t next_path_ = 0;
-  int64_t records_ = 0;
+  // Worker w's state, touched only by its thread (or by Next() without threads).
+  std::vector<Worker> workers_;
+
+  // The files, in order: read by one gathering worker at a time.
+  Mutex gather_mu_;
+  std::unique_ptr<RecordReader> reader_ GUARDED_BY(gather_mu_);
+  std::shared_ptr<const fs::ReadOnlyMemoryRegion> region_ GUARDED_BY(gather_mu_);  // reader_'s, if mapped
+  size_t next_path_ GUARDED_BY(gather_mu_) = 0;
+  int64_t records_ GUARDED_BY(gather_mu_) = 0;
+  uint64_t files_ GUARDED_BY(gather_mu_) = 0;
+  uint64_t skipped_ GUARDED_BY(gather_mu_) = 0;
+  size_t rows_gathered_ GUARDED_BY(gather_mu_) = 0;
+  int64_t next_seq_ GUARDED_BY(gather_mu_) = 0;
+  bool gather_stopped_ GUARDED_BY(gather_mu_) = false;
 
   mutable Mutex mu_;
   CondVar changed_;
-  std::deque<std::vector<example::FeatureColumn>> ready_ GUARDED_BY(mu_);
+  std::map<int64_t, Batch> done_ GUARDED_BY(mu_);  // by sequence number
+  int64_t claimed_ GUARDED_BY(mu_) = 0;   // batches a worker has started
+  int64_t next_out_ GUARDED_BY(mu_) = 0;  // the batch Next() hands out next
+  bool gather_done_ GUARDED_BY(mu_) = false;  // no batch after those claimed
   Status failure_ GUARDED_BY(mu_);
   bool ended_ GUARDED_BY(mu_) = false;
   bool closed_ GUARDED_BY(mu_) = false;
   DatasetStats stats_ GUARDED_BY(mu_);
-  std::thread thread_;
+  std::vector<std::thread> threads_;
 };
 
 Result<std::unique_ptr<ExampleDataset>> ExampleDataset::Open(std::shared_ptr<fs::FileSystem> fs,
@@ -169,8 +285,14 @@ Result<std::unique_ptr<ExampleDataset>> ExampleDataset::Open(std::shared_ptr<fs:
                                    std::to_string(options.num_shards) + " does not exist");
   }
   if (options.prefetch < 0) return Status::InvalidArgument("ExampleDataset: prefetch is negative");
-  EMBER_ASSIGN_OR_RAISE(example::ExampleDecoder decoder, example::ExampleDecoder::Make(options.schema));
-  auto impl = std::make_unique<Impl>(std::move(fs), std::move(paths), std::move(options), std::move(decoder));
+  if (options.decode_threads < 1) return Status::InvalidArgument("ExampleDataset: decode_threads must be >= 1");
+  std::vector<example::ExampleDecoder> decoders;
+  const int workers = options.prefetch == 0 ? 1 : options.decode_threads;
+  for (int i = 0; i < workers; ++i) {
+    EMBER_ASSIGN_OR_RAISE(example::ExampleDecoder decoder, example::ExampleDecoder::Make(options.schema));
+    decoders.push_back(std::move(decoder));
+  }
+  auto impl = std::make_unique<Impl>(std::move(fs), std::move(paths), std::move(options), std::move(decoders));
   impl->Start();
   return std::unique_ptr<ExampleDataset>(new ExampleDataset(std::move(impl)));
 }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -49,8 +50,9 @@ void WriteExamples(fs::FileSystem& fs, const std::string& path, int64_t first_id
   ASSERT_TRUE((*writer)->Close().ok());
 }
 
-DatasetOptions Options(int64_t batch, int prefetch) {
+DatasetOptions Options(int64_t batch, int prefetch, int threads = 2) {
   DatasetOptions o;
+  o.decode_threads = threads;
   o.schema = {FeatureSpec{"id", FeatureKind::kInt64, 1}, FeatureSpec{"pixels", FeatureKind::kBytes, 1}};
   o.batch_size = batch;
   o.prefetch = prefetch;
@@ -72,7 +74,8 @@ std::vector<int64_t> Drain(ExampleDataset& ds, std::vector<size_t>* sizes) {
   return ids;
 }
 
-class DatasetTest : public ::testing::TestWithParam<int> {  // the prefetch depth
+// (prefetch depth, decode threads, files mapped)
+class DatasetTest : public ::testing::TestWithParam<std::tuple<int, int, bool>> {
  protected:
   void SetUp() override {
     fs_ = fs::NewMemoryFileSystem();
@@ -80,11 +83,18 @@ class DatasetTest : public ::testing::TestWithParam<int> {  // the prefetch dept
     WriteExamples(*fs_, "/d/b", 10, 0);  // an empty file
     WriteExamples(*fs_, "/d/c", 10, 7);
   }
+  int Prefetch() const { return std::get<0>(GetParam()); }
+  int Threads() const { return std::get<1>(GetParam()); }
+  DatasetOptions Options(int64_t batch) const {
+    DatasetOptions o = ember::record::Options(batch, Prefetch(), Threads());
+    o.map_files = std::get<2>(GetParam());
+    return o;
+  }
   std::shared_ptr<fs::FileSystem> fs_;
 };
 
 TEST_P(DatasetTest, ReadsEveryFileInOrderInBatches) {
-  auto ds = ExampleDataset::Open(fs_, {"/d/a", "/d/b", "/d/c"}, Options(4, GetParam()));
+  auto ds = ExampleDataset::Open(fs_, {"/d/a", "/d/b", "/d/c"}, Options(4));
   ASSERT_TRUE(ds.ok()) << ds.status().ToString();
   std::vector<size_t> sizes;
   std::vector<int64_t> ids = Drain(**ds, &sizes);
@@ -100,7 +110,7 @@ TEST_P(DatasetTest, ReadsEveryFileInOrderInBatches) {
 }
 
 TEST_P(DatasetTest, DropRemainderAndShards) {
-  DatasetOptions o = Options(4, GetParam());
+  DatasetOptions o = Options(4);
   o.drop_remainder = true;
   o.num_shards = 3;
   o.shard_index = 1;
@@ -113,7 +123,7 @@ TEST_P(DatasetTest, DropRemainderAndShards) {
 }
 
 TEST_P(DatasetTest, MissingFileNamedWhenReached) {
-  auto ds = ExampleDataset::Open(fs_, {"/d/a", "/d/nope"}, Options(100, GetParam()));
+  auto ds = ExampleDataset::Open(fs_, {"/d/a", "/d/nope"}, Options(100));
   ASSERT_TRUE(ds.ok());
   auto batch = (*ds)->Next();
   ASSERT_FALSE(batch.ok());
@@ -123,7 +133,7 @@ TEST_P(DatasetTest, MissingFileNamedWhenReached) {
 }
 
 TEST_P(DatasetTest, RecordNotMatchingTheSchemaNamesFileAndOffset) {
-  DatasetOptions o = Options(100, GetParam());
+  DatasetOptions o = Options(100);
   o.schema[0].kind = FeatureKind::kFloat;  // "id" is int64 in the files
   auto ds = ExampleDataset::Open(fs_, {"/d/a"}, o);
   ASSERT_TRUE(ds.ok());
@@ -136,7 +146,7 @@ TEST_P(DatasetTest, RecordNotMatchingTheSchemaNamesFileAndOffset) {
 }
 
 TEST_P(DatasetTest, CloseWhileTheReaderWaitsForRoom) {
-  auto ds = ExampleDataset::Open(fs_, {"/d/a", "/d/c"}, Options(1, GetParam()));
+  auto ds = ExampleDataset::Open(fs_, {"/d/a", "/d/c"}, Options(1));
   ASSERT_TRUE(ds.ok());
   ASSERT_TRUE((*ds)->Next().ok());  // the reading thread fills its queue and waits
   (*ds)->Close();
@@ -145,7 +155,63 @@ TEST_P(DatasetTest, CloseWhileTheReaderWaitsForRoom) {
   EXPECT_EQ(after.status().code(), StatusCode::kCancelled);
 }
 
-INSTANTIATE_TEST_SUITE_P(Prefetch, DatasetTest, ::testing::Values(0, 1, 3));
+// Many small batches over several files with every worker busy: the
+// batches come out in file order, each whole.
+TEST_P(DatasetTest, ManyBatchesKeepFileOrder) {
+  for (int f = 0; f < 5; ++f) WriteExamples(*fs_, "/m/" + std::to_string(f), f * 1000, 997);
+  auto ds = ExampleDataset::Open(fs_, {"/m/0", "/m/1", "/m/2", "/m/3", "/m/4"}, Options(7));
+  ASSERT_TRUE(ds.ok());
+  std::vector<size_t> sizes;
+  std::vector<int64_t> ids = Drain(**ds, &sizes);
+  std::vector<int64_t> want;
+  for (int f = 0; f < 5; ++f) {
+    for (int64_t i = 0; i < 997; ++i) want.push_back(f * 1000 + i);
+  }
+  EXPECT_EQ(ids, want);
+  EXPECT_EQ(sizes.size(), (5 * 997 + 6) / 7);
+  EXPECT_EQ((*ds)->stats().rows, 5u * 997);
+}
+
+// A corrupt record fails the batch holding it, after every batch before it
+// was handed out whole, and names the file and the record's offset.
+TEST_P(DatasetTest, CorruptRecordFailsAfterTheBatchesBeforeIt) {
+  WriteExamples(*fs_, "/x/a", 0, 50);
+  auto file = fs_->NewRandomAccessFile("/x/a");
+  ASSERT_TRUE(file.ok());
+  const uint64_t size = *(*file)->Size();
+  std::string bytes(size, '\0');
+  ASSERT_EQ(*(*file)->ReadAt(0, {reinterpret_cast<uint8_t*>(bytes.data()), bytes.size()}), size);
+  const size_t record = size / 50;  // every record has the same size here
+  bytes[30 * record + 20] ^= 0x40;  // inside record 30's data: its CRC fails
+  auto out = fs_->NewWritableFile("/x/a");
+  ASSERT_TRUE(out.ok());
+  ASSERT_TRUE((*out)->Append({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()}).ok());
+  ASSERT_TRUE((*out)->Close().ok());
+  auto ds = ExampleDataset::Open(fs_, {"/x/a"}, Options(4));
+  ASSERT_TRUE(ds.ok());
+  std::vector<int64_t> ids;
+  Status failure;
+  for (;;) {
+    auto batch = (*ds)->Next();
+    if (!batch.ok()) {
+      failure = batch.status();
+      break;
+    }
+    ASSERT_TRUE(batch->has_value()) << "the corrupt record was not reported";
+    for (int64_t id : (**batch)[0].ints) ids.push_back(id);
+  }
+  std::vector<int64_t> want(28);  // batches 0..6 are records 0..27; record 30 is in batch 7
+  std::iota(want.begin(), want.end(), 0);
+  EXPECT_EQ(ids, want);
+  EXPECT_EQ(failure.code(), StatusCode::kCorruption) << failure.ToString();
+  EXPECT_NE(failure.message().find("/x/a"), std::string::npos) << failure.ToString();
+  EXPECT_NE(failure.message().find("offset " + std::to_string(30 * record)), std::string::npos) << failure.ToString();
+  EXPECT_FALSE((*ds)->Next().ok());  // the error sticks
+}
+
+INSTANTIATE_TEST_SUITE_P(PrefetchAndThreads, DatasetTest,
+                         ::testing::Combine(::testing::Values(0, 1, 3), ::testing::Values(1, 2, 4),
+                                            ::testing::Bool()));
 
 TEST(Dataset, RejectsBadOptions) {
   auto fs = fs::NewMemoryFileSystem();
@@ -156,6 +222,8 @@ TEST(Dataset, RejectsBadOptions) {
   EXPECT_EQ(ExampleDataset::Open(fs, {}, o).status().code(), StatusCode::kInvalidArgument);
   o = Options(4, 1);
   o.schema.clear();
+  EXPECT_EQ(ExampleDataset::Open(fs, {}, o).status().code(), StatusCode::kInvalidArgument);
+  o = Options(4, 1, 0);
   EXPECT_EQ(ExampleDataset::Open(fs, {}, o).status().code(), StatusCode::kInvalidArgument);
 }
 

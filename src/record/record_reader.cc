@@ -91,9 +91,19 @@ class RecordReader::Impl {
   Impl(std::unique_ptr<fs::SequentialFile> file, const ReaderOptions& options, Compression c)
       : file_(std::move(file)), options_(options), compression_(c) {
     buffer_.resize(std::max<size_t>(options.buffer_bytes, 64));
+    base_ = buffer_.data();
+  }
+
+  // In place over a mapped file: the whole stream is there from the start.
+  Impl(std::shared_ptr<const fs::ReadOnlyMemoryRegion> region, const ReaderOptions& options)
+      : region_(std::move(region)), options_(options), compression_(Compression::kNone) {
+    base_ = region_->data().data();
+    end_ = region_->data().size();
+    source_done_ = true;
   }
 
   Status Init() {
+    if (region_ != nullptr) return Status::OK();
     EMBER_ASSIGN_OR_RAISE(source_, NewByteSource(file_.get(), compression_, options_.buffer_bytes));
     return Status::OK();
   }
@@ -109,7 +119,7 @@ class RecordReader::Impl {
 
   uint64_t last_offset() const { return last_offset_; }
   const ReaderStats& stats() const { return stats_; }
-  const std::string& uri() const { return file_->uri(); }
+  const std::string& uri() const { return region_ != nullptr ? region_->uri() : file_->uri(); }
   Compression compression() const { return compression_; }
 
  private:
@@ -123,7 +133,7 @@ class RecordReader::Impl {
         if (options_.skip_corrupt) return SkipTail();
         return Corrupt(start, "truncated record header (" + std::to_string(left) + " of 12 bytes)");
       }
-      const uint8_t* h = buffer_.data() + pos_;
+      const uint8_t* h = base_ + pos_;
       if (!HeaderOk(h)) {
         if (!options_.skip_corrupt) return Corrupt(start, "bad length CRC");
         EMBER_ASSIGN_OR_RAISE(bool found, Resync());
@@ -148,7 +158,7 @@ class RecordReader::Impl {
                                   " data bytes, the stream ends " + std::to_string(end_ - pos_) +
                                   " bytes after the record's start");
       }
-      const uint8_t* data = buffer_.data() + pos_ + kHeaderBytes;
+      const uint8_t* data = base_ + pos_ + kHeaderBytes;
       const uint32_t want = crc32c::Unmask(LoadU32(data + length));
       if (crc32c::Value(data, length) != want) {
         if (!options_.skip_corrupt) return Corrupt(start, "bad data CRC (record of " + std::to_string(length) + " bytes)");
@@ -178,7 +188,7 @@ class RecordReader::Impl {
         Consume(end_ - pos_);
         return false;
       }
-      if (HeaderOk(buffer_.data() + pos_)) return true;
+      if (HeaderOk(base_ + pos_)) return true;
     }
   }
 
@@ -215,6 +225,7 @@ class RecordReader::Impl {
       if (end_ == buffer_.size()) {
         // Grow towards n, at most doubling, so memory tracks bytes received.
         buffer_.resize(std::max(std::min(n, buffer_.size() * 2), buffer_.size() + 1));
+        base_ = buffer_.data();
       }
       std::span<uint8_t> space(buffer_.data() + end_, buffer_.size() - end_);
       Result<size_t> got = source_->Read(space);
@@ -232,11 +243,13 @@ class RecordReader::Impl {
     return true;
   }
 
-  std::unique_ptr<fs::SequentialFile> file_;
+  std::unique_ptr<fs::SequentialFile> file_;  // streamed, or
+  std::shared_ptr<const fs::ReadOnlyMemoryRegion> region_;  // mapped
   ReaderOptions options_;
   Compression compression_;
   std::unique_ptr<ByteSource> source_;
   std::vector<uint8_t> buffer_;
+  const uint8_t* base_ = nullptr;  // buffer_'s bytes, or the mapped file's
   size_t pos_ = 0, end_ = 0;
   uint64_t stream_offset_ = 0;  // stream offset of buffer_[pos_]
   uint64_t last_offset_ = 0;
@@ -254,6 +267,18 @@ Result<std::unique_ptr<RecordReader>> RecordReader::Open(std::unique_ptr<fs::Seq
   auto impl = std::make_unique<Impl>(std::move(file), options, c);
   EMBER_RETURN_NOT_OK(impl->Init());
   return std::unique_ptr<RecordReader>(new RecordReader(std::move(impl)));
+}
+
+Result<std::unique_ptr<RecordReader>> RecordReader::Open(std::shared_ptr<const fs::ReadOnlyMemoryRegion> region,
+                                                         const ReaderOptions& options) {
+  if (!region) return Status::InvalidArgument("RecordReader::Open: no region");
+  Compression c = options.compression == Compression::kAuto ? CompressionFromPath(region->uri())
+                                                            : options.compression;
+  if (c != Compression::kNone) {
+    return Status::InvalidArgument("RecordReader::Open: " + region->uri() + " is " +
+                                   std::string(CompressionName(c)) + "-compressed; read it as a stream");
+  }
+  return std::unique_ptr<RecordReader>(new RecordReader(std::make_unique<Impl>(std::move(region), options)));
 }
 
 RecordReader::RecordReader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include <random>
@@ -40,12 +41,20 @@ void WriteFile(fs::FileSystem& fs, const std::string& path, const std::vector<st
   EXPECT_EQ((*w)->Write("late").code(), StatusCode::kInvalidArgument);
 }
 
-// Reads all records; the status of the first failure (OK at a clean end).
-Status ReadAll(fs::FileSystem& fs, const std::string& path, std::vector<std::string>* out,
-               ReaderOptions opts = {}, ReaderStats* stats = nullptr) {
-  auto f = fs.NewSequentialFile(path);
-  if (!f.ok()) return f.status();
-  auto r = RecordReader::Open(std::move(*f), opts);
+// Reads all records, streamed or in place from a mapping; the status of the
+// first failure (OK at a clean end).
+Status ReadWith(fs::FileSystem& fs, const std::string& path, std::vector<std::string>* out, ReaderOptions opts,
+                ReaderStats* stats, bool mapped) {
+  Result<std::unique_ptr<RecordReader>> r = Status::Internal("unset");
+  if (mapped) {
+    auto region = fs.MapReadOnly(path);
+    if (!region.ok()) return region.status();
+    r = RecordReader::Open(std::move(*region), opts);
+  } else {
+    auto f = fs.NewSequentialFile(path);
+    if (!f.ok()) return f.status();
+    r = RecordReader::Open(std::move(*f), opts);
+  }
   if (!r.ok()) return r.status();
   std::string_view rec;
   for (;;) {
@@ -61,6 +70,28 @@ Status ReadAll(fs::FileSystem& fs, const std::string& path, std::vector<std::str
   EXPECT_TRUE(again.ok() && !*again);
   if (stats) *stats = (*r)->stats();
   return Status::OK();
+}
+
+// ReadWith, streamed; for an uncompressed file also in place from a mapping,
+// which must give the same records, status and counts.
+Status ReadAll(fs::FileSystem& fs, const std::string& path, std::vector<std::string>* out,
+               ReaderOptions opts = {}, ReaderStats* stats = nullptr) {
+  const size_t before = out->size();
+  ReaderStats streamed;
+  Status st = ReadWith(fs, path, out, opts, &streamed, false);
+  if (stats) *stats = streamed;
+  const Compression c = opts.compression == Compression::kAuto ? CompressionFromPath(path) : opts.compression;
+  if (c != Compression::kNone) return st;
+  std::vector<std::string> in_place;
+  ReaderStats mapped;
+  Status mst = ReadWith(fs, path, &in_place, opts, &mapped, true);
+  EXPECT_EQ(mst, st) << "mapped: " << mst.ToString() << " streamed: " << st.ToString();
+  EXPECT_TRUE(std::equal(in_place.begin(), in_place.end(), out->begin() + before, out->end()))
+      << "mapped and streamed reads differ";
+  EXPECT_EQ(mapped.records, streamed.records);
+  EXPECT_EQ(mapped.skipped_records, streamed.skipped_records);
+  EXPECT_EQ(mapped.skipped_bytes, streamed.skipped_bytes);
+  return st;
 }
 
 std::string Slurp(fs::FileSystem& fs, const std::string& path) {
@@ -318,6 +349,19 @@ TEST(Record, HugeLengthIsBoundedNotAllocated) {
   st = ReadAll(*fs, "/f", &got, ro);
   EXPECT_EQ(st.code(), StatusCode::kCorruption);
   EXPECT_NE(st.message().find("truncated record"), std::string::npos) << st.ToString();
+}
+
+TEST(Record, MappedCompressedFileIsRefused) {
+  auto fs = fs::NewMemoryFileSystem();
+  WriterOptions wo;
+  wo.compression = Compression::kGzip;
+  WriteFile(*fs, "/c.gz", {"one"}, wo);
+  auto region = fs->MapReadOnly("/c.gz");
+  ASSERT_TRUE(region.ok());
+  auto r = RecordReader::Open(std::move(*region));  // kAuto: gzip by its name
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("mem:///c.gz"), std::string::npos) << r.status().ToString();
 }
 
 TEST(Record, ErrorIsSticky) {
