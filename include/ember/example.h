@@ -48,6 +48,9 @@ struct FeatureSpec {
   // >= 0: every present row must hold exactly this many values (a scalar is
   // 1); -1: any number.
   int64_t fixed_length = -1;
+  // kBytes, >= 0: every value must be exactly this many bytes (a raw array
+  // per record, e.g. an image's pixels); -1: any size.
+  int64_t value_bytes = -1;
 };
 
 // The decoded values of one feature over N rows; owns its buffers.

@@ -68,17 +68,19 @@ nb::tuple ColumnToPython(FeatureColumn column) {
                         View(held->row_splits, owner), View(held->present, owner));
 }
 
-std::vector<example::FeatureSpec> ToSchema(const std::vector<std::tuple<std::string, std::string, int64_t>>& specs) {
+using SpecTuple = std::tuple<std::string, std::string, int64_t, int64_t>;  // name, kind, fixed_length, value_bytes
+
+std::vector<example::FeatureSpec> ToSchema(const std::vector<SpecTuple>& specs) {
   std::vector<example::FeatureSpec> schema;
-  for (const auto& [name, kind, fixed_length] : specs) {
-    schema.push_back({name, ValueOrThrow(example::ParseKind(kind)), fixed_length});
+  for (const auto& [name, kind, fixed_length, value_bytes] : specs) {
+    schema.push_back({name, ValueOrThrow(example::ParseKind(kind)), fixed_length, value_bytes});
   }
   return schema;
 }
 
 std::unique_ptr<record::ExampleDataset> OpenDataset(const std::vector<std::string>& uris,
                                                     const fs::ResolveOptions& resolve,
-                                                    const std::vector<std::tuple<std::string, std::string, int64_t>>& specs,
+                                                    const std::vector<SpecTuple>& specs,
                                                     int64_t batch_size, bool drop_remainder, int64_t num_shards,
                                                     int64_t shard_index, int prefetch, const std::string& compression,
                                                     bool skip_corrupt, int decode_threads) {

@@ -135,6 +135,10 @@ def test_bad_input_names_file_offset_feature(tf, tmp_path):
     with pytest.raises(errors.EmberError) as e:
         list(ember.data.tfrecord_batches(str(path), bad, 4))
     assert str(path) in str(e.value) and "at byte 0" in str(e.value) and "id" in str(e.value)
+    with pytest.raises(errors.EmberError) as e:  # RawBytes of another size than the records'
+        list(ember.data.tfrecord_batches(str(path), {"pixels": ember.data.RawBytes((3,))}, 4))
+    assert str(path) in str(e.value) and "at byte 0" in str(e.value) and "'pixels'" in str(e.value)
+    assert "a value of 4 bytes, the schema says 3" in str(e.value)
     data = bytearray(path.read_bytes())
     data[200] ^= 0xFF  # inside the second or third record
     path.write_bytes(bytes(data))

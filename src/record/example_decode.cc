@@ -5,6 +5,7 @@
 // then each schema feature appends its values to its column.  A failed row
 // is rolled back, so the columns always hold whole rows.
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -64,6 +65,9 @@ Result<ExampleDecoder> ExampleDecoder::Make(std::vector<FeatureSpec> schema) {
     }
     if (schema[i].fixed_length < -1) {
       return Status::InvalidArgument("feature '" + schema[i].name + "': fixed_length must be >= -1");
+    }
+    if (schema[i].value_bytes < -1 || (schema[i].value_bytes >= 0 && schema[i].kind != FeatureKind::kBytes)) {
+      return Status::InvalidArgument("feature '" + schema[i].name + "': value_bytes must be -1, or >= 0 for bytes");
     }
   }
   d.schema_ = std::move(schema);
@@ -133,6 +137,7 @@ Status ExampleDecoder::DecodeFeature(size_t index, std::string_view feature, boo
                                    " list, the schema says " + std::string(KindName(spec.kind)));
   }
   bool ok = true;
+  size_t wrong_size = SIZE_MAX;  // a value's size other than spec.value_bytes
   if (r.kind != 0) {
     ok = parse::ForEachList(feature, r, [&](std::string_view list) {
       if (spec.kind == FeatureKind::kInt64) {
@@ -146,14 +151,19 @@ Status ExampleDecoder::DecodeFeature(size_t index, std::string_view feature, boo
       return parse::ForEachValue(
           list, r.kind,
           [&](std::string_view b) {
-            // resize + memcpy: insert() from char iterators into uint8_t
-            // copies byte by byte.
+            if (spec.value_bytes >= 0 && b.size() != static_cast<size_t>(spec.value_bytes)) {
+              wrong_size = b.size();
+              return;
+            }
+            // insert() from uint8_t pointers is one memmove (from char
+            // iterators it would copy byte by byte; resize + memcpy would
+            // zero the bytes first).
             const size_t at = col.bytes_data.size();
             if (at + b.size() > col.bytes_data.capacity()) {
               col.bytes_data.reserve(std::max(at + b.size(), 2 * col.bytes_data.capacity()));
             }
-            col.bytes_data.resize(at + b.size());
-            if (!b.empty()) std::memcpy(col.bytes_data.data() + at, b.data(), b.size());
+            const auto* p = reinterpret_cast<const uint8_t*>(b.data());
+            col.bytes_data.insert(col.bytes_data.end(), p, p + b.size());
             col.bytes_offsets.push_back(static_cast<int64_t>(col.bytes_data.size()));
           },
           [&](const char* le, size_t n) {
@@ -163,6 +173,12 @@ Status ExampleDecoder::DecodeFeature(size_t index, std::string_view feature, boo
           },
           [&](int64_t v) { col.ints.push_back(v); });
     });
+  }
+  if (ok && wrong_size != SIZE_MAX) {
+    col.bytes_offsets.resize(before + 1);
+    col.bytes_data.resize(static_cast<size_t>(col.bytes_offsets.back()));
+    return Status::InvalidArgument(where() + ": holds a value of " + std::to_string(wrong_size) +
+                                   " bytes, the schema says " + std::to_string(spec.value_bytes));
   }
   const size_t count = col.num_values() - before;
   if (ok && spec.fixed_length >= 0 && count != static_cast<size_t>(spec.fixed_length)) {

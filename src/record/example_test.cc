@@ -261,6 +261,24 @@ TEST(Example, FixedLength) {
   EXPECT_EQ(cols[0].row_splits, (std::vector<int64_t>{0, 3}));
 }
 
+// A raw array per record (RawBytes in Python): a value of another size
+// fails its row, naming the feature and both sizes; the column stays whole.
+TEST(Example, ValueBytes) {
+  auto dec = ExampleDecoder::Make({{"px", FeatureKind::kBytes, 1, 4}});
+  ASSERT_TRUE(dec.ok());
+  ASSERT_TRUE(dec->Add(ExampleOf(Entry("px", Len(1, Len(1, "abcd"))))).ok());
+  Status st = dec->Add(ExampleOf(Entry("px", Len(1, Len(1, "abc")))));
+  ASSERT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("row 1, feature 'px'"), std::string::npos) << st.ToString();
+  EXPECT_NE(st.message().find("a value of 3 bytes, the schema says 4"), std::string::npos) << st.ToString();
+  ASSERT_TRUE(dec->Add(ExampleOf(Entry("px", Len(1, Len(1, "wxyz"))))).ok());
+  auto cols = dec->Finish();
+  EXPECT_EQ(std::string(cols[0].bytes_data.begin(), cols[0].bytes_data.end()), "abcdwxyz");
+  EXPECT_EQ(cols[0].bytes_offsets, (std::vector<int64_t>{0, 4, 8}));
+  EXPECT_EQ(cols[0].row_splits, (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_FALSE(ExampleDecoder::Make({{"n", FeatureKind::kInt64, 1, 4}}).ok());  // bytes only
+}
+
 TEST(Example, RowIndexCountsAcrossFinish) {
   auto dec = ExampleDecoder::Make({{"k", FeatureKind::kInt64}});
   ASSERT_TRUE(dec.ok());

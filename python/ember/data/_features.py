@@ -100,9 +100,17 @@ def specs_from_inferred(inferred: Sequence[Tuple[str, str, int, int, int]], samp
     return specs
 
 
-def core_schema(specs: Sequence[Spec]) -> List[Tuple[str, str, int]]:
-    """The core's schema: (name, kind, fixed_length); -1 also where a default fills gaps."""
-    return [(s.name, s.kind, -1 if s.default is not None else s.fixed_length) for s in specs]
+def core_schema(specs: Sequence[Spec]) -> List[Tuple[str, str, int, int]]:
+    """The core's schema: (name, kind, fixed_length, value_bytes); fixed_length -1 also where a
+    default fills gaps; value_bytes: a raw array's size in bytes (the core checks every record's),
+    else -1."""
+    return [(s.name, s.kind, -1 if s.default is not None else s.fixed_length, _raw_bytes(s)) for s in specs]
+
+
+def _raw_bytes(s: Spec) -> int:
+    if s.raw_dtype is None:
+        return -1
+    return int(np.prod(s.shape, dtype=np.int64)) * np.dtype(s.raw_dtype).itemsize
 
 
 def _fill_fixed(spec: Spec, values: np.ndarray, row_splits: np.ndarray, present: np.ndarray) -> np.ndarray:
@@ -137,16 +145,11 @@ def to_numpy(spec: Spec, column: tuple) -> Any:
     if kind != _schema.BYTES:
         if spec.shape is None:
             return values, row_splits
+        if spec.default is None:  # the core checked every row's count, and all are present
+            return values.reshape((len(present), *spec.shape))
         return _fill_fixed(spec, values, row_splits, present)
-    if spec.raw_dtype is not None:  # one value per row: its bytes are the row's array
-        dtype = np.dtype(spec.raw_dtype)
-        want = int(np.prod(spec.shape, dtype=np.int64)) * dtype.itemsize
-        sizes = np.diff(offsets)
-        if len(sizes) and (sizes != want).any():
-            bad = int(np.argmax(sizes != want))
-            raise ValueError(f"feature {spec.name!r}: a record's bytes (row {bad} of this batch) are "
-                             f"{int(sizes[bad])} long; RawBytes{spec.shape} of {dtype} needs {want}")
-        return values.view(dtype).reshape((len(present), *spec.shape))
+    if spec.raw_dtype is not None:  # one value per row, its size checked by the core
+        return values.view(spec.raw_dtype).reshape((len(present), *spec.shape))
     items = np.empty(len(offsets) - 1, dtype=object)
     mv = memoryview(values)
     for j in range(len(items)):
