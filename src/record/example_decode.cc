@@ -86,7 +86,18 @@ Result<ExampleDecoder> ExampleDecoder::Make(std::vector<FeatureSpec> schema) {
 Status ExampleDecoder::Add(std::string_view serialized) {
   std::fill(slot_set_.begin(), slot_set_.end(), 0);
   const size_t row = row_base_ + rows_;
+  const bool few = schema_.size() <= 8;  // a scan beats the binary search's string compares
   bool ok = parse::ForEachFeature(serialized, [&](std::string_view key, std::string_view value) {
+    if (few) {
+      for (size_t i = 0; i < schema_.size(); ++i) {
+        if (schema_[i].name == key) {
+          slots_[i] = value;
+          slot_set_[i] = 1;
+          return;
+        }
+      }
+      return;
+    }
     auto it = std::lower_bound(sorted_names_.begin(), sorted_names_.end(), key,
                                [](const auto& entry, std::string_view k) { return entry.first < k; });
     if (it != sorted_names_.end() && it->first == key) {
@@ -140,7 +151,7 @@ Status ExampleDecoder::DecodeFeature(size_t index, std::string_view feature, boo
   size_t wrong_size = SIZE_MAX;  // a value's size other than spec.value_bytes
   if (r.kind != 0) {
     ok = parse::ForEachList(feature, r, [&](std::string_view list) {
-      if (spec.kind == FeatureKind::kInt64) {
+      if (spec.kind == FeatureKind::kInt64 && list.size() > 16) {  // short lists: push_back's growth will do
         int64_t n = parse::CountValues(list, r.kind);
         if (n < 0) return false;
         // Geometric growth: reserving exactly size + n on every row would

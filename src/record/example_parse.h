@@ -45,6 +45,10 @@ bool ForEachFeature(std::string_view example, F&& on_feature) {
 struct Resolved {
   int kind = 0;  // 0: no kind set (an empty Feature); else a FeatureKind
   size_t from = 0;  // byte offset in the Feature where that run starts
+  // The list, when the Feature is that one field and nothing else (what
+  // every writer emits): ForEachList then walks nothing again.
+  bool single = false;
+  std::string_view list;
 };
 
 inline bool Resolve(std::string_view feature, Resolved* out) {
@@ -52,22 +56,27 @@ inline bool Resolve(std::string_view feature, Resolved* out) {
   wire::Field f;
   const auto* base = reinterpret_cast<const uint8_t*>(feature.data());
   size_t field_start = 0;
+  int fields = 0;
   *out = Resolved{};
   while (!c.done()) {
     field_start = static_cast<size_t>(c.pos() - base);
     if (!c.Next(&f)) return false;
+    ++fields;
     if (f.type != wire::kLen || f.number < 1 || f.number > 3) continue;
     if (static_cast<int>(f.number) != out->kind) {
       out->kind = static_cast<int>(f.number);
       out->from = field_start;
     }
+    out->list = f.bytes;
   }
+  out->single = fields == 1 && out->kind != 0;
   return true;
 }
 
 // Calls on_list(list_bytes) for each occurrence of the resolved kind.
 template <typename F>
 bool ForEachList(std::string_view feature, const Resolved& r, F&& on_list) {
+  if (r.single) return on_list(r.list);
   wire::Cursor c(feature.substr(r.from));
   wire::Field f;
   while (!c.done()) {
