@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <thread>
 #include <utility>
@@ -10,16 +11,24 @@
 
 namespace ember::record {
 
-// Decoding runs on `decode_threads` workers.  A worker claims the next
-// sequence number, gathers that batch's records under gather_mu_ (files are
-// read and framed, CRCs checked, in order, by one worker at a time) into its
-// own arena, then decodes them with its own ExampleDecoder outside every
-// lock while the next worker gathers.  Batches land in `done_` by sequence
-// number and Next() hands them out in that order, so an error (a bad
-// record, a missing file) surfaces after every batch before it.  With
-// prefetch 0 there are no threads: Next() gathers and decodes.
+// Decoding runs on `decode_threads` workers, a group of batches at a time.
+// A worker claims the next group's sequence number, gathers its records
+// under gather_mu_ (files are read and framed, CRCs checked, in order, by
+// one worker at a time): whole batches until about kGroupBytes of records,
+// read in place from a mapped file or copied into the worker's arena.  It
+// then decodes them with its own ExampleDecoder outside every lock while the
+// next worker gathers.  Groups land in `done_` by sequence number and Next()
+// hands their batches out in that order, so an error (a bad record, a
+// missing file) surfaces after every batch before it.  Threads meet once
+// per group, not per batch: each meeting can cost a context switch.  With
+// prefetch 0 there are no threads: Next() gathers and decodes a group.
 //
 // Lock order: gather_mu_ before mu_.
+namespace {
+constexpr size_t kGroupBytes = 1 << 20;  // records gathered per group, about
+constexpr size_t kGroupBatches = 64;     // batches per group, at most
+}  // namespace
+
 class ExampleDataset::Impl {
  public:
   Impl(std::shared_ptr<fs::FileSystem> fs, std::vector<std::string> paths, DatasetOptions options,
@@ -39,20 +48,24 @@ class ExampleDataset::Impl {
 
   Result<std::optional<std::vector<example::FeatureColumn>>> Next() {
     MutexLock lock(&mu_);
-    if (options_.prefetch == 0 && !closed_ && failure_.ok() && !ended_) {
-      ++claimed_;
-      lock.Unlock();
-      Batch b = Produce(0);
-      lock.Lock();
-      done_.emplace(b.seq, std::move(b));
+    while (current_.empty() && !closed_ && failure_.ok() && !ended_) {
+      if (options_.prefetch == 0) {
+        ++claimed_;
+        lock.Unlock();
+        Group g = Produce(0);
+        lock.Lock();
+        done_.emplace(g.seq, std::move(g));
+      }
+      while (!closed_ && !done_.contains(next_out_)) ready_.Wait(&mu_);
+      if (closed_) break;
+      current_ = std::move(done_.extract(next_out_++).mapped().batches);
+      room_.Signal();  // for one more group
     }
-    while (!closed_ && failure_.ok() && !ended_ && !done_.contains(next_out_)) ready_.Wait(&mu_);
     if (closed_) return Status::Cancelled("dataset closed");
     if (!failure_.ok()) return failure_;
     if (ended_) return std::optional<std::vector<example::FeatureColumn>>();
-    auto node = done_.extract(next_out_++);
-    room_.Signal();  // for one more batch
-    Batch& b = node.mapped();
+    Batch b = std::move(current_.front());
+    current_.pop_front();
     if (!b.status.ok()) {
       failure_ = b.status;
       return failure_;
@@ -86,13 +99,18 @@ class ExampleDataset::Impl {
   // A batch in sequence: its columns, or the error at that point of the
   // files, or neither (the end).
   struct Batch {
-    int64_t seq = 0;
     Status status;
     std::vector<example::FeatureColumn> columns;
   };
+  // The batches one worker made of one gathering, in order; the last may
+  // be an error or the end.
+  struct Group {
+    int64_t seq = 0;
+    std::deque<Batch> batches;
+  };
 
   // What one worker owns: the records it gathered, where each came from,
-  // its decoder.  A record of a mapped file is read in place (the batch
+  // its decoder.  A record of a mapped file is read in place (the group
   // keeps the mapping alive); one of a streamed file is copied into `arena`,
   // since the reader's buffer moves on.
   struct Piece {
@@ -104,7 +122,7 @@ class ExampleDataset::Impl {
     std::vector<uint8_t> arena;
     std::vector<Piece> pieces;
     std::vector<std::pair<size_t, uint64_t>> origins;  // (index in uris, byte offset) per record
-    std::vector<std::string> uris;  // the files this batch's records came from
+    std::vector<std::string> uris;  // the files this group's records came from
     std::vector<std::shared_ptr<const fs::ReadOnlyMemoryRegion>> regions;  // mapped files they lie in
   };
 
@@ -116,60 +134,70 @@ class ExampleDataset::Impl {
         if (closed_ || gather_done_) return;
         ++claimed_;
       }
-      Batch b = Produce(w);
+      Group g = Produce(w);
       MutexLock lock(&mu_);
-      const bool awaited = b.seq == next_out_;  // Next() waits for no other
-      done_.emplace(b.seq, std::move(b));
+      const bool awaited = g.seq == next_out_;  // Next() waits for no other
+      done_.emplace(g.seq, std::move(g));
       if (awaited) ready_.Signal();
     }
   }
 
-  // Gathers the next batch's records (in sequence, under gather_mu_), then
+  // Gathers the next group's records (in sequence, under gather_mu_), then
   // decodes them on this thread.
-  Batch Produce(size_t w) {
+  Group Produce(size_t w) {
     Worker& worker = workers_[w];
-    Batch b;
+    Group g;
     size_t first_row = 0;
-    bool decode = false;
+    Status gathered;
+    bool stopped = false;  // this group ends the sequence (an error or the end)
     {
       MutexLock gather(&gather_mu_);
-      b.seq = next_seq_++;
-      if (!gather_stopped_) {
+      g.seq = next_seq_++;
+      if (gather_stopped_) {
+        stopped = true;
+      } else {
         first_row = rows_gathered_;
-        b.status = Gather(&worker);
-        const size_t rows = worker.pieces.size();
-        if (!b.status.ok() || rows == 0 ||
-            (options_.drop_remainder && rows < static_cast<size_t>(options_.batch_size))) {
-          gather_stopped_ = true;  // an error or the end: later batches are ends
-        } else {
-          rows_gathered_ += rows;
-          decode = true;
-        }
+        gathered = Gather(&worker);
+        const size_t batch = static_cast<size_t>(options_.batch_size);
+        stopped = !gathered.ok() || worker.pieces.size() % batch != 0 || worker.pieces.empty();
+        gather_stopped_ = stopped;
+        rows_gathered_ += worker.pieces.size();
         MutexLock lock(&mu_);
         stats_.records = static_cast<uint64_t>(records_);
         stats_.files = files_;
         stats_.skipped_records = skipped_;
-        if (gather_stopped_) {
+        if (stopped) {
           gather_done_ = true;
           room_.SignalAll();  // idle workers leave
         }
       }
     }
-    if (decode) b.status = Decode(&worker, first_row, &b.columns);
-    return b;
+    // A failed gathering keeps its whole batches: the error takes the place
+    // of the batch it interrupted, as it would have without groups.
+    Decode(&worker, first_row, options_.drop_remainder || !gathered.ok(), &g.batches);
+    if (stopped) g.batches.push_back(Batch{gathered, {}});  // the error, or the end
+    return g;
   }
 
-  // Up to batch_size records of this shard, in place or into the arena.
+  // Whole batches of this shard's records, in place or into the arena,
+  // until about kGroupBytes; fewer than a batch's rows only at the end.
   Status Gather(Worker* worker) EXCLUSIVE_LOCKS_REQUIRED(gather_mu_) {
     worker->arena.clear();
     worker->pieces.clear();
     worker->origins.clear();
     worker->uris.clear();
     worker->regions.clear();
+    const size_t batch = static_cast<size_t>(options_.batch_size);
+    size_t bytes = 0;
     std::string_view record;
-    while (worker->pieces.size() < static_cast<size_t>(options_.batch_size)) {
+    for (;;) {
+      if (worker->pieces.size() % batch == 0 && !worker->pieces.empty() &&
+          (bytes >= kGroupBytes || worker->pieces.size() >= kGroupBatches * batch)) {
+        return Status::OK();
+      }
       EMBER_ASSIGN_OR_RAISE(bool more, NextRecord(&record));
-      if (!more) break;
+      if (!more) return Status::OK();
+      bytes += record.size();
       if (worker->uris.empty() || worker->uris.back() != reader_->uri()) {
         worker->uris.push_back(reader_->uri());
         if (region_ != nullptr) worker->regions.push_back(region_);
@@ -187,25 +215,31 @@ class ExampleDataset::Impl {
       if (!record.empty()) std::memcpy(worker->arena.data() + at, record.data(), record.size());
       worker->pieces.push_back({nullptr, at, record.size()});
     }
-    return Status::OK();
   }
 
-  Status Decode(Worker* worker, size_t first_row, std::vector<example::FeatureColumn>* columns) {
+  // The gathered records as batches; a record that does not decode ends
+  // the group with its error (naming file and offset), after the batches
+  // before its own.  A last short batch is kept unless `whole_only`.
+  void Decode(Worker* worker, size_t first_row, bool whole_only, std::deque<Batch>* out) {
+    const size_t batch = static_cast<size_t>(options_.batch_size);
+    size_t end = worker->pieces.size();
+    if (whole_only) end -= end % batch;
     worker->decoder.set_first_row(first_row);
-    for (size_t i = 0; i < worker->pieces.size(); ++i) {
+    for (size_t i = 0; i < end; ++i) {
       const Piece& p = worker->pieces[i];
       const uint8_t* bytes = p.mapped != nullptr ? p.mapped : worker->arena.data() + p.offset;
       Status st = worker->decoder.Add(std::string_view(reinterpret_cast<const char*>(bytes), p.size));
       if (!st.ok()) {
         worker->decoder.Finish();  // drops the rows of this batch
         const auto& [uri, offset] = worker->origins[i];
-        return Status(st.code(), worker->uris[uri] + ": the record at byte " + std::to_string(offset) + ": " +
-                                     st.message());
+        out->push_back(Batch{Status(st.code(), worker->uris[uri] + ": the record at byte " + std::to_string(offset) +
+                                                   ": " + st.message()),
+                             {}});
+        break;
       }
+      if (worker->decoder.num_rows() == batch || i + 1 == end) out->push_back(Batch{Status::OK(), worker->decoder.Finish()});
     }
-    *columns = worker->decoder.Finish();
-    worker->regions.clear();  // a mapping goes once no batch reads it
-    return Status::OK();
+    worker->regions.clear();  // a mapping goes once no group reads it
   }
 
   // The next record of this shard, or false at the end of the last file.
@@ -245,7 +279,7 @@ class ExampleDataset::Impl {
   const std::shared_ptr<fs::FileSystem> fs_;
   const std::vector<std::string> paths_;
   const DatasetOptions options_;
-  const int64_t capacity_;  // batches claimed but not yet handed out, at most
+  const int64_t capacity_;  // groups claimed but not yet taken by Next(), at most
 
   // Worker w's state, touched only by its thread (or by Next() without threads).
   std::vector<Worker> workers_;
@@ -265,11 +299,12 @@ class ExampleDataset::Impl {
   // Each wake-up costs a context switch (~5 us, thousands of batches a
   // second): waiters are woken only for what they wait for.
   mutable Mutex mu_;
-  CondVar room_;   // workers: a batch was handed out (or the end, or Close)
-  CondVar ready_;  // Next(): the batch it waits for is done (or Close)
-  std::map<int64_t, Batch> done_ GUARDED_BY(mu_);  // by sequence number
-  int64_t claimed_ GUARDED_BY(mu_) = 0;   // batches a worker has started
-  int64_t next_out_ GUARDED_BY(mu_) = 0;  // the batch Next() hands out next
+  CondVar room_;   // workers: a group was taken (or the end, or Close)
+  CondVar ready_;  // Next(): the group it waits for is done (or Close)
+  std::map<int64_t, Group> done_ GUARDED_BY(mu_);  // by sequence number
+  std::deque<Batch> current_ GUARDED_BY(mu_);      // what Next() hands out first
+  int64_t claimed_ GUARDED_BY(mu_) = 0;   // groups a worker has started
+  int64_t next_out_ GUARDED_BY(mu_) = 0;  // the group Next() takes next
   bool gather_done_ GUARDED_BY(mu_) = false;  // no batch after those claimed
   Status failure_ GUARDED_BY(mu_);
   bool ended_ GUARDED_BY(mu_) = false;
