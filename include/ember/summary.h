@@ -112,4 +112,11 @@ class EventWriter {
   std::unique_ptr<Impl> impl_;
 };
 
+// Where node `job_name`:`task_index` of a job writes its events:
+// `<log_dir>/<job_name>_<task_index>` ("hdfs://nn/logs/worker_1"), one
+// directory per node, so that nodes never share a file and TensorBoard shows
+// each node as a run.  Used by Node::OpenSummaryWriter (ember/node.h) and
+// Python's ctx.summary_writer().
+std::string NodeLogDir(const std::string& log_dir, const std::string& job_name, int task_index);
+
 }  // namespace ember::summary

@@ -213,6 +213,13 @@ Status EventWriter::AddImage(std::string_view tag, std::string_view encoded, int
   return impl_->Write(event);
 }
 
+std::string NodeLogDir(const std::string& log_dir, const std::string& job_name, int task_index) {
+  std::string dir = log_dir;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  if (dir != "/" && !dir.empty()) dir += '/';
+  return dir + job_name + "_" + std::to_string(task_index);
+}
+
 Status EventWriter::Flush() { return impl_->Flush(); }
 Status EventWriter::Close() { return impl_->Close(); }
 const std::string& EventWriter::uri() const { return impl_->uri(); }

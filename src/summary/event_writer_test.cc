@@ -292,6 +292,12 @@ TEST_F(EventWriterFaultTest, AFailedCloseIsReported) {
   EXPECT_EQ((*w)->Close(), st);
 }
 
+TEST(NodeLogDirTest, OneDirectoryPerNode) {
+  EXPECT_EQ(NodeLogDir("hdfs://nn:8020/logs", "worker", 1), "hdfs://nn:8020/logs/worker_1");
+  EXPECT_EQ(NodeLogDir("/tmp/logs/", "chief", 0), "/tmp/logs/chief_0");
+  EXPECT_EQ(NodeLogDir("/", "ps", 2), "/ps_2");
+}
+
 TEST(EventWriterOpenTest, RefusesAMissingFileSystemOrDirectory) {
   EXPECT_EQ(EventWriter::Open(nullptr, "/x").status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(EventWriter::Open(fs::NewMemoryFileSystem(), "").status().code(), StatusCode::kInvalidArgument);
