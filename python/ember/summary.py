@@ -69,8 +69,8 @@ class EventWriter:
             active SparkContext, else local.
 
     Raises:
-        ember.errors.EmberIOError (an OSError) if the directory or file cannot be created,
-        naming its URI.
+        ember.errors.EmberError (EmberIOError, NotFound, ...) if the directory or file cannot
+        be created, naming its URI.
     """
 
     def __init__(self, log_dir: str, flush_secs: Optional[float] = None, filename_suffix: str = "",
@@ -79,7 +79,9 @@ class EventWriter:
         if flush_secs is not None:
             options.flush_period = float(flush_secs)
         options.file_suffix = filename_suffix
-        self._writer = _ember.EventWriter.open(str(log_dir), resolve if resolve is not None else resolve_options(), options)
+        if resolve is None:
+            resolve = resolve_options()
+        self._writer = _ember.EventWriter.open(str(log_dir), resolve, options)
 
     @property
     def uri(self) -> str:
