@@ -134,7 +134,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import tensorflow as tf
-    tf.summary.scalar  # noqa: B018  (import TF before timing)
+    tf.get_logger().setLevel("ERROR")  # tf_graph traces one function per run, on purpose
     C.log(f"machine: {C.machine_info()}")
     C.log(f"versions: tensorflow {tf.__version__}, eager={tf.executing_eagerly()}")
     rng = np.random.default_rng(0)
