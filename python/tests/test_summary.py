@@ -120,6 +120,34 @@ def test_context_summary_writer_needs_a_log_dir(tmp_path):
         w.scalar("loss", 1.0, 1)
 
 
+def test_event_files_on_hdfs(hdfs, tmp_path):
+    """A log dir on a real HDFS (WebHDFS through the core's FileSystem layer), written through
+    ctx.summary_writer() as a node with fs.defaultFS = hdfs:// would; read back by TF."""
+    import uuid
+
+    from ember import _ember
+
+    job = f"/summaries/{uuid.uuid4().hex[:8]}"
+    ctx = Context(0, "chief", 0, {"chief": ["h:1"]}, hdfs.default_fs, str(tmp_path), log_dir=job,
+                  hdfs_http_address=hdfs.http_address)
+    assert ctx.log_dir == f"{hdfs.default_fs}{job}"
+    w = ctx.summary_writer(flush_secs=0)
+    for step in range(50):
+        w.scalar("loss", step * 0.5, step)
+    w.histogram("w", np.arange(10.0), 49)
+    w.flush()
+    ctx._close()
+    assert w.uri.startswith(f"{hdfs.default_fs}{job}/chief_0/events.out.tfevents.")
+    resolve = ember.summary.resolve_options(hdfs.default_fs, hdfs.http_address)
+    local = tmp_path / "copy.tfevents"
+    local.write_bytes(_ember.fs_read_file(w.uri, resolve))
+    events = _events(local)
+    assert events[0].file_version == "brain.Event:2"
+    assert [(e.step, e.summary.value[0].simple_value) for e in events[1:51]] == [
+        (s, s * 0.5) for s in range(50)]
+    assert events[51].summary.value[0].histo.num == 10
+
+
 # -- (b), (c) a real TensorBoard serves it, a real browser draws it ---------------------------
 
 
