@@ -47,7 +47,8 @@ struct EventWriterOptions {
   // thread; zero or negative: only on Flush() and Close().  TF's default
   // (flush_millis of tf.summary.create_file_writer) is two minutes; ten
   // seconds keeps TensorBoard close behind a run at the cost of one write
-  // (on HDFS one APPEND request) per period.
+  // (on HDFS one APPEND request) per period in which events were added; an
+  // idle writer flushes nothing.
   Duration flush_period{10000};
 };
 

@@ -56,12 +56,13 @@ class EventWriter::Impl {
     if (period.count() > 0) flusher_ = std::thread([this, period] { FlushLoop(period); });
   }
 
-  // Writes one encoded event; `event` is reused by the caller's thread.
+  // Hands one encoded event to the file.
   Status Write(std::string_view event) {
     MutexLock lock(&mu_);
     EMBER_RETURN_NOT_OK(CheckOpen());
     Status st = writer_->Write(event);
     if (!st.ok()) return Fail(st);
+    dirty_ = true;
     return Status::OK();
   }
 
@@ -83,7 +84,7 @@ class EventWriter::Impl {
     MutexLock lock(&mu_);
     Status st = error_;
     Status closed = writer_->Close();  // flushes
-    if (st.ok() && !closed.ok()) st = closed.WithContext("close event file " + uri_);
+    if (st.ok() && !closed.ok()) st = Named(closed);
     close_status_ = st;
     return st;
   }
@@ -101,18 +102,26 @@ class EventWriter::Impl {
     return error_;
   }
 
+  // `st`, its message naming the file if it does not yet.
+  Status Named(const Status& st) const {
+    return st.message().find(uri_) == std::string::npos ? st.WithContext("event file " + uri_) : st;
+  }
+
   // Keeps the first write error: every later call returns it.
   Status Fail(const Status& st) EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (error_.ok()) {
-      error_ = st.message().find(uri_) == std::string::npos ? st.WithContext("event file " + uri_) : st;
-    }
+    if (error_.ok()) error_ = Named(st);
     return error_;
   }
 
+  // Flushes only when events arrived since the last flush: on HDFS every
+  // flush is a request to the NameNode and a DataNode, even an empty one.
   Status FlushLocked() EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     EMBER_RETURN_NOT_OK(error_);
+    if (!dirty_) return Status::OK();
     Status st = writer_->Flush();
-    return st.ok() ? st : Fail(st);
+    if (!st.ok()) return Fail(st);
+    dirty_ = false;
+    return st;
   }
 
   // Flushes every `period` until Close; waits on cv_ with a deadline, so
@@ -134,6 +143,7 @@ class EventWriter::Impl {
   CondVar cv_;
   std::unique_ptr<record::RecordWriter> writer_ GUARDED_BY(mu_);
   bool closed_ GUARDED_BY(mu_) = false;
+  bool dirty_ GUARDED_BY(mu_) = false;   // events written since the last flush
   Status error_ GUARDED_BY(mu_);         // the first write error
   Status close_status_ GUARDED_BY(mu_);  // what Close returned
   Mutex close_mu_;  // held through Close; taken before mu_

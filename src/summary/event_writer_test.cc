@@ -3,6 +3,7 @@
 // TensorFlow and TensorBoard read the same bytes is python/tests/test_summary.py.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -246,6 +247,70 @@ TEST_F(EventWriterTest, ConcurrentAddsFromManyThreadsAllArrive) {
     ASSERT_EQ(s.size(), static_cast<size_t>(kPerThread)) << tag;
     for (int i = 0; i < kPerThread; ++i) EXPECT_EQ(s[i], i) << tag;  // each thread's order kept
   }
+}
+
+// Counts the Flush calls reaching the files of a file system (an idle writer
+// must not make them: on HDFS each is a request).
+class FlushCountingFs final : public fs::FileSystem {
+ public:
+  explicit FlushCountingFs(std::shared_ptr<fs::FileSystem> base) : base_(std::move(base)) {}
+  int flushes() const { return flushes_.load(); }
+
+  Result<std::unique_ptr<fs::WritableFile>> NewWritableFile(const std::string& path) override {
+    EMBER_ASSIGN_OR_RAISE(auto f, base_->NewWritableFile(path));
+    return std::unique_ptr<fs::WritableFile>(new File(std::move(f), &flushes_));
+  }
+  Result<std::unique_ptr<fs::SequentialFile>> NewSequentialFile(const std::string& p) override {
+    return base_->NewSequentialFile(p);
+  }
+  Result<std::unique_ptr<fs::RandomAccessFile>> NewRandomAccessFile(const std::string& p) override {
+    return base_->NewRandomAccessFile(p);
+  }
+  Result<fs::FileInfo> Stat(const std::string& p) override { return base_->Stat(p); }
+  Result<std::vector<fs::FileInfo>> List(const std::string& p) override { return base_->List(p); }
+  Status CreateDir(const std::string& p) override { return base_->CreateDir(p); }
+  Status Delete(const std::string& p) override { return base_->Delete(p); }
+  Status DeleteRecursively(const std::string& p) override { return base_->DeleteRecursively(p); }
+  Status Rename(const std::string& a, const std::string& b) override { return base_->Rename(a, b); }
+  std::string scheme() const override { return base_->scheme(); }
+  std::string Uri(const std::string& p) const override { return base_->Uri(p); }
+
+ private:
+  class File final : public fs::WritableFile {
+   public:
+    File(std::unique_ptr<fs::WritableFile> f, std::atomic<int>* n) : f_(std::move(f)), n_(n) {}
+    Status Append(std::span<const uint8_t> d) override { return f_->Append(d); }
+    Status Flush() override {
+      ++*n_;
+      return f_->Flush();
+    }
+    Status Sync() override { return f_->Sync(); }
+    Status Close() override { return f_->Close(); }
+    const std::string& uri() const override { return f_->uri(); }
+
+   private:
+    std::unique_ptr<fs::WritableFile> f_;
+    std::atomic<int>* n_;
+  };
+  std::shared_ptr<fs::FileSystem> base_;
+  std::atomic<int> flushes_{0};
+};
+
+TEST(EventWriterIdleTest, AnIdleWriterDoesNotFlush) {
+  auto counting = std::make_shared<FlushCountingFs>(fs::NewMemoryFileSystem());
+  EventWriterOptions options;
+  options.flush_period = Duration(2);
+  auto w = EventWriter::Open(counting, "/logs", options);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  const int after_open = counting->flushes();  // the file_version event's
+  EXPECT_GE(after_open, 1);
+  ASSERT_TRUE((*w)->AddScalar("loss", 1, 1).ok());
+  EXPECT_TRUE(ember::testing::WaitUntil([&] { return counting->flushes() == after_open + 1; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // ~50 periods with nothing new
+  EXPECT_EQ(counting->flushes(), after_open + 1);
+  EXPECT_TRUE((*w)->Flush().ok());  // nothing new: no flush either
+  EXPECT_EQ(counting->flushes(), after_open + 1);
+  EXPECT_TRUE((*w)->Close().ok());
 }
 
 class EventWriterFaultTest : public ::testing::Test {
