@@ -175,13 +175,16 @@ def _stop(proc: subprocess.Popen) -> None:
 @pytest.fixture(scope="module")
 def tensorboard(tmp_path_factory):
     """A real TensorBoard on a free loopback port over a log dir Ember wrote: run `run1` with
-    `loss` = 10 - step/10 for steps 0..99 and a histogram.  Yields (base URL, log dir)."""
+    `loss` = 10 - step/10 for steps 0..99, a histogram, a text and an image.  Yields (base URL,
+    log dir)."""
     logdir = tmp_path_factory.mktemp("tb")
     with ember.summary.create_file_writer(str(logdir / "run1")) as w:
         for step in range(100):
             w.scalar("loss", 10.0 - step / 10.0, step)
             if step % 10 == 0:
                 w.histogram("weights", np.linspace(-1, 1, 50) * (1 + step / 100), step)
+        w.text("notes", "written by **Ember**", 0)
+        w.image("sample", _png(), 0)
     port = _free_port()
     log = open(logdir.parent / "tensorboard.log", "wb")
     proc = subprocess.Popen(
@@ -222,8 +225,12 @@ def test_tensorboard_serves_the_scalars_ember_wrote(tensorboard):
     assert "loss" in _get_json(base + "/data/plugin/scalars/tags")["run1"]
     assert [p[1] for p in points] == list(range(100))
     assert [p[2] for p in points] == pytest.approx([10.0 - s / 10.0 for s in range(100)], rel=1e-6)
-    tags = _get_json(base + "/data/plugin/histograms/tags")
-    assert "weights" in tags.get("run1", {})
+    # The other dashboards see theirs (histograms and images through TensorBoard's data_compat).
+    assert "weights" in _get_json(base + "/data/plugin/histograms/tags").get("run1", {})
+    assert "sample" in _get_json(base + "/data/plugin/images/tags").get("run1", {})
+    assert "notes" in _get_json(base + "/data/plugin/text/tags").get("run1", [])
+    text = _get_json(f"{base}/data/plugin/text/text?{urllib.parse.urlencode({'run': 'run1', 'tag': 'notes'})}")
+    assert "<strong>Ember</strong>" in text[0]["text"]  # the markdown, rendered by TensorBoard
 
 
 def test_chromium_draws_the_scalars_chart(tensorboard, tmp_path):
