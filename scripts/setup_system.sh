@@ -14,6 +14,7 @@ pkgs=(
   libcurl4-openssl-dev                # HTTP client of the WebHDFS file system (src/fs)
   nlohmann-json3-dev                  # WebHDFS's JSON answers (header-only)
   maven                               # fetches Hadoop's minicluster jars for the HDFS tests (make setup-hdfs)
+  chromium                            # headless screenshot of TensorBoard's scalars page (python/tests/test_summary.py)
 )
 command -v java >/dev/null 2>&1 || pkgs+=(openjdk-17-jre-headless)   # Spark 4 needs Java 17
 missing=()

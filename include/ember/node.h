@@ -31,6 +31,7 @@
 #include "ember/feed.h"
 #include "ember/result.h"
 #include "ember/status.h"
+#include "ember/summary.h"
 
 namespace ember {
 
@@ -129,6 +130,16 @@ class Node {
   // otherwise as feed::Consumer::Open.  Defined in node_feed.cc, so that a
   // program not reading the feed does not link the feed.
   Result<std::unique_ptr<feed::Consumer>> OpenFeed(feed::ConsumerOptions options = {}) const;
+
+  // A TensorBoard event writer (ember/summary.h) in this node's own
+  // directory, summary::NodeLogDir(log_dir, job_name, task_index), e.g.
+  // "hdfs://nn:8020/logs/worker_1": the log dir is resolved with the job's
+  // default_fs and the NameNode's HTTP address, so it may be on HDFS.  The
+  // caller owns the writer and must Close() it.  InvalidArgument if the job
+  // has no log dir (Cluster.run(..., log_dir=...)); otherwise as
+  // summary::EventWriter::Open.  Defined in node_summary.cc.
+  Result<std::unique_ptr<summary::EventWriter>> OpenSummaryWriter(
+      summary::EventWriterOptions options = {}) const;
 
  private:
   Node(NodeContext context, std::unique_ptr<CoordinatorClient> client);

@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name):
     # ember.keras imports Keras (and with it TensorFlow): only when asked for.
-    if name in ("keras", "data", "torch", "collective"):
+    if name in ("keras", "data", "torch", "collective", "summary"):
         import importlib
 
         return importlib.import_module(f"ember.{name}")

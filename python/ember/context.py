@@ -179,6 +179,32 @@ class Context:
             self._feed._timeout = timeout
         return self._feed
 
+    def summary_writer(self, flush_secs: Optional[float] = None):
+        """This node's TensorBoard event writer (:class:`ember.summary.EventWriter`), written by
+        the C++ core into ``<log_dir>/<job_name>_<task_index>`` (e.g. ``.../worker_1``): one
+        directory per node, so nodes never share a file and TensorBoard shows each as a run.
+        The log dir may be on HDFS.  Later calls return the same writer; it is flushed and
+        closed when ``main_fun`` returns.
+
+        Args:
+            flush_secs: how often events are flushed for TensorBoard (the core's default if None).
+
+        Raises:
+            RuntimeError: the job has no log dir (pass ``log_dir=`` to ``Cluster.run``).
+        """
+        with self._client_lock:
+            writer = getattr(self, "_summary_writer", None)
+            if writer is not None:
+                return writer
+            if not self.log_dir:
+                raise RuntimeError("ctx.summary_writer() needs a log directory: pass log_dir=... "
+                                   "(or tensorboard=True) to Cluster.run")
+            from ember import _ember, summary
+            node_dir = _ember.summary_node_log_dir(self.log_dir, self.job_name, self.task_index)
+            resolve = summary.resolve_options(self.default_fs, self.hdfs_http_address)
+            self._summary_writer = summary.EventWriter(node_dir, flush_secs=flush_secs, resolve=resolve)
+            return self._summary_writer
+
     @property
     def training_rank(self) -> Optional[int]:
         """This node's rank among the training nodes (chief/master first, then workers by
@@ -279,17 +305,21 @@ class Context:
 
     def _close(self) -> None:
         with self._client_lock:
+            writer, self._summary_writer = getattr(self, "_summary_writer", None), None
             comm, self._communicator = getattr(self, "_communicator", None), None
             if comm is not None:
                 comm.close()
             if self._client is not None:
                 self._client.close()
                 self._client = None
+        if writer is not None:  # last: a failed final flush (naming the file) fails the node
+            writer.close()
 
     def __getstate__(self) -> Dict[str, Any]:
         state = dict(self.__dict__)
         state["_client"] = None
         state["_communicator"] = None
+        state["_summary_writer"] = None
         state.pop("_client_lock", None)
         state.pop("_feed", None)
         state.pop("_feed_ring_handle", None)

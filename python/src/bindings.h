@@ -100,5 +100,7 @@ void BindCollective(nb::module_& m);
 void BindFileSystem(nb::module_& m);
 // data_binding.cc: ExampleDataset, ExampleWriter, fs_glob, infer_example_schema.
 void BindDataset(nb::module_& m);
+// summary_binding.cc: EventWriter (TensorBoard event files) and its options.
+void BindSummary(nb::module_& m);
 
 }  // namespace ember::python

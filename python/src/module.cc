@@ -87,4 +87,5 @@ NB_MODULE(_ember, m) {
   ember::python::BindCollective(m);
   ember::python::BindFileSystem(m);  // before BindDataset: its functions take ResolveOptions
   ember::python::BindDataset(m);
+  ember::python::BindSummary(m);  // after BindFileSystem: EventWriter.open takes ResolveOptions
 }

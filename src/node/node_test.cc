@@ -217,5 +217,33 @@ TEST(NodeEnvironmentTest, UnsetVariableSaysHowToStartANode) {
   ::unsetenv(kStartupFdEnv);
 }
 
+TEST_F(NodeTest, OpenSummaryWriterWritesInTheNodesOwnDirectory) {
+  StartJob(2);
+  char tmpl[] = "/tmp/ember-node-summary-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  NodeContext c = ContextOf(1);
+  c.default_fs = "file:///";
+  c.log_dir = "file://" + dir + "/logs";
+  auto node = Node::Open(c);
+  ASSERT_TRUE(node.ok()) << node.status().ToString();
+  auto writer = (*node)->OpenSummaryWriter();
+  ASSERT_TRUE(writer.ok()) << writer.status().ToString();
+  EXPECT_EQ((*writer)->path().rfind(dir + "/logs/worker_1/events.out.tfevents.", 0), 0u) << (*writer)->path();
+  ASSERT_TRUE((*writer)->AddScalar("loss", 0.5, 1).ok());
+  ASSERT_TRUE((*writer)->Close().ok());
+  auto info = fs::LocalFileSystem()->Stat((*writer)->path());
+  ASSERT_TRUE(info.ok()) << info.status().ToString();
+  EXPECT_GT(info->size, 0u);
+  EXPECT_TRUE(fs::LocalFileSystem()->DeleteRecursively(dir).ok());
+
+  c = ContextOf(0);  // no log dir
+  auto other = Node::Open(c);
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  auto none = (*other)->OpenSummaryWriter();
+  EXPECT_EQ(none.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(none.status().message().find("log_dir"), std::string::npos) << none.status().ToString();
+}
+
 }  // namespace
 }  // namespace ember
