@@ -15,6 +15,8 @@ optimizer and one callback (Horovod's recipe, on Ember's collectives)::
   averages the epoch's metrics (training and validation) at each epoch's end, so every
   node's logs, ``EarlyStopping`` and ``ModelCheckpoint`` see the job's figures.
 * ``verbose(v)`` / ``is_chief()``: only the chief prints progress and saves.
+* ``SummaryCallback`` writes TensorBoard scalars (per-node batch metrics; the job's epoch
+  metrics, validation included, from the chief) with Ember's event writer.
 
 Every node must run the same number of steps per epoch (InputMode.SPARK's
 ``epoch_batches`` / ``to_tf_dataset`` guarantee it; in InputMode.TENSORFLOW shard the
@@ -209,6 +211,62 @@ class SyncCallback(keras.callbacks.Callback):
         _communicator(self.comm).allreduce_(values, "average")
         for k, v in zip(keys, values):
             logs[k] = float(v)
+
+
+class SummaryCallback(keras.callbacks.Callback):
+    """TensorBoard scalars of ``model.fit``, written by Ember's C++ event writer into the node's
+    own directory of the job's ``log_dir`` (``ctx.summary_writer()``; local or HDFS):
+
+    * every node, every ``every_n_steps`` training batches: its batch metrics, tagged
+      ``batch/<metric>`` at step = batches trained so far on this node;
+    * the chief, at each epoch's end: the epoch's metrics, validation ones included, tagged
+      ``epoch/<metric>`` (``epoch/val_loss``, ...) at step = the epoch's index.
+
+    Put it after :class:`SyncCallback` so the epoch metrics it writes are the job's (averaged
+    over the nodes): ``callbacks=[ember.keras.SyncCallback(), ember.keras.SummaryCallback()]``.
+
+    Args:
+        every_n_steps: batch metrics every this many batches; 0 for none.
+        writer: an :class:`ember.summary.EventWriter`; default: the node's ``ctx.summary_writer()``
+            (the job needs ``log_dir=`` or ``tensorboard=True``).
+        comm: the communicator that says who the chief is (the node's default if None).
+    """
+
+    def __init__(self, every_n_steps: int = 10, writer: Any = None,
+                 comm: Optional[collective.Communicator] = None):
+        super().__init__()
+        if every_n_steps < 0:
+            raise ValueError(f"every_n_steps must be >= 0, got {every_n_steps}")
+        self.every_n_steps = every_n_steps
+        self.comm = comm
+        self._writer = writer
+        self._step = 0
+
+    def _events(self) -> Any:
+        if self._writer is None:
+            from ember import context
+            ctx = context.current()
+            if ctx is None:
+                raise RuntimeError("ember.keras.SummaryCallback outside a node needs writer= "
+                                   "(an ember.summary.EventWriter)")
+            self._writer = ctx.summary_writer()
+        return self._writer
+
+    def _write(self, prefix: str, logs: Optional[Dict[str, Any]], step: int) -> None:
+        writer = self._events()
+        for key, value in (logs or {}).items():
+            if _is_number(value) and math.isfinite(float(value)):
+                writer.scalar(f"{prefix}/{key}", float(value), step)
+
+    def on_train_batch_end(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        self._step += 1
+        if self.every_n_steps and self._step % self.every_n_steps == 0:
+            self._write("batch", logs, self._step)
+
+    def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        if is_chief(self.comm):
+            self._write("epoch", logs, epoch)
+        self._events().flush()
 
 
 def _is_number(value: Any) -> bool:

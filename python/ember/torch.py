@@ -145,3 +145,58 @@ class DistributedOptimizer:
 
     def __repr__(self) -> str:
         return f"DistributedOptimizer({self._optimizer!r})"
+
+
+class MetricsWriter:
+    """TensorBoard scalars of a PyTorch training loop, written by Ember's C++ event writer into
+    the node's own directory of the job's ``log_dir`` (``ctx.summary_writer()``)::
+
+        metrics = ember.torch.MetricsWriter()
+        for epoch in range(epochs):
+            for step, (x, y) in enumerate(loader):
+                ...
+                metrics.step(global_step, loss=loss.item())       # this node's, batch/<name>
+            val = metrics.epoch(epoch, loss=train_loss, val_loss=v)  # the job's, epoch/<name>
+
+    Args:
+        writer: an :class:`ember.summary.EventWriter`; default: the node's ``ctx.summary_writer()``.
+        comm: the communicator used to average epoch metrics and to tell the chief (the node's
+            default if None).
+    """
+
+    def __init__(self, writer=None, comm=None):
+        self._writer = writer
+        self._comm = comm
+
+    def _events(self):
+        if self._writer is None:
+            from ember import context
+            ctx = context.current()
+            if ctx is None:
+                raise RuntimeError("ember.torch.MetricsWriter outside a node needs writer= "
+                                   "(an ember.summary.EventWriter)")
+            self._writer = ctx.summary_writer()
+        return self._writer
+
+    def step(self, step: int, **metrics: float) -> None:
+        """Writes this node's metrics at ``step``, tagged ``batch/<name>``."""
+        writer = self._events()
+        for name, value in metrics.items():
+            writer.scalar(f"batch/{name}", float(value), int(step))
+
+    def epoch(self, epoch: int, **metrics: float) -> dict:
+        """Averages ``metrics`` over the training nodes (every node must call it with the same
+        names), writes them on the chief tagged ``epoch/<name>`` at ``epoch``, flushes, and
+        returns the averages (the same on every node)."""
+        names = sorted(metrics)
+        values = np.array([float(metrics[k]) for k in names], dtype=np.float64)
+        comm = _communicator(self._comm)
+        if values.size:
+            comm.allreduce_(values, "average")
+        averaged = dict(zip(names, (float(v) for v in values)))
+        writer = self._events()
+        if comm.rank == 0:
+            for name, value in averaged.items():
+                writer.scalar(f"epoch/{name}", value, int(epoch))
+        writer.flush()
+        return averaged

@@ -180,14 +180,29 @@ def keras_fit(args, ctx):
     y = (x @ np.arange(1, 9, dtype=np.float32) / 10.0).astype(np.float32)
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
     model.compile(optimizer=ember.keras.DistributedOptimizer(keras.optimizers.Adam(0.01)), loss="mse")
-    history = model.fit(x, y, batch_size=32, epochs=4, shuffle=False,
-                        callbacks=[ember.keras.SyncCallback()], verbose=ember.keras.verbose(2))
+    xv = rng.normal(size=(64, 8)).astype(np.float32)
+    yv = (xv @ np.arange(1, 9, dtype=np.float32) / 10.0).astype(np.float32)
+    history = model.fit(x, y, batch_size=32, epochs=4, shuffle=False, validation_data=(xv, yv),
+                        callbacks=[ember.keras.SyncCallback(), ember.keras.SummaryCallback(every_n_steps=4)],
+                        verbose=ember.keras.verbose(2))
     np.savez(Path(args["out"]) / f"weights-{ctx.training_rank}.npz", *model.get_weights())
     Path(args["out"], f"history-{ctx.training_rank}.json").write_text(json.dumps(history.history))
 
 
+def _scalars(directory) -> dict:
+    """{tag: [(step, value)]} of the one event file in `directory`, read by TensorFlow."""
+    import tensorflow as tf
+    (path,) = Path(directory).glob("events.out.tfevents.*")
+    out: dict = {}
+    for event in tf.compat.v1.train.summary_iterator(str(path)):
+        for v in event.summary.value:
+            out.setdefault(v.tag, []).append((event.step, v.simple_value))
+    return out
+
+
 def test_keras_fit_on_two_nodes_keeps_replicas_identical(spark, tmp_path):
-    cluster = ember.Cluster.run(spark, keras_fit, {"out": str(tmp_path)}, num_executors=2, reservation_timeout=120)
+    cluster = ember.Cluster.run(spark, keras_fit, {"out": str(tmp_path)}, num_executors=2, reservation_timeout=120,
+                                log_dir=str(tmp_path / "logs"))
     cluster.shutdown(timeout=240)
     no_leftovers(cluster.job_id)
     w0, w1 = (np.load(tmp_path / f"weights-{r}.npz") for r in range(2))
@@ -197,3 +212,12 @@ def test_keras_fit_on_two_nodes_keeps_replicas_identical(spark, tmp_path):
     h0, h1 = (json.loads((tmp_path / f"history-{r}.json").read_text()) for r in range(2))
     assert h0 == h1  # epoch metrics are averaged over the nodes
     assert h0["loss"][-1] < h0["loss"][0] * 0.5, h0
+    # SummaryCallback: every node its batch loss every 4 of its 16 batches per epoch; the chief
+    # the job's epoch metrics, validation included, as model.fit returned them.
+    chief, other = (_scalars(tmp_path / "logs" / f"worker_{i}") for i in range(2))
+    for node in (chief, other):
+        assert [s for s, _ in node["batch/loss"]] == list(range(4, 65, 4))
+    for key in ("loss", "val_loss"):
+        np.testing.assert_allclose([v for _, v in chief[f"epoch/{key}"]], h0[key], rtol=1e-6)
+        assert [s for s, _ in chief[f"epoch/{key}"]] == [0, 1, 2, 3]
+    assert not any(tag.startswith("epoch/") for tag in other)

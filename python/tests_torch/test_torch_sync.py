@@ -28,13 +28,17 @@ def torch_train(args, ctx):
     ember.torch.broadcast_parameters(model)
     opt = ember.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
     losses = []
+    metrics = ember.torch.MetricsWriter()
     for epoch in range(30):
         for i in range(0, 256, 32):
             opt.zero_grad()
             loss = nn.functional.mse_loss(model(x[i:i + 32])[:, 0], y[i:i + 32])
             loss.backward()
             opt.step()
+        metrics.step(epoch, loss=loss.item())
+        averaged = metrics.epoch(epoch, loss=loss.item())
         losses.append(float(ctx.allreduce(torch.tensor([loss.item()]))[0]))
+        assert abs(averaged["loss"] - losses[-1]) < 1e-6, (averaged, losses[-1])
     torch.save(model.state_dict(), Path(args["out"]) / f"model-{ctx.training_rank}.pt")
     Path(args["out"], f"losses-{ctx.training_rank}.json").write_text(json.dumps(losses))
 
@@ -42,7 +46,8 @@ def torch_train(args, ctx):
 def test_distributed_optimizer_keeps_replicas_identical(spark, tmp_path):
     import torch
 
-    cluster = ember.Cluster.run(spark, torch_train, {"out": str(tmp_path)}, num_executors=2, reservation_timeout=120)
+    cluster = ember.Cluster.run(spark, torch_train, {"out": str(tmp_path)}, num_executors=2, reservation_timeout=120,
+                                log_dir=str(tmp_path / "logs"))
     cluster.shutdown(timeout=240)
     s0, s1 = (torch.load(tmp_path / f"model-{r}.pt") for r in range(2))
     for k in s0:
@@ -50,6 +55,21 @@ def test_distributed_optimizer_keeps_replicas_identical(spark, tmp_path):
     losses = json.loads((tmp_path / "losses-0.json").read_text())
     assert losses == json.loads((tmp_path / "losses-1.json").read_text())
     assert losses[-1] < losses[0] * 0.2, losses
+    # MetricsWriter: each node its own batch loss; the chief the averaged epoch loss.
+    import tensorflow as tf
+    tags = []
+    for i in range(2):
+        (path,) = (tmp_path / "logs" / f"worker_{i}").glob("events.out.tfevents.*")
+        scalars: dict = {}
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for v in event.summary.value:
+                scalars.setdefault(v.tag, []).append((event.step, v.simple_value))
+        assert [s for s, _ in scalars["batch/loss"]] == list(range(30))
+        tags.append(set(scalars))
+        if i == 0:
+            assert [s for s, _ in scalars["epoch/loss"]] == list(range(30))
+            assert max(abs(v - want) for (_, v), want in zip(scalars["epoch/loss"], losses)) < 1e-6
+    assert "epoch/loss" not in tags[1]
 
 
 def plain_torch_distributed(args, ctx):
