@@ -45,7 +45,9 @@ def _run() -> int:
     ctx = Context.from_node_context(node)
     from ember import context
     context._current = ctx  # ember.data and friends find the node's context
-    from ember import collective
+    from ember import collective, summary
+    if ctx.log_dir:
+        summary.set_default(ctx.summary_writer)  # ember.keras / ember.torch metrics writers
     if ctx.training_rank is not None:
         collective.set_default(ctx.communicator)  # ember.keras / ember.torch find the job's nodes
         for key, value in ctx.torch_distributed_env().items():  # unchanged torch.distributed programs

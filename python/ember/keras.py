@@ -244,12 +244,8 @@ class SummaryCallback(keras.callbacks.Callback):
 
     def _events(self) -> Any:
         if self._writer is None:
-            from ember import context
-            ctx = context.current()
-            if ctx is None:
-                raise RuntimeError("ember.keras.SummaryCallback outside a node needs writer= "
-                                   "(an ember.summary.EventWriter)")
-            self._writer = ctx.summary_writer()
+            from ember import summary
+            self._writer = summary.default()
         return self._writer
 
     def _write(self, prefix: str, logs: Optional[Dict[str, Any]], step: int) -> None:

@@ -21,7 +21,26 @@ import numpy as np
 
 from ember import _ember, _hadoop
 
-__all__ = ["EventWriter", "create_file_writer", "resolve_options"]
+__all__ = ["EventWriter", "create_file_writer", "resolve_options", "default", "set_default"]
+
+# In a node, the node's writer (``ctx.summary_writer``), so framework glue (ember.keras,
+# ember.torch) finds it without being handed a context.
+_default_factory = None
+
+
+def set_default(factory) -> None:
+    """Makes `factory()` (returning an EventWriter) the process's default; None clears it."""
+    global _default_factory
+    _default_factory = factory
+
+
+def default() -> "EventWriter":
+    """The node's event writer (``ctx.summary_writer()``).  Raises RuntimeError outside an
+    Ember node, where one must be made with :func:`create_file_writer`."""
+    if _default_factory is None:
+        raise RuntimeError("no default event writer: this process is not an Ember node; make one with "
+                           "ember.summary.create_file_writer(log_dir) and pass it as writer=")
+    return _default_factory()
 
 
 def resolve_options(default_fs: str = "", hdfs_http_address: str = "") -> Any:

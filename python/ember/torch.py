@@ -170,12 +170,8 @@ class MetricsWriter:
 
     def _events(self):
         if self._writer is None:
-            from ember import context
-            ctx = context.current()
-            if ctx is None:
-                raise RuntimeError("ember.torch.MetricsWriter outside a node needs writer= "
-                                   "(an ember.summary.EventWriter)")
-            self._writer = ctx.summary_writer()
+            from ember import summary
+            self._writer = summary.default()
         return self._writer
 
     def step(self, step: int, **metrics: float) -> None:
