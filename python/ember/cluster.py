@@ -14,7 +14,11 @@ How a job runs:
   node fails, or the job is aborted (the thread hosting the Spark job aborts
   the coordinator when that job fails), never on a polling tick.
 * On any failure the driver aborts the job (the coordinator tells every node
-  to stop) and cancels the Spark job group, then raises.
+  to stop) and cancels the Spark job group, then raises, or, with
+  ``max_restarts``, relaunches every node as a new gang (a new coordinator and
+  barrier stage, the same roles) and goes on waiting or feeding; the nodes
+  restore their newest checkpoint themselves (ember.keras.restore_latest,
+  ember.torch.load_latest).
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ import threading
 import time
 import uuid
 import weakref
+from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Union
 
 from ember import _ember, _feed_driver, _feeding, _hadoop, config
@@ -35,7 +40,7 @@ from ember._launcher import NodeSpec
 from ember._names import TENSORBOARD_URL_KEY, WORKER_ROLES
 from ember._spark_job import NodesJob, check_slots, spark_context, spark_error_summary, task_slots
 from ember._watcher import Watcher
-from ember.errors import Aborted, ClusterError, DeadlineExceeded
+from ember.errors import Aborted, ClusterError, DeadlineExceeded, NodeError
 from ember.input_mode import InputMode
 
 _FOREVER = 10 * 365 * 86400.0  # seconds: "no deadline" for the core's waits
@@ -61,6 +66,36 @@ def _node_program(main_fun: Any, args: Any) -> Optional[List[str]]:
     return argv
 
 
+@dataclass(frozen=True)
+class Restart:
+    """One relaunch of a job's nodes after a node failed (``Cluster.restarts``).
+
+    Attributes:
+        node: the failed node, "role:index".
+        host: where it ran.
+        reason: the first line of its error ("was lost" for a node whose heartbeat stopped).
+        stop_secs: seconds to stop the failed gang (abort, Spark job ended, coordinator closed).
+        relaunch_secs: seconds from then until every node of the new gang registered.
+        node_job_id: the new gang's job id (EMBER_JOB_ID of its processes).
+    """
+    node: str
+    host: str
+    reason: str
+    stop_secs: float
+    relaunch_secs: float
+    node_job_id: str
+
+
+def _failure_reason(failure: NodeError) -> str:
+    """One line for why a node failed: a traceback's last line (the exception), else the
+    launcher's first (how the process ended: "... ended with SIGKILL ...")."""
+    if failure.lost:
+        return "was lost (no heartbeat)"
+    lines = [line for line in failure.remote_traceback.strip().splitlines() if line.strip()] or ["failed"]
+    line = lines[-1] if lines[0].startswith("Traceback") else lines[0].split("; its last stderr lines:")[0]
+    return line.strip()[:300]
+
+
 class Cluster:
     """A running Ember job: its nodes, their coordinator, and the Spark job that hosts them.
 
@@ -74,6 +109,9 @@ class Cluster:
         startup_secs: seconds from Cluster.run to every node registered.
         tensorboard_url: where TensorBoard serves, if tensorboard=True.
         input_mode: the job's InputMode.
+        restarts: the relaunches so far (:class:`Restart`), with ``max_restarts``.
+        node_job_id: the current gang's job id: ``job_id``, then ``<job_id>-r<k>`` after
+            restart k (EMBER_JOB_ID of its processes, the prefix of its shared memory).
     """
 
     def __init__(self, sc, num_nodes: int, layout, input_mode: InputMode, log_dir: Optional[str]):
@@ -98,6 +136,10 @@ class Cluster:
         self._feed_endpoints: Optional[List[_feeding.NodeEndpoint]] = None
         self._epochs_fed = 0  # feed epochs are numbered across train() calls
         self._feed_lock = threading.Lock()  # one train() at a time (streaming batches too)
+        self.node_job_id = self.job_id
+        self.restarts: List[Restart] = []
+        self._max_restarts = 0
+        self._launch: dict = {}  # what _start needs again for a restart
 
     # -- public API ----------------------------------------------------------
 
@@ -108,7 +150,7 @@ class Cluster:
             master_node: Optional[str] = None, eval_node: bool = False,
             reservation_timeout: float = 600, heartbeat_timeout: float = 30,
             slot_timeout: Optional[float] = None,
-            connect_timeout: Optional[float] = None) -> "Cluster":
+            connect_timeout: Optional[float] = None, max_restarts: int = 0) -> "Cluster":
         """Starts `num_executors` nodes, each running ``main_fun(args, ctx)``, and returns
         once all of them have registered.
 
@@ -142,6 +184,16 @@ class Cluster:
                 default from ember.config.
             connect_timeout: seconds a node may take to reach the coordinator; default
                 from ember.config.
+            max_restarts: how many times a node's failure (its process killed or out of
+                memory, main_fun raising, its executor lost) relaunches every node instead of
+                failing the job.  The driver aborts the gang, waits for its Spark stage to
+                end, starts a new one with the same roles, prints why and how long it took
+                (``Cluster.restarts``), and goes on: shutdown() waits for the new gang, and
+                train() feeds the interrupted epoch again from its start.  Nodes resume from
+                their newest checkpoint themselves (``ember.keras.restore_latest``,
+                ``ember.torch.load_latest``).  Past `max_restarts` the failure is raised,
+                with the earlier restarts' reasons.  Restarts happen while the driver waits
+                in shutdown() or train().
 
         Raises:
             ClusterError: too few task slots, or the Spark job failed.
@@ -158,15 +210,18 @@ class Cluster:
                                       master_node=master_node or "", eval_node=eval_node)
         _ember.assign_role(layout, 0)  # validates the layout: InvalidArgument names the field
         check_slots(sc, num_nodes, config.get("slot_timeout", sc, slot_timeout))
+        if max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
         cluster = cls(sc, num_nodes, layout, input_mode, log_dir)
+        cluster._max_restarts = int(max_restarts)
         if tensorboard and not log_dir:
             cluster.log_dir = f"tensorboard_{cluster.job_id}"
         _active_clusters.add(cluster)
+        cluster._launch = dict(main_fun=main_fun, args=args, tensorboard=tensorboard,
+                               reservation_timeout=reservation_timeout, heartbeat_timeout=heartbeat_timeout,
+                               connect_timeout=config.get("connect_timeout", sc, connect_timeout))
         try:
-            cluster._start(main_fun, args, started, tensorboard=tensorboard,
-                           reservation_timeout=reservation_timeout,
-                           heartbeat_timeout=heartbeat_timeout,
-                           connect_timeout=config.get("connect_timeout", sc, connect_timeout))
+            cluster._start(started=started, **cluster._launch)
         except BaseException as e:
             cluster._teardown(abort_reason=f"Cluster.run failed: {type(e).__name__}")
             raise
@@ -226,22 +281,32 @@ class Cluster:
         """
         self._require_spark_mode("train")
         _feed_driver.check_feed_slots(self._sc, self.num_nodes, task_slots)
-        endpoints = self._endpoints()
-        try:
-            with self._feed_lock:
-                first = self._epochs_fed
-                self._epochs_fed += num_epochs
-                _feed_driver.train(self._sc, data, num_epochs, endpoints, self._feed_options(feed_timeout),
-                                   console=self._console, first_epoch=first, node_gone=self._node_ended)
-        except Exception as e:  # noqa: BLE001 - a node's failure explains a failed feed best
-            failure = self._watcher.known_failure(wait=2.0)
-            if failure is not None:
-                # The job is over: stop everything now, so shutdown() has nothing left to do.
-                self._teardown(abort_reason=f"node {failure.job_name}:{failure.task_index} failed")
-                raise failure from e
-            if type(e).__name__ == "Py4JJavaError":
-                raise ClusterError(f"Cluster.train: the feeding Spark job failed: {spark_error_summary(e, self._sc)}") from e
-            raise
+        if num_epochs < 1:
+            raise ValueError("num_epochs must be at least 1")
+        with self._feed_lock:
+            done = 0
+            while done < num_epochs:
+                # One epoch at a time (each is one Spark job anyway): after a restart the
+                # interrupted epoch is fed again, under a new number (numbers never repeat).
+                epoch = self._epochs_fed
+                self._epochs_fed += 1
+                try:
+                    _feed_driver.train(self._sc, data, 1, self._endpoints(), self._feed_options(feed_timeout),
+                                       console=self._console, first_epoch=epoch, node_gone=self._node_ended)
+                    done += 1
+                except Exception as e:  # noqa: BLE001 - a node's failure explains a failed feed best
+                    failure = self._watcher.known_failure(wait=2.0)
+                    if failure is None:
+                        if type(e).__name__ == "Py4JJavaError":
+                            raise ClusterError(f"Cluster.train: the feeding Spark job failed: "
+                                               f"{spark_error_summary(e, self._sc)}") from e
+                        raise
+                    try:
+                        self._recover(failure)
+                    except BaseException:
+                        # The job is over: stop everything now, so shutdown() has nothing left to do.
+                        self._teardown(abort_reason=f"node {failure.job_name}:{failure.task_index} failed")
+                        raise
 
     def train_stream(self, stream_df: Any, feed_timeout: float = 600.0,
                      checkpoint_location: Optional[str] = None, trigger: Optional[dict] = None):
@@ -334,15 +399,20 @@ class Cluster:
             self._shutting_down = True
         try:
             deadline = None if timeout is None else time.monotonic() + timeout
-            if self.input_mode == InputMode.SPARK and self._watcher.failure is None:
-                # TFoS semantics: the feed ends at shutdown; DataFeed.should_stop() turns True.
-                _feed_driver.end_feed(self._endpoints(), self._secret, timeout=30.0)
-            self._wait_nodes(
-                list(WORKER_ROLES), deadline,
-                lambda: (f"Cluster.shutdown waited {timeout:g}s (timeout) for the training nodes "
-                         f"(chief/master/worker) to return from main_fun"),
-                "Pass a larger timeout (or None), or look at the nodes' output for why they "
-                "have not finished")
+            while True:
+                try:
+                    if self.input_mode == InputMode.SPARK and self._watcher.failure is None:
+                        # TFoS semantics: the feed ends at shutdown; DataFeed.should_stop() turns True.
+                        _feed_driver.end_feed(self._endpoints(), self._secret, timeout=30.0)
+                    self._wait_nodes(
+                        list(WORKER_ROLES), deadline,
+                        lambda: (f"Cluster.shutdown waited {timeout:g}s (timeout) for the training nodes "
+                                 f"(chief/master/worker) to return from main_fun"),
+                        "Pass a larger timeout (or None), or look at the nodes' output for why they "
+                        "have not finished")
+                    break
+                except NodeError as failure:
+                    self._recover(failure)  # raises when no restart is left
             if grace_secs > 0:  # watch for late failures (e.g. an evaluator's) for grace_secs
                 try:
                     self._server.wait_for_nodes([], float(grace_secs))
@@ -385,6 +455,8 @@ class Cluster:
 
     def _start(self, main_fun, args, started: float, *, tensorboard: bool,
                reservation_timeout: float, heartbeat_timeout: float, connect_timeout: float) -> None:
+        """Starts a gang: a coordinator, the Spark barrier stage of the nodes; returns once
+        every node registered.  Called again by _recover for each restart."""
         from pyspark import cloudpickle
 
         sc = self._sc
@@ -405,7 +477,7 @@ class Cluster:
         self.coordinator_address = f"{host}:{self._server.port}"
         default_fs, hdfs_http_address = _hadoop.spark_fs_conf(sc)
         spec = NodeSpec(
-            job_id=self.job_id, coordinator_host=host, coordinator_port=self._server.port,
+            job_id=self.node_job_id, coordinator_host=host, coordinator_port=self._server.port,
             secret=self._secret, payload=payload,
             num_nodes=self.num_nodes, default_fs=default_fs, hdfs_http_address=hdfs_http_address,
             working_dir=os.getcwd(),
@@ -415,15 +487,15 @@ class Cluster:
             feed_ring_bytes=int(config.get("feed_ring_bytes", sc)),
             echo_logs=not sc.master.startswith("local"), argv=argv)
 
-        self._watcher = Watcher(self._server, self._console, self.job_id, self._on_node_failure)
+        self._watcher = Watcher(self._server, self._console, self.node_job_id, self._on_node_failure)
         self._watcher.start()
-        self._job = NodesJob(sc, self.job_id, self.num_nodes, self._wake_waits_after_spark)
+        self._job = NodesJob(sc, self.node_job_id, self.num_nodes, self._wake_waits_after_spark)
         self._job.start(spec)
         self._wait_for_registration(started, reservation_timeout)
         self.startup_secs = time.monotonic() - started
         self.cluster_spec = json.loads(self._server.cluster_spec_json())
         self._console.info(f"all {self.num_nodes} nodes registered in {self.startup_secs:.1f}s "
-                           f"(job {self.job_id}, coordinator {self.coordinator_address})")
+                           f"(job {self.node_job_id}, coordinator {self.coordinator_address})")
         if tensorboard:
             self._fetch_tensorboard_url()
 
@@ -447,7 +519,7 @@ class Cluster:
         every node registered), abort the coordinator so every wait on the driver (all of them
         block in the core) returns at once; they then raise the Spark job's error."""
         server = self._server
-        if server is None or self._closed:
+        if server is None or self._closed or job is not self._job:  # an earlier gang's job
             return
         if job.error is not None and not job.cancelled:
             server.abort(job.failure_text()[:2000])
@@ -509,14 +581,39 @@ class Cluster:
             self._raise_if_failed(spark_must_run=False)
             self._watcher.raise_failure_or(ClusterError, f"the job was aborted: {e}")
 
+    # -- restarts ----------------------------------------------------------------
+
+    def _recover(self, failure: NodeError) -> None:
+        """Relaunches every node after `failure`, or raises it when no restart is left (with
+        the earlier restarts' reasons attached)."""
+        label = f"{failure.job_name}:{failure.task_index}"
+        reason = _failure_reason(failure)
+        if len(self.restarts) >= self._max_restarts or self._closed:
+            if self.restarts:
+                failure.add_note("earlier restarts of this job: " + "; ".join(
+                    f"{r.node} on {r.host}: {r.reason}" for r in self.restarts))
+            raise failure
+        k = len(self.restarts) + 1
+        self._console.info(f"node {label} on {failure.host} {reason}; restarting all {self.num_nodes} "
+                           f"nodes (restart {k} of {self._max_restarts})")
+        t0 = time.monotonic()
+        self._stop_gang(abort_reason=f"restart {k}: node {label} failed")
+        t1 = time.monotonic()
+        self.node_job_id = f"{self.job_id}-r{k}"
+        self._feed_endpoints = None
+        self._start(started=t1, **self._launch)
+        t2 = time.monotonic()
+        self.restarts.append(Restart(node=label, host=failure.host, reason=reason, stop_secs=t1 - t0,
+                                     relaunch_secs=t2 - t1, node_job_id=self.node_job_id))
+        self._console.info(f"restart {k}: the failed gang stopped in {t1 - t0:.1f}s, the new one "
+                           f"({self.node_job_id}) registered {t2 - t1:.1f}s later; nodes resume from "
+                           f"their newest checkpoint")
+
     # -- tear-down ---------------------------------------------------------------
 
-    def _teardown(self, abort_reason: Optional[str] = None) -> None:
-        """Ends the job and releases everything; idempotent.  Aborts it if `abort_reason`."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
+    def _stop_gang(self, abort_reason: Optional[str] = None) -> None:
+        """Ends the current gang (coordinator, Spark stage, watcher); aborts it if
+        `abort_reason`.  The Cluster stays open (a restart starts the next gang)."""
         try:
             if abort_reason is not None:
                 if self._server is not None:
@@ -525,13 +622,23 @@ class Cluster:
                     self._job.cancel()
             if self._job is not None:
                 # Give the launchers time to end their nodes while the coordinator still serves.
-                self._job.wait(15.0)
+                self._job.wait(15.0 + 2 * float(config.get("kill_grace_secs", self._sc)))
         finally:
             if self._watcher is not None:
                 self._watcher.stop(timeout=5.0)
             self._console.clear_progress()
             if self._server is not None:
                 self._server.close()
+
+    def _teardown(self, abort_reason: Optional[str] = None) -> None:
+        """Ends the job and releases everything; idempotent.  Aborts it if `abort_reason`."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            self._stop_gang(abort_reason)
+        finally:
             _active_clusters.discard(self)
 
 

@@ -1,0 +1,136 @@
+"""Automatic recovery (Cluster.run(max_restarts=N)) on real Spark with real Keras: a node killed
+with SIGKILL mid-epoch makes the driver relaunch every node, the nodes resume from their newest
+checkpoint, and the job ends with the weights an undisturbed run reaches; past max_restarts the
+failure is raised with every reason; nothing of either gang is left behind."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ember
+from ember import errors
+from conftest import no_leftovers
+
+pytestmark = pytest.mark.timeout(600)
+
+EPOCHS = 4
+
+
+def train_with_checkpoints(args, ctx):
+    """Sync Keras training on 2 nodes, deterministic (fixed seeds, no shuffling, plain SGD), with a
+    checkpoint of the weights after every epoch.  With args["kill_at"] = (epoch, batch), node
+    worker:1 SIGKILLs itself there, once (a marker file says it did)."""
+    import os
+    import signal
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras
+    import tensorflow as tf
+
+    import ember.keras
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    out = Path(args["out"])
+    keras.utils.set_random_seed(100 + ctx.executor_id)
+    rng = np.random.default_rng(ctx.executor_id)
+    x = rng.normal(size=(512, 8)).astype(np.float32)
+    y = (x @ np.arange(1, 9, dtype=np.float32) / 10.0).astype(np.float32)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+    model.compile(optimizer=ember.keras.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss="mse")
+
+    ckpt = out / "ckpt.npz"
+    initial_epoch = 0
+    if ckpt.exists():  # a restarted gang: resume where the last checkpoint left off
+        saved = np.load(ckpt)
+        initial_epoch = int(saved["epoch"])
+        model.set_weights([saved[f"w{i}"] for i in range(len(model.get_weights()))])
+        (out / f"restored-{ctx.training_rank}.txt").write_text(str(initial_epoch))
+
+    class Checkpoint(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if ember.keras.is_chief():
+                tmp = out / "ckpt.tmp.npz"
+                np.savez(tmp, epoch=epoch + 1, **{f"w{i}": w for i, w in enumerate(self.model.get_weights())})
+                os.replace(tmp, ckpt)  # atomic: a restart sees the old or the new one
+
+    class Killer(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            epoch, at = args["kill_at"]
+            marker = out / "killed"
+            if ctx.job_name == "worker" and ctx.task_index == 1 and self._epoch == epoch and batch == at \
+                    and not marker.exists():
+                marker.write_text(str(os.getpid()))
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self._epoch = epoch
+
+    callbacks = [ember.keras.SyncCallback(), Checkpoint()]
+    if args.get("kill_at"):
+        callbacks.append(Killer())
+    history = model.fit(x, y, batch_size=32, epochs=EPOCHS, initial_epoch=initial_epoch, shuffle=False,
+                        callbacks=callbacks, verbose=0)
+    np.savez(out / f"weights-{ctx.training_rank}.npz", *model.get_weights())
+    (out / f"history-{ctx.training_rank}.json").write_text(json.dumps(history.history))
+
+
+def always_fails(args, ctx):
+    if ctx.task_index == 0 and ctx.job_name == "worker":
+        raise RuntimeError(f"broken on purpose in {ctx.job_id}")
+
+
+def _weights(directory: Path, rank: int):
+    w = np.load(directory / f"weights-{rank}.npz")
+    return [w[k] for k in sorted(w.files, key=lambda k: int(k.split("_")[1]))]
+
+
+def test_killed_node_restarts_the_gang_which_resumes_from_its_checkpoint(spark, tmp_path, capsys):
+    calm, hit = tmp_path / "undisturbed", tmp_path / "killed"
+    calm.mkdir()
+    hit.mkdir()
+    cluster = ember.Cluster.run(spark, train_with_checkpoints, {"out": str(calm)}, num_executors=2,
+                                reservation_timeout=120, max_restarts=2)
+    cluster.shutdown(timeout=300)
+    assert cluster.restarts == []
+    no_leftovers(cluster.job_id)
+
+    cluster = ember.Cluster.run(spark, train_with_checkpoints, {"out": str(hit), "kill_at": (2, 5)},
+                                num_executors=2, reservation_timeout=120, max_restarts=2)
+    cluster.shutdown(timeout=300)
+    assert (hit / "killed").exists()
+    assert len(cluster.restarts) == 1, cluster.restarts
+    restart = cluster.restarts[0]
+    assert restart.node == "worker:1" and "SIGKILL" in restart.reason, restart
+    assert restart.node_job_id == f"{cluster.job_id}-r1" == cluster.node_job_id
+    printed = capsys.readouterr()
+    assert "restarting all 2 nodes (restart 1 of 2)" in printed.out + printed.err
+    # The new gang resumed after epoch 2 (the last checkpoint before the kill in epoch 2)...
+    assert [(hit / f"restored-{r}.txt").read_text() for r in range(2)] == ["2", "2"]
+    assert list(json.loads((hit / "history-0.json").read_text())) == ["loss"]
+    # ...and ended where the undisturbed run did, bit for bit, on both nodes.
+    for rank in range(2):
+        for a, b in zip(_weights(calm, rank), _weights(hit, rank)):
+            np.testing.assert_array_equal(a, b)
+    for job_id in (cluster.job_id, cluster.node_job_id):
+        no_leftovers(job_id)
+
+
+def test_failures_past_max_restarts_raise_with_every_reason(spark):
+    cluster = ember.Cluster.run(spark, always_fails, {}, num_executors=2, reservation_timeout=120, max_restarts=1)
+    with pytest.raises(errors.NodeError) as info:
+        cluster.shutdown(timeout=120)
+    text = str(info.value) + "".join(getattr(info.value, "__notes__", []))
+    assert f"broken on purpose in {cluster.job_id}-r1" in text  # the last gang's failure...
+    assert "earlier restarts" in text and f"broken on purpose in {cluster.job_id}" in text  # ...and the first's
+    assert [r.node for r in cluster.restarts] == ["worker:0"]
+    for job_id in (cluster.job_id, f"{cluster.job_id}-r1"):
+        no_leftovers(job_id)
+
+
+def test_max_restarts_must_not_be_negative(spark):
+    with pytest.raises(ValueError, match="max_restarts"):
+        ember.Cluster.run(spark, always_fails, {}, num_executors=2, max_restarts=-1)
