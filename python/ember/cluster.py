@@ -74,6 +74,7 @@ class Restart:
         node: the failed node, "role:index".
         host: where it ran.
         reason: the first line of its error ("was lost" for a node whose heartbeat stopped).
+        failed_at: when the driver learnt of the failure (time.time()).
         stop_secs: seconds to stop the failed gang (abort, Spark job ended, coordinator closed).
         relaunch_secs: seconds from then until every node of the new gang registered.
         node_job_id: the new gang's job id (EMBER_JOB_ID of its processes).
@@ -81,6 +82,7 @@ class Restart:
     node: str
     host: str
     reason: str
+    failed_at: float
     stop_secs: float
     relaunch_secs: float
     node_job_id: str
@@ -90,7 +92,7 @@ def _failure_reason(failure: NodeError) -> str:
     """One line for why a node failed: a traceback's last line (the exception), else the
     launcher's first (how the process ended: "... ended with SIGKILL ...")."""
     if failure.lost:
-        return "was lost (no heartbeat)"
+        return "lost: no heartbeat"
     lines = [line for line in failure.remote_traceback.strip().splitlines() if line.strip()] or ["failed"]
     line = lines[-1] if lines[0].startswith("Traceback") else lines[0].split("; its last stderr lines:")[0]
     return line.strip()[:300]
@@ -307,6 +309,8 @@ class Cluster:
                         # The job is over: stop everything now, so shutdown() has nothing left to do.
                         self._teardown(abort_reason=f"node {failure.job_name}:{failure.task_index} failed")
                         raise
+                    self._console.info(f"feeding epoch {epoch}, which the failure interrupted, again "
+                                       f"from its start (as epoch {self._epochs_fed})")
 
     def train_stream(self, stream_df: Any, feed_timeout: float = 600.0,
                      checkpoint_location: Optional[str] = None, trigger: Optional[dict] = None):
@@ -594,8 +598,9 @@ class Cluster:
                     f"{r.node} on {r.host}: {r.reason}" for r in self.restarts))
             raise failure
         k = len(self.restarts) + 1
-        self._console.info(f"node {label} on {failure.host} {reason}; restarting all {self.num_nodes} "
-                           f"nodes (restart {k} of {self._max_restarts})")
+        self._console.info(f"node {label} on {failure.host} failed ({reason}); restarting all "
+                           f"{self.num_nodes} nodes (restart {k} of {self._max_restarts})")
+        failed_at = time.time()
         t0 = time.monotonic()
         self._stop_gang(abort_reason=f"restart {k}: node {label} failed")
         t1 = time.monotonic()
@@ -603,8 +608,8 @@ class Cluster:
         self._feed_endpoints = None
         self._start(started=t1, **self._launch)
         t2 = time.monotonic()
-        self.restarts.append(Restart(node=label, host=failure.host, reason=reason, stop_secs=t1 - t0,
-                                     relaunch_secs=t2 - t1, node_job_id=self.node_job_id))
+        self.restarts.append(Restart(node=label, host=failure.host, reason=reason, failed_at=failed_at,
+                                     stop_secs=t1 - t0, relaunch_secs=t2 - t1, node_job_id=self.node_job_id))
         self._console.info(f"restart {k}: the failed gang stopped in {t1 - t0:.1f}s, the new one "
                            f"({self.node_job_id}) registered {t2 - t1:.1f}s later; nodes resume from "
                            f"their newest checkpoint")

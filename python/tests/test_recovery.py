@@ -134,3 +134,48 @@ def test_failures_past_max_restarts_raise_with_every_reason(spark):
 def test_max_restarts_must_not_be_negative(spark):
     with pytest.raises(ValueError, match="max_restarts"):
         ember.Cluster.run(spark, always_fails, {}, num_executors=2, max_restarts=-1)
+
+
+def spark_mode_ids(args, ctx):
+    """InputMode.SPARK: each epoch, every node records the ids it was fed; the chief checkpoints
+    the epoch count.  Node worker:1 SIGKILLs itself after 2 batches of epoch 1, once."""
+    import os
+    import signal
+
+    out = Path(args["out"])
+    ckpt = out / "epoch.txt"
+    start = int(ckpt.read_text()) if ckpt.exists() else 0
+    (out / f"start-{ctx.training_rank}-{os.environ['EMBER_JOB_ID']}.txt").write_text(str(start))
+    feed = ctx.get_data_feed()
+    for epoch in range(start, args["epochs"]):
+        ids = []
+        for k, batch in enumerate(feed.epoch_batches(10)):
+            ids.extend(int(i) for i in batch["id"])
+            if epoch == 1 and k == 2 and ctx.training_rank == 1 and not (out / "killed").exists():
+                (out / "killed").write_text("yes")
+                os.kill(os.getpid(), signal.SIGKILL)
+        (out / f"ids-{ctx.training_rank}-{epoch}.json").write_text(json.dumps(sorted(ids)))
+        ctx.barrier(f"epoch-{epoch}", timeout=120)  # both nodes finished the epoch
+        if ctx.training_rank == 0:
+            tmp = out / "epoch.tmp"
+            tmp.write_text(str(epoch + 1))
+            os.replace(tmp, ckpt)
+
+
+def test_spark_mode_refeeds_the_interrupted_epoch_to_the_new_gang(spark, tmp_path):
+    df = spark.range(0, 400, 1, 4).withColumnRenamed("id", "id")
+    cluster = ember.Cluster.run(spark, spark_mode_ids, {"out": str(tmp_path), "epochs": 3}, num_executors=2,
+                                input_mode=ember.InputMode.SPARK, reservation_timeout=120, max_restarts=1)
+    cluster.train(df, num_epochs=3)
+    cluster.shutdown(timeout=120)
+    assert (tmp_path / "killed").exists()
+    assert [r.node for r in cluster.restarts] == ["worker:1"]
+    # The new gang started at epoch 1 (the chief's last checkpoint) and was fed epochs 1 and 2 whole.
+    for rank in range(2):
+        assert (tmp_path / f"start-{rank}-{cluster.node_job_id}.txt").read_text() == "1"
+    for epoch in range(3):
+        got = sorted(json.loads((tmp_path / f"ids-0-{epoch}.json").read_text())
+                     + json.loads((tmp_path / f"ids-1-{epoch}.json").read_text()))
+        assert got == list(range(400)), f"epoch {epoch}: rows lost or repeated"
+    for job_id in (cluster.job_id, cluster.node_job_id):
+        no_leftovers(job_id)
