@@ -21,8 +21,10 @@ EPOCHS = 4
 
 def train_with_checkpoints(args, ctx):
     """Sync Keras training on 2 nodes, deterministic (fixed seeds, no shuffling, plain SGD), with a
-    checkpoint of the weights after every epoch.  With args["kill_at"] = (epoch, batch), node
-    worker:1 SIGKILLs itself there, once (a marker file says it did)."""
+    checkpoint of the weights after every epoch (the chief: a temporary file, then a rename).
+    args["kills"]: [(rank, epoch, batch)], each done once (a marker file says so): training rank
+    `rank` SIGKILLs itself after `batch` of `epoch`, or with batch "checkpoint" in the middle of
+    writing that epoch's checkpoint (its temporary file written, not yet renamed)."""
     import os
     import signal
 
@@ -48,32 +50,31 @@ def train_with_checkpoints(args, ctx):
         saved = np.load(ckpt)
         initial_epoch = int(saved["epoch"])
         model.set_weights([saved[f"w{i}"] for i in range(len(model.get_weights()))])
-        (out / f"restored-{ctx.training_rank}.txt").write_text(str(initial_epoch))
+    (out / f"restored-{ctx.training_rank}-{os.environ['EMBER_JOB_ID']}.txt").write_text(str(initial_epoch))
+
+    def maybe_die(epoch, batch):
+        for k, (rank, at_epoch, at_batch) in enumerate(args.get("kills", [])):
+            marker = out / f"killed-{k}"
+            if (rank, at_epoch, at_batch) == (ctx.training_rank, epoch, batch) and not marker.exists():
+                marker.write_text(str(os.getpid()))
+                os.kill(os.getpid(), signal.SIGKILL)
 
     class Checkpoint(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            maybe_die(self.epoch, batch)
+
         def on_epoch_end(self, epoch, logs=None):
             if ember.keras.is_chief():
                 tmp = out / "ckpt.tmp.npz"
                 np.savez(tmp, epoch=epoch + 1, **{f"w{i}": w for i, w in enumerate(self.model.get_weights())})
+                maybe_die(epoch, "checkpoint")
                 os.replace(tmp, ckpt)  # atomic: a restart sees the old or the new one
 
-    class Killer(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            epoch, at = args["kill_at"]
-            marker = out / "killed"
-            if ctx.job_name == "worker" and ctx.task_index == 1 and self._epoch == epoch and batch == at \
-                    and not marker.exists():
-                marker.write_text(str(os.getpid()))
-                os.kill(os.getpid(), signal.SIGKILL)
-
-        def on_epoch_begin(self, epoch, logs=None):
-            self._epoch = epoch
-
-    callbacks = [ember.keras.SyncCallback(), Checkpoint()]
-    if args.get("kill_at"):
-        callbacks.append(Killer())
     history = model.fit(x, y, batch_size=32, epochs=EPOCHS, initial_epoch=initial_epoch, shuffle=False,
-                        callbacks=callbacks, verbose=0)
+                        callbacks=[ember.keras.SyncCallback(), Checkpoint()], verbose=0)
     np.savez(out / f"weights-{ctx.training_rank}.npz", *model.get_weights())
     (out / f"history-{ctx.training_rank}.json").write_text(json.dumps(history.history))
 
@@ -88,34 +89,45 @@ def _weights(directory: Path, rank: int):
     return [w[k] for k in sorted(w.files, key=lambda k: int(k.split("_")[1]))]
 
 
-def test_killed_node_restarts_the_gang_which_resumes_from_its_checkpoint(spark, tmp_path, capsys):
-    calm, hit = tmp_path / "undisturbed", tmp_path / "killed"
-    calm.mkdir()
-    hit.mkdir()
-    cluster = ember.Cluster.run(spark, train_with_checkpoints, {"out": str(calm)}, num_executors=2,
+@pytest.fixture(scope="module")
+def undisturbed(spark, tmp_path_factory):
+    """The weights an undisturbed run of train_with_checkpoints ends with."""
+    out = tmp_path_factory.mktemp("undisturbed")
+    cluster = ember.Cluster.run(spark, train_with_checkpoints, {"out": str(out)}, num_executors=2,
                                 reservation_timeout=120, max_restarts=2)
     cluster.shutdown(timeout=300)
     assert cluster.restarts == []
     no_leftovers(cluster.job_id)
+    return out
 
-    cluster = ember.Cluster.run(spark, train_with_checkpoints, {"out": str(hit), "kill_at": (2, 5)},
+
+@pytest.mark.parametrize("kills, resumed_at", [
+    # a worker in the middle of epoch 2: the new gang resumes from epoch 1's checkpoint
+    ([(1, 2, 5)], [2]),
+    # the chief while writing epoch 1's checkpoint (epoch 0's stays the newest), then a worker in
+    # the next gang's second epoch: two failures in a row
+    ([(0, 1, "checkpoint"), (1, 2, 3)], [1, 2]),
+], ids=["worker-mid-epoch", "chief-in-checkpoint-then-worker"])
+def test_killed_nodes_restart_the_gang_which_resumes_from_its_checkpoint(spark, tmp_path, capsys, undisturbed,
+                                                                         kills, resumed_at):
+    cluster = ember.Cluster.run(spark, train_with_checkpoints, {"out": str(tmp_path), "kills": kills},
                                 num_executors=2, reservation_timeout=120, max_restarts=2)
     cluster.shutdown(timeout=300)
-    assert (hit / "killed").exists()
-    assert len(cluster.restarts) == 1, cluster.restarts
-    restart = cluster.restarts[0]
-    assert restart.node == "worker:1" and "SIGKILL" in restart.reason, restart
-    assert restart.node_job_id == f"{cluster.job_id}-r1" == cluster.node_job_id
+    assert all((tmp_path / f"killed-{k}").exists() for k in range(len(kills)))
+    assert [r.node for r in cluster.restarts] == [("worker:0", "worker:1")[rank] for rank, _, _ in kills]
+    assert all("SIGKILL" in r.reason for r in cluster.restarts), cluster.restarts
+    gangs = [f"{cluster.job_id}-r{k + 1}" for k in range(len(kills))]
+    assert [r.node_job_id for r in cluster.restarts] == gangs and cluster.node_job_id == gangs[-1]
     printed = capsys.readouterr()
-    assert "restarting all 2 nodes (restart 1 of 2)" in printed.out + printed.err
-    # The new gang resumed after epoch 2 (the last checkpoint before the kill in epoch 2)...
-    assert [(hit / f"restored-{r}.txt").read_text() for r in range(2)] == ["2", "2"]
-    assert list(json.loads((hit / "history-0.json").read_text())) == ["loss"]
-    # ...and ended where the undisturbed run did, bit for bit, on both nodes.
+    assert f"restarting all 2 nodes (restart 1 of 2)" in printed.out + printed.err
+    # Each new gang resumed from the newest complete checkpoint (a half-written one is not seen)...
+    for gang, epoch in zip(gangs, resumed_at):
+        assert [(tmp_path / f"restored-{r}-{gang}.txt").read_text() for r in range(2)] == [str(epoch)] * 2
+    # ...and the job ended where the undisturbed run did, bit for bit, on both nodes.
     for rank in range(2):
-        for a, b in zip(_weights(calm, rank), _weights(hit, rank)):
+        for a, b in zip(_weights(undisturbed, rank), _weights(tmp_path, rank)):
             np.testing.assert_array_equal(a, b)
-    for job_id in (cluster.job_id, cluster.node_job_id):
+    for job_id in [cluster.job_id] + gangs:
         no_leftovers(job_id)
 
 
