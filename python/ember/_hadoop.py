@@ -37,3 +37,25 @@ def spark_fs_conf(sc) -> Tuple[str, str]:
     conf = sc._jsc.hadoopConfiguration()
     default_fs = conf.get("fs.defaultFS") or "file:///"
     return default_fs, namenode_http_address(default_fs, conf.get)
+
+
+def active_spark_fs_conf() -> Tuple[str, str]:
+    """spark_fs_conf of the active SparkContext; ("", "") without one (in a node, a Spark
+    task, or a program without Spark)."""
+    try:
+        from pyspark import SparkContext
+        sc = SparkContext._active_spark_context
+    except ImportError:
+        sc = None
+    return spark_fs_conf(sc) if sc is not None else ("", "")
+
+
+def resolve_options(default_fs: str, http_address: str):
+    """The core's ResolveOptions (include/ember/fs.h) for ``default_fs`` (fs.defaultFS; "" for
+    local) and its NameNode's WebHDFS ``host:port`` ("" for the core's default, port 9870)."""
+    from ember import _ember
+    opts = _ember.ResolveOptions()
+    opts.default_fs = default_fs or ""
+    if http_address:
+        opts.hdfs_http_addresses = {urlsplit(default_fs).netloc: http_address}
+    return opts

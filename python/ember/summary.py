@@ -15,7 +15,6 @@ or on HDFS (``hdfs://``), resolved by the core's FileSystem layer.  Inside a nod
 from __future__ import annotations
 
 from typing import Any, Optional
-from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -49,18 +48,8 @@ def resolve_options(default_fs: str = "", hdfs_http_address: str = "") -> Any:
     configuration if there is one, else local paths (and ``hdfs://host:port`` URIs reached at
     ``host:9870``)."""
     if not default_fs and not hdfs_http_address:
-        try:
-            from pyspark import SparkContext
-            sc = SparkContext._active_spark_context
-        except ImportError:
-            sc = None
-        if sc is not None:
-            default_fs, hdfs_http_address = _hadoop.spark_fs_conf(sc)
-    opts = _ember.ResolveOptions()
-    opts.default_fs = default_fs or ""
-    if hdfs_http_address:
-        opts.hdfs_http_addresses = {urlsplit(default_fs).netloc: hdfs_http_address}
-    return opts
+        default_fs, hdfs_http_address = _hadoop.active_spark_fs_conf()
+    return _hadoop.resolve_options(default_fs, hdfs_http_address)
 
 
 def _png_size(data: bytes):

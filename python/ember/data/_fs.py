@@ -15,37 +15,17 @@ def current_context():
 
 
 def resolve_options(ctx=None, spark_context=None):
-    """The core's ResolveOptions: from a node's context, else the active SparkContext's Hadoop
-    configuration (fs.defaultFS, dfs.namenode.http-address), else local files only."""
-    opts = _ember.ResolveOptions()
-    default_fs, http = "", ""
+    """The core's ResolveOptions: from a node's context, else the given or active SparkContext's
+    Hadoop configuration (fs.defaultFS, dfs.namenode.http-address), else local files only."""
     if ctx is not None:
-        default_fs, http = ctx.default_fs, getattr(ctx, "hdfs_http_address", "")
-    else:
-        sc = spark_context
-        if sc is None:
-            try:
-                from pyspark import SparkContext
-                sc = SparkContext._active_spark_context
-            except ImportError:
-                sc = None
-        if sc is not None:
-            default_fs, http = _hadoop.spark_fs_conf(sc)
-    opts.default_fs = default_fs or ""
-    if http:
-        from urllib.parse import urlsplit
-        opts.hdfs_http_addresses = {urlsplit(default_fs).netloc: http}
-    return opts
+        return _hadoop.resolve_options(ctx.default_fs, getattr(ctx, "hdfs_http_address", ""))
+    if spark_context is not None:
+        return _hadoop.resolve_options(*_hadoop.spark_fs_conf(spark_context))
+    return _hadoop.resolve_options(*_hadoop.active_spark_fs_conf())
 
 
-def options_from(default_fs: str, http_address: str):
-    """ResolveOptions from values carried to Spark tasks (made on the driver)."""
-    opts = _ember.ResolveOptions()
-    opts.default_fs = default_fs or ""
-    if http_address:
-        from urllib.parse import urlsplit
-        opts.hdfs_http_addresses = {urlsplit(default_fs).netloc: http_address}
-    return opts
+# ResolveOptions from values carried to Spark tasks (made on the driver).
+options_from = _hadoop.resolve_options
 
 
 def expand(paths: Union[str, Sequence[str]], resolve) -> List[str]:
