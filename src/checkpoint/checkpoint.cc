@@ -59,18 +59,7 @@ class CheckpointManager::Impl {
 
     MutexLock lock(&save_mu_);
     const std::string tmp = TempPath(std::to_string(step));
-    Status st = [&]() -> Status {
-      EMBER_RETURN_NOT_OK(fs_->CreateDir(tmp));
-      Manifest m;
-      m.step = step;
-      for (const BlobRef* b : sorted) {
-        EMBER_RETURN_NOT_OK(WriteWhole(tmp + "/" + b->name, b->data));
-        m.blobs.push_back(BlobInfo{b->name, b->data.size(), crc32c::Value(b->data)});
-      }
-      // Last: a temporary directory with a MANIFEST holds every blob.
-      EMBER_RETURN_NOT_OK(WriteWhole(tmp + "/" + kManifestName, EncodeManifest(m)));
-      return Commit(tmp, Join(CheckpointDirName(step)));
-    }();
+    Status st = WriteAndCommit(step, sorted, tmp);
     if (!st.ok()) {
       (void)fs_->DeleteRecursively(tmp);  // best effort; the next Save retries
       return st.WithContext("saving checkpoint step " + std::to_string(step) + " in " + uri_);
@@ -142,6 +131,20 @@ class CheckpointManager::Impl {
   std::string TempPath(const std::string& tag) EXCLUSIVE_LOCKS_REQUIRED(save_mu_) {
     return Join(std::string(kTempPrefix) + tag + "-" + std::to_string(::getpid()) + "-" +
                 std::to_string(salt_ % 1000000) + "-" + std::to_string(temps_++));
+  }
+
+  Status WriteAndCommit(int64_t step, const std::vector<const BlobRef*>& sorted, const std::string& tmp)
+      EXCLUSIVE_LOCKS_REQUIRED(save_mu_) {
+    EMBER_RETURN_NOT_OK(fs_->CreateDir(tmp));
+    Manifest m;
+    m.step = step;
+    for (const BlobRef* b : sorted) {
+      EMBER_RETURN_NOT_OK(WriteWhole(tmp + "/" + b->name, b->data));
+      m.blobs.push_back(BlobInfo{b->name, b->data.size(), crc32c::Value(b->data)});
+    }
+    // Last: a temporary directory with a MANIFEST holds every blob.
+    EMBER_RETURN_NOT_OK(WriteWhole(tmp + "/" + kManifestName, EncodeManifest(m)));
+    return Commit(tmp, Join(CheckpointDirName(step)));
   }
 
   // Writes `data` as the new file `path`: one Append, then Sync, then Close.
