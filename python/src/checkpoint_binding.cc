@@ -53,7 +53,7 @@ nb::tuple Restore(const CheckpointManager& m, std::optional<int64_t> step, bool 
   checkpoint::RestoreOptions options;
   options.step = step;
   options.fall_back_to_older = fall_back_to_older;
-  Result<checkpoint::Checkpoint> c;
+  Result<checkpoint::Checkpoint> c = Status::Internal("not restored");
   {
     nb::gil_scoped_release release;
     c = m.Restore(options);
