@@ -59,7 +59,7 @@ def test_round_trip_and_keep_on_hdfs(hdfs):
     resolve = ember.summary.resolve_options(hdfs.default_fs, hdfs.http_address)
     m = _round_trip(directory, resolve)
     assert m.uri == directory
-    names = sorted(e.name for e in _ember.fs_list(directory, resolve))
+    names = sorted(n.rstrip("/").rsplit("/", 1)[-1] for n in _ember.fs_list(directory, resolve))
     assert names == ["ckpt-0000000003", "ckpt-0000000004"], names
     manifest = _ember.fs_read_file(f"{directory}/ckpt-0000000004/MANIFEST", resolve)
     assert manifest.startswith(b"ember-checkpoint 1\nstep 4\nblob model.npz 3145728 ")
