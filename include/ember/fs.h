@@ -122,7 +122,10 @@ class FileSystem {
   virtual Status DeleteRecursively(const std::string& path) = 0;
   // Renames `from` to `to`, replacing a file at `to`.  Atomic on the local
   // file system and on HDFS (a reader sees the old or the new file, never a
-  // part); the in-memory one too.
+  // part); the in-memory one too.  A directory is renamed with everything
+  // under it in the same one step (a reader lists all of it under one name
+  // or the other); `to` must then be missing or an empty directory
+  // (IOError otherwise), as rename(2) and HDFS's rename require.
   virtual Status Rename(const std::string& from, const std::string& to) = 0;
 
   // "file", "hdfs", "mem": for messages.

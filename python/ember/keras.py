@@ -17,6 +17,9 @@ optimizer and one callback (Horovod's recipe, on Ember's collectives)::
 * ``verbose(v)`` / ``is_chief()``: only the chief prints progress and saves.
 * ``SummaryCallback`` writes TensorBoard scalars (per-node batch metrics; the job's epoch
   metrics, validation included, from the chief) with Ember's event writer.
+* ``CheckpointCallback(dir)`` saves weights and optimizer state on the chief at epoch
+  ends; ``restore_latest(model, dir)`` on every node before ``fit`` returns the
+  ``initial_epoch`` to resume from.
 
 Every node must run the same number of steps per epoch (InputMode.SPARK's
 ``epoch_batches`` / ``to_tf_dataset`` guarantee it; in InputMode.TENSORFLOW shard the
@@ -26,6 +29,8 @@ Importing this module imports Keras; ``import ember`` alone does not.
 """
 from __future__ import annotations
 
+import io
+import json
 import math
 import time
 from typing import Any, Callable, Dict, List, Optional
@@ -34,6 +39,7 @@ import keras
 import numpy as np
 
 from ember import collective
+from ember.checkpoint import CheckpointManager
 
 
 class ProgressCallback(keras.callbacks.Callback):
@@ -271,3 +277,109 @@ def _is_number(value: Any) -> bool:
         return True
     except (TypeError, ValueError):
         return False
+
+
+# Checkpoints (ember.checkpoint): framework-neutral blobs, numpy arrays in .npz files
+# (read with allow_pickle=False) and a JSON note; never a pickle.
+_MODEL_BLOB, _OPTIMIZER_BLOB, _META_BLOB = "model.npz", "optimizer.npz", "meta.json"
+
+
+def _npz_bytes(arrays: List[np.ndarray]) -> bytes:
+    buf = io.BytesIO()
+    np.savez(buf, **{f"a{k:06d}": np.asarray(a) for k, a in enumerate(arrays)})
+    return buf.getvalue()
+
+
+def _npz_arrays(data: bytes, what: str) -> List[np.ndarray]:
+    with np.load(io.BytesIO(data), allow_pickle=False) as z:
+        names = sorted(z.files)
+        if names != [f"a{k:06d}" for k in range(len(names))]:
+            raise ValueError(f"checkpoint {what}: not written by ember.keras (arrays {names[:3]}...)")
+        return [z[n] for n in names]
+
+
+def _optimizer_of(model: "keras.Model"):
+    return getattr(model, "optimizer", None)
+
+
+class CheckpointCallback(keras.callbacks.Callback):
+    """Saves a checkpoint at the end of every ``every_n_epochs``-th epoch, on the chief only:
+    the model's weights, the optimizer's variables (iterations and slots) and the number of
+    epochs done, as checkpoint step = epochs done.  Resume with :func:`restore_latest`::
+
+        initial_epoch = ember.keras.restore_latest(model, "hdfs:///jobs/run1/ckpt")
+        model.fit(ds, epochs=10, initial_epoch=initial_epoch,
+                  callbacks=[ember.keras.SyncCallback(),
+                             ember.keras.CheckpointCallback("hdfs:///jobs/run1/ckpt")])
+
+    A save is all-or-nothing (``ember.checkpoint``); the newest ``keep`` are kept.
+
+    Args:
+        directory: a path, ``file://`` or ``hdfs://`` URI.
+        keep: complete checkpoints kept.
+        every_n_epochs: save after epochs n, 2n, ... (counted from the first epoch, 1-based).
+        comm: the communicator deciding the chief; the node's default if None.
+        resolve: the core's ResolveOptions; default: from the active SparkContext, else local.
+    """
+
+    def __init__(self, directory: str, keep: int = 3, every_n_epochs: int = 1,
+                 comm: Optional[collective.Communicator] = None, resolve: Any = None):
+        super().__init__()
+        if every_n_epochs < 1:
+            raise ValueError(f"every_n_epochs must be >= 1, not {every_n_epochs}")
+        self.directory = str(directory)
+        self.keep = keep
+        self.every_n_epochs = every_n_epochs
+        self.comm = comm
+        self._resolve = resolve
+        self._manager: Optional[CheckpointManager] = None
+
+    def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        done = epoch + 1
+        if done % self.every_n_epochs or not is_chief(self.comm):
+            return
+        if self._manager is None:
+            self._manager = CheckpointManager(self.directory, keep=self.keep, resolve=self._resolve)
+        optimizer = _optimizer_of(self.model)
+        blobs = {_MODEL_BLOB: _npz_bytes(self.model.get_weights()),
+                 _META_BLOB: json.dumps({"format": 1, "epochs_done": done}).encode()}
+        if optimizer is not None:
+            blobs[_OPTIMIZER_BLOB] = _npz_bytes([keras.ops.convert_to_numpy(v) for v in optimizer.variables])
+        self._manager.save(done, blobs)
+
+
+def restore_latest(model: "keras.Model", directory: str, resolve: Any = None) -> int:
+    """Restores the newest complete checkpoint of ``directory`` into ``model`` (weights) and its
+    compiled optimizer (variables; the optimizer is built on the model's trainable variables
+    first if it is not yet), and returns the number of epochs it holds: pass it as
+    ``model.fit(..., initial_epoch=...)``.  0, changing nothing, when there is no checkpoint.
+
+    Every node calls it before ``fit`` (each reads the same checkpoint); the model must be
+    built (its weights exist) and compiled as when it was saved.
+
+    Raises:
+        ember.errors.Corruption naming the file if a blob fails its check; ValueError if the
+        checkpoint's arrays do not fit the model or optimizer.
+    """
+    restored = CheckpointManager(directory, resolve=resolve).restore()
+    if restored is None:
+        return 0
+    step, blobs = restored
+    weights = _npz_arrays(blobs[_MODEL_BLOB], f"{directory} step {step} {_MODEL_BLOB}")
+    current = model.get_weights()
+    if len(weights) != len(current) or any(a.shape != b.shape for a, b in zip(weights, current)):
+        raise ValueError(f"checkpoint {directory} step {step}: {len(weights)} weight arrays do not fit the "
+                         f"model's {len(current)} (is the model built as when it was saved?)")
+    model.set_weights(weights)
+    optimizer = _optimizer_of(model)
+    if optimizer is not None and _OPTIMIZER_BLOB in blobs:
+        values = _npz_arrays(blobs[_OPTIMIZER_BLOB], f"{directory} step {step} {_OPTIMIZER_BLOB}")
+        if not optimizer.built:
+            optimizer.build(model.trainable_variables)
+        variables = optimizer.variables
+        if len(values) != len(variables) or any(tuple(v.shape) != a.shape for v, a in zip(variables, values)):
+            raise ValueError(f"checkpoint {directory} step {step}: {len(values)} optimizer arrays do not fit "
+                             f"the optimizer's {len(variables)} variables (same optimizer as when saved?)")
+        for v, a in zip(variables, values):
+            v.assign(a)
+    return int(json.loads(blobs[_META_BLOB])["epochs_done"])

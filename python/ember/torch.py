@@ -196,3 +196,73 @@ class MetricsWriter:
                 writer.scalar(f"epoch/{name}", value, int(epoch))
         writer.flush()
         return averaged
+
+
+# Checkpoints (ember.checkpoint): state_dicts saved with torch.save and read back with
+# torch.load(weights_only=True), so restoring never unpickles arbitrary objects.
+_MODEL_BLOB, _OPTIMIZER_BLOB = "model.pt", "optimizer.pt"
+
+
+def is_chief(comm=None) -> bool:
+    """True on training rank 0 (the node that saves); True outside a job."""
+    from ember import collective
+
+    if comm is None and collective._default_factory is None:
+        return True
+    return _communicator(comm).rank == 0
+
+
+def _manager(directory_or_manager, keep: int = 3, resolve=None):
+    from ember.checkpoint import CheckpointManager
+
+    if isinstance(directory_or_manager, CheckpointManager):
+        return directory_or_manager
+    return CheckpointManager(str(directory_or_manager), keep=keep, resolve=resolve)
+
+
+def _state_bytes(state) -> bytes:
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return buf.getvalue()
+
+
+def save_checkpoint(directory_or_manager, step: int, model, optimizer=None, keep: int = 3,
+                    comm=None, resolve=None) -> bool:
+    """On the chief only, saves ``model``'s state_dict (and ``optimizer``'s) as checkpoint
+    ``step`` of a directory (path, ``file://`` or ``hdfs://`` URI) or an
+    ``ember.checkpoint.CheckpointManager``, all or nothing, keeping the newest ``keep``.
+    Returns True where it saved, False on the other nodes.  Resume with :func:`load_latest`."""
+    if not is_chief(comm):
+        return False
+    blobs = {_MODEL_BLOB: _state_bytes(model.state_dict())}
+    if optimizer is not None:
+        blobs[_OPTIMIZER_BLOB] = _state_bytes(optimizer.state_dict())
+    _manager(directory_or_manager, keep, resolve).save(int(step), blobs)
+    return True
+
+
+def load_latest(directory_or_manager, model, optimizer=None, resolve=None):
+    """Loads the newest complete checkpoint into ``model`` (and ``optimizer``) and returns its
+    step, or None (changing nothing) when there is none.  Every node calls it before
+    training; tensors are loaded on the CPU with ``weights_only=True``.
+
+    Raises ember.errors.Corruption naming the file if a blob fails its check."""
+    import io
+
+    import torch
+
+    restored = _manager(directory_or_manager, resolve=resolve).restore()
+    if restored is None:
+        return None
+    step, blobs = restored
+    model.load_state_dict(torch.load(io.BytesIO(blobs[_MODEL_BLOB]), map_location="cpu", weights_only=True))
+    if optimizer is not None:
+        if _OPTIMIZER_BLOB not in blobs:
+            raise ValueError(f"checkpoint step {step} has no optimizer state ({sorted(blobs)})")
+        optimizer.load_state_dict(
+            torch.load(io.BytesIO(blobs[_OPTIMIZER_BLOB]), map_location="cpu", weights_only=True))
+    return step

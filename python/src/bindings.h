@@ -102,5 +102,6 @@ void BindFileSystem(nb::module_& m);
 void BindDataset(nb::module_& m);
 // summary_binding.cc: EventWriter (TensorBoard event files) and its options.
 void BindSummary(nb::module_& m);
+void BindCheckpoint(nb::module_& m);
 
 }  // namespace ember::python

@@ -88,4 +88,5 @@ NB_MODULE(_ember, m) {
   ember::python::BindFileSystem(m);  // before BindDataset: its functions take ResolveOptions
   ember::python::BindDataset(m);
   ember::python::BindSummary(m);  // after BindFileSystem: EventWriter.open takes ResolveOptions
+  ember::python::BindCheckpoint(m);  // after BindFileSystem: CheckpointManager.open takes ResolveOptions
 }

@@ -14,6 +14,7 @@ PACKAGE = Path(ember.__file__).parent
 LAYERS = [
     {"_names", "errors", "input_mode", "config", "_console", "_proc", "_arrow_rows", "collective", "_hadoop"},
     {"summary"},              # TensorBoard event files, written by the core
+    {"checkpoint"},           # checkpoints, written and verified by the core
     {"tf", "torch", "keras"},  # framework adapters over numpy columns; the Keras callback
     {"feed"},                 # the node's DataFeed over the core's consumer
     {"context", "_feeding"},  # the node's ctx; the feeding tasks' Spark glue

@@ -217,6 +217,12 @@ Status FaultInjectionFileSystem::Rename(const std::string& from, const std::stri
     written_[to] = it->second;
     written_.erase(from);
   }
+  // A renamed directory takes the files written under it along.
+  const std::string prefix = from + "/";
+  for (auto d = written_.lower_bound(prefix); d != written_.end() && d->first.starts_with(prefix);) {
+    written_[to + d->first.substr(from.size())] = d->second;
+    d = written_.erase(d);
+  }
   return Status::OK();
 }
 

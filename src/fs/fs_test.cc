@@ -220,6 +220,24 @@ TEST_P(FsContractTest, RenameReplaces) {
   EXPECT_EQ(fs_->Stat(P("from")).status().code(), StatusCode::kNotFound);
 }
 
+TEST_P(FsContractTest, RenameDirectoryMovesEverythingUnderIt) {
+  Write(P("d/a"), "A");
+  Write(P("d/sub/b"), "B");
+  Write(P("full/x"), "X");
+  ASSERT_TRUE(fs_->Rename(P("d"), P("e")).ok());
+  EXPECT_EQ(ReadAll(P("e/a")), "A");
+  EXPECT_EQ(ReadAll(P("e/sub/b")), "B");
+  EXPECT_EQ(fs_->Stat(P("d")).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(fs_->Stat(P("d/a")).status().code(), StatusCode::kNotFound);
+  auto entries = fs_->List(P("e"));
+  ASSERT_TRUE(entries.ok());
+  ASSERT_EQ(entries->size(), 2u);
+  // Onto a non-empty directory: refused, both left as they were.
+  EXPECT_FALSE(fs_->Rename(P("e"), P("full")).ok());
+  EXPECT_EQ(ReadAll(P("e/a")), "A");
+  EXPECT_EQ(ReadAll(P("full/x")), "X");
+}
+
 TEST_P(FsContractTest, ReaderOpenBeforeRenameKeepsItsFile) {
   Write(P("a"), "first");
   auto r = fs_->NewRandomAccessFile(P("a"));

@@ -258,17 +258,12 @@ class MemoryFs final : public FileSystem {
     EMBER_ASSIGN_OR_RAISE(std::string f, Normalize(from));
     EMBER_ASSIGN_OR_RAISE(std::string t, Normalize(to));
     MutexLock lock(&mu_);
+    const std::string what = "rename " + MemUri(f) + " to " + MemUri(t);
+    if (dirs_.count(f)) return RenameDirLocked(f, t, what);
     auto it = files_.find(f);
-    if (it == files_.end()) {
-      // Directories: only files are renamed here (what the core needs).
-      return Status::NotFound("rename " + MemUri(f) + " to " + MemUri(t) + ": no such file");
-    }
-    if (dirs_.count(t)) {
-      return Status::IOError("rename " + MemUri(f) + " to " + MemUri(t) + ": is a directory");
-    }
-    if (!dirs_.count(Parent(t))) {
-      return Status::NotFound("rename " + MemUri(f) + " to " + MemUri(t) + ": no such directory");
-    }
+    if (it == files_.end()) return Status::NotFound(what + ": no such file");
+    if (dirs_.count(t)) return Status::IOError(what + ": is a directory");
+    if (!dirs_.count(Parent(t))) return Status::NotFound(what + ": no such directory");
     auto file = std::move(it->second);
     files_.erase(it);
     files_[t] = std::move(file);
@@ -295,6 +290,33 @@ class MemoryFs final : public FileSystem {
       if (files_.count(d)) return Status::IOError("create directory " + MemUri(p) + ": " + MemUri(d) + " is a file");
     }
     for (std::string d = p; d != "/" && !dirs_.count(d); d = Parent(d)) dirs_.insert(d);
+    return Status::OK();
+  }
+
+  // A directory and everything under it moves in one step (POSIX and HDFS
+  // rename(2) semantics): `t` must not be a file, nor a non-empty directory,
+  // nor inside `f`; an empty directory at `t` is replaced.
+  Status RenameDirLocked(const std::string& f, const std::string& t, const std::string& what)
+      EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (f == "/" || t == f || t.starts_with(f + "/")) return Status::InvalidArgument(what + ": into itself");
+    if (files_.count(t)) return Status::IOError(what + ": is a file");
+    if (dirs_.count(t) && HasChildrenLocked(t)) return Status::IOError(what + ": directory not empty");
+    if (!dirs_.count(Parent(t))) return Status::NotFound(what + ": no such directory");
+    const std::string prefix = f + "/";
+    std::vector<std::pair<std::string, std::shared_ptr<MemFile>>> moved_files;
+    for (auto it = files_.lower_bound(prefix); it != files_.end() && it->first.starts_with(prefix);) {
+      moved_files.emplace_back(t + it->first.substr(f.size()), std::move(it->second));
+      it = files_.erase(it);
+    }
+    std::vector<std::string> moved_dirs;
+    for (auto it = dirs_.lower_bound(prefix); it != dirs_.end() && it->starts_with(prefix);) {
+      moved_dirs.push_back(t + it->substr(f.size()));
+      it = dirs_.erase(it);
+    }
+    dirs_.erase(f);
+    dirs_.insert(t);
+    for (auto& d : moved_dirs) dirs_.insert(std::move(d));
+    for (auto& [path, file] : moved_files) files_[path] = std::move(file);
     return Status::OK();
   }
 
