@@ -42,11 +42,15 @@ def train_with_checkpoints(args, ctx):
     x = rng.normal(size=(512, 8)).astype(np.float32)
     y = (x @ np.arange(1, 9, dtype=np.float32) / 10.0).astype(np.float32)
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
-    model.compile(optimizer=ember.keras.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss="mse")
+    ember_ckpt = args.get("ember_checkpoints", False)  # ember.keras's callback (Adam: its state too)
+    optimizer = keras.optimizers.Adam(0.01) if ember_ckpt else keras.optimizers.SGD(0.05)
+    model.compile(optimizer=ember.keras.DistributedOptimizer(optimizer), loss="mse")
 
     ckpt = out / "ckpt.npz"
     initial_epoch = 0
-    if ckpt.exists():  # a restarted gang: resume where the last checkpoint left off
+    if ember_ckpt:
+        initial_epoch = ember.keras.restore_latest(model, str(out / "ckpt"))
+    elif ckpt.exists():  # a restarted gang: resume where the last checkpoint left off
         saved = np.load(ckpt)
         initial_epoch = int(saved["epoch"])
         model.set_weights([saved[f"w{i}"] for i in range(len(model.get_weights()))])
@@ -67,14 +71,17 @@ def train_with_checkpoints(args, ctx):
             maybe_die(self.epoch, batch)
 
         def on_epoch_end(self, epoch, logs=None):
-            if ember.keras.is_chief():
+            if ember.keras.is_chief() and not ember_ckpt:
                 tmp = out / "ckpt.tmp.npz"
                 np.savez(tmp, epoch=epoch + 1, **{f"w{i}": w for i, w in enumerate(self.model.get_weights())})
                 maybe_die(epoch, "checkpoint")
                 os.replace(tmp, ckpt)  # atomic: a restart sees the old or the new one
 
+    callbacks = [ember.keras.SyncCallback(), Checkpoint()]
+    if ember_ckpt:
+        callbacks.append(ember.keras.CheckpointCallback(str(out / "ckpt"), keep=2))
     history = model.fit(x, y, batch_size=32, epochs=EPOCHS, initial_epoch=initial_epoch, shuffle=False,
-                        callbacks=[ember.keras.SyncCallback(), Checkpoint()], verbose=0)
+                        callbacks=callbacks, verbose=0)
     np.savez(out / f"weights-{ctx.training_rank}.npz", *model.get_weights())
     (out / f"history-{ctx.training_rank}.json").write_text(json.dumps(history.history))
 
@@ -89,28 +96,37 @@ def _weights(directory: Path, rank: int):
     return [w[k] for k in sorted(w.files, key=lambda k: int(k.split("_")[1]))]
 
 
-@pytest.fixture(scope="module")
-def undisturbed(spark, tmp_path_factory):
-    """The weights an undisturbed run of train_with_checkpoints ends with."""
-    out = tmp_path_factory.mktemp("undisturbed")
-    cluster = ember.Cluster.run(spark, train_with_checkpoints, {"out": str(out)}, num_executors=2,
-                                reservation_timeout=120, max_restarts=2)
-    cluster.shutdown(timeout=300)
-    assert cluster.restarts == []
-    no_leftovers(cluster.job_id)
-    return out
+_undisturbed: dict = {}
 
 
-@pytest.mark.parametrize("kills, resumed_at", [
+def undisturbed(spark, tmp_path_factory, ember_checkpoints: bool) -> Path:
+    """The directory of an undisturbed run of train_with_checkpoints (run once per kind)."""
+    if ember_checkpoints not in _undisturbed:
+        out = tmp_path_factory.mktemp("undisturbed")
+        cluster = ember.Cluster.run(spark, train_with_checkpoints,
+                                    {"out": str(out), "ember_checkpoints": ember_checkpoints},
+                                    num_executors=2, reservation_timeout=120, max_restarts=2)
+        cluster.shutdown(timeout=300)
+        assert cluster.restarts == []
+        no_leftovers(cluster.job_id)
+        _undisturbed[ember_checkpoints] = out
+    return _undisturbed[ember_checkpoints]
+
+
+@pytest.mark.parametrize("kills, resumed_at, ember_checkpoints", [
     # a worker in the middle of epoch 2: the new gang resumes from epoch 1's checkpoint
-    ([(1, 2, 5)], [2]),
+    ([(1, 2, 5)], [2], False),
     # the chief while writing epoch 1's checkpoint (epoch 0's stays the newest), then a worker in
     # the next gang's second epoch: two failures in a row
-    ([(0, 1, "checkpoint"), (1, 2, 3)], [1, 2]),
-], ids=["worker-mid-epoch", "chief-in-checkpoint-then-worker"])
-def test_killed_nodes_restart_the_gang_which_resumes_from_its_checkpoint(spark, tmp_path, capsys, undisturbed,
-                                                                         kills, resumed_at):
-    cluster = ember.Cluster.run(spark, train_with_checkpoints, {"out": str(tmp_path), "kills": kills},
+    ([(0, 1, "checkpoint"), (1, 2, 3)], [1, 2], False),
+    # ember.keras.CheckpointCallback + restore_latest, Adam (its moments restored too)
+    ([(1, 2, 5)], [2], True),
+], ids=["worker-mid-epoch", "chief-in-checkpoint-then-worker", "ember-checkpoints-adam"])
+def test_killed_nodes_restart_the_gang_which_resumes_from_its_checkpoint(spark, tmp_path, tmp_path_factory, capsys,
+                                                                         kills, resumed_at, ember_checkpoints):
+    calm = undisturbed(spark, tmp_path_factory, ember_checkpoints)
+    cluster = ember.Cluster.run(spark, train_with_checkpoints,
+                                {"out": str(tmp_path), "kills": kills, "ember_checkpoints": ember_checkpoints},
                                 num_executors=2, reservation_timeout=120, max_restarts=2)
     cluster.shutdown(timeout=300)
     assert all((tmp_path / f"killed-{k}").exists() for k in range(len(kills)))
@@ -125,7 +141,7 @@ def test_killed_nodes_restart_the_gang_which_resumes_from_its_checkpoint(spark, 
         assert [(tmp_path / f"restored-{r}-{gang}.txt").read_text() for r in range(2)] == [str(epoch)] * 2
     # ...and the job ended where the undisturbed run did, bit for bit, on both nodes.
     for rank in range(2):
-        for a, b in zip(_weights(undisturbed, rank), _weights(tmp_path, rank)):
+        for a, b in zip(_weights(calm, rank), _weights(tmp_path, rank)):
             np.testing.assert_array_equal(a, b)
     for job_id in [cluster.job_id] + gangs:
         no_leftovers(job_id)
