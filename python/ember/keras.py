@@ -32,6 +32,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import sys
 import time
 from typing import Any, Callable, Dict, List, Optional
 
@@ -382,4 +383,7 @@ def restore_latest(model: "keras.Model", directory: str, resolve: Any = None) ->
                              f"the optimizer's {len(variables)} variables (same optimizer as when saved?)")
         for v, a in zip(variables, values):
             v.assign(a)
-    return int(json.loads(blobs[_META_BLOB])["epochs_done"])
+    epochs = int(json.loads(blobs[_META_BLOB])["epochs_done"])
+    # A node's stderr reaches the driver's console: a restart shows what it resumed from.
+    print(f"ember: restored checkpoint step {step} of {directory} ({epochs} epochs done)", file=sys.stderr, flush=True)
+    return epochs

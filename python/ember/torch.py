@@ -1,6 +1,8 @@
 """PyTorch: the data feed as a Dataset (InputMode.SPARK), and synchronous data-parallel training."""
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 
@@ -265,4 +267,6 @@ def load_latest(directory_or_manager, model, optimizer=None, resolve=None):
             raise ValueError(f"checkpoint step {step} has no optimizer state ({sorted(blobs)})")
         optimizer.load_state_dict(
             torch.load(io.BytesIO(blobs[_OPTIMIZER_BLOB]), map_location="cpu", weights_only=True))
+    # A node's stderr reaches the driver's console: a restart shows what it resumed from.
+    print(f"ember: restored checkpoint step {step} of {directory_or_manager}", file=sys.stderr, flush=True)
     return step
