@@ -155,6 +155,9 @@ class ExampleDataset::Impl {
       g.seq = next_seq_++;
       if (gather_stopped_) {
         stopped = true;
+        // Nothing gathered: Decode must not see this worker's last group again
+        // (its records may lie in a mapping released since).
+        worker.pieces.clear();
       } else {
         first_row = rows_gathered_;
         gathered = Gather(&worker);
