@@ -17,7 +17,7 @@ from ember import _feeding as feeding
 from ember import errors
 from ember._names import FEED_ENDPOINT_KEY, WORKER_ROLES
 
-_SENT_SCHEMA = "partition int, node int, rows long, gone boolean"
+_SENT_SCHEMA = "partition int, node int, rows long, gone boolean, stopped boolean"
 
 
 def _is_dataframe(data: Any) -> bool:
@@ -66,10 +66,12 @@ def feed_endpoints(server, nodes, timeout: float = 60.0) -> List[feeding.NodeEnd
 # ------------------------------------------------------------------------ training
 def train(sc, data: Any, num_epochs: int, endpoints: Sequence[feeding.NodeEndpoint],
           options: feeding.FeedOptions, console=None, first_epoch: int = 0,
-          node_gone: Optional[Callable[[feeding.NodeEndpoint], bool]] = None) -> int:
+          node_gone: Optional[Callable[[feeding.NodeEndpoint], bool]] = None) -> Optional[int]:
     """Feeds `data` to the nodes for `num_epochs` epochs, numbered from `first_epoch`
     (epoch numbers never repeat within a job: nodes tell epochs apart by them);
-    returns the rows the nodes train on in the last epoch (the same number on each).
+    returns the rows the nodes train on in the last epoch (the same number on each), or
+    None when every node ended its feed (``DataFeed.terminate()``: early stopping), after
+    which no further epoch is fed.
 
     `node_gone(endpoint)` says whether a node whose feed server cannot be reached has
     ended (it returned from main_fun early, as TFoS allows): it is then skipped."""
@@ -86,24 +88,25 @@ def train(sc, data: Any, num_epochs: int, endpoints: Sequence[feeding.NodeEndpoi
                 from pyspark import TaskContext
                 task = TaskContext.get()
                 p = task.partitionId()
-                sent, gone = feeding.feed_partition(batches, p, epoch, eps, opts, task.attemptNumber())
+                sent, gone, stopped = feeding.feed_partition(batches, p, epoch, eps, opts, task.attemptNumber())
                 yield pa.RecordBatch.from_pydict(
-                    {"partition": [p] * len(sent), "node": list(range(len(sent))), "rows": sent, "gone": gone},
+                    {"partition": [p] * len(sent), "node": list(range(len(sent))), "rows": sent, "gone": gone,
+                     "stopped": stopped},
                     schema=pa.schema([("partition", pa.int32()), ("node", pa.int32()), ("rows", pa.int64()),
-                                      ("gone", pa.bool_())]))
+                                      ("gone", pa.bool_()), ("stopped", pa.bool_())]))
             sent = [tuple(r) for r in data.mapInArrow(feed_df, _SENT_SCHEMA).collect()]
         else:
             def feed_rdd(p, rows, epoch=epoch):
                 from pyspark import TaskContext
-                sent, gone = feeding.feed_partition(feeding.rdd_rows_to_batches(rows), p, epoch, eps, opts,
-                                                    TaskContext.get().attemptNumber())
-                return [(p, k, n, g) for k, (n, g) in enumerate(zip(sent, gone))]
+                sent, gone, stopped = feeding.feed_partition(feeding.rdd_rows_to_batches(rows), p, epoch, eps, opts,
+                                                             TaskContext.get().attemptNumber())
+                return [(p, k, n, g, st) for k, (n, g, st) in enumerate(zip(sent, gone, stopped))]
             sent = data.mapPartitionsWithIndex(feed_rdd).collect()
         # The job ran every partition it had (each reported once per node): only now is the
         # count certain (AQE may coalesce), so the driver, not the tasks, closes the epoch.
-        num_partitions = len({p for p, _, _, _ in sent})
+        num_partitions = len({p for p, _, _, _, _ in sent})
         ended = node_gone or (lambda ep: False)
-        for k in sorted({k for _, k, _, gone in sent if gone}):
+        for k in sorted({k for _, k, _, gone, _ in sent if gone}):
             if not ended(eps[k]):
                 raise errors.Unavailable(
                     f"feeding tasks could not reach node {eps[k].name} (its ring {eps[k].ring} is not on their "
@@ -117,8 +120,16 @@ def train(sc, data: Any, num_epochs: int, endpoints: Sequence[feeding.NodeEndpoi
                     f"{eps[k].host}:{eps[k].port} refused), yet the node is still running; check that the "
                     "driver can reach the executors (firewall, bind address)")
         per_node = [0] * num_nodes
-        for _, k, n, _ in sent:
+        for _, k, n, _, _ in sent:
             per_node[k] += n
+        stopped = {k for _, k, _, gone, st in sent if st or gone}
+        if len(stopped) == num_nodes:
+            # Every node ended its feed (DataFeed.terminate(), e.g. Keras EarlyStopping through
+            # ember.keras.StopFeedCallback) or returned: the rest of the epochs go unfed.
+            if console is not None:
+                console.info(f"epoch {epoch}: every node ended its feed (early stopping); not feeding the "
+                             f"remaining {first_epoch + num_epochs - epoch - 1} epochs of this train() call")
+            return None
         used = min(per_node) * num_nodes
         if console is not None:
             total = sum(per_node)

@@ -121,10 +121,11 @@ def rdd_rows_to_batches(rows: Iterable, chunk: int = RDD_CHUNK_ROWS) -> Iterator
 # --------------------------------------------------------------------------- training
 def feed_partition(batches: Iterable[pa.RecordBatch], partition: int, epoch: int,
                    endpoints: Sequence[NodeEndpoint], options: FeedOptions,
-                   attempt: int = 0) -> Tuple[List[int], List[bool]]:
-    """Feeds one partition of one epoch to the nodes; returns the rows each node got, and
-    which nodes could not be reached at all (ended early, as TFoS allows: they are skipped,
-    and the driver checks with the coordinator that they did end).
+                   attempt: int = 0) -> Tuple[List[int], List[bool], List[bool]]:
+    """Feeds one partition of one epoch to the nodes; returns the rows each node got, which
+    nodes could not be reached at all (ended early, as TFoS allows: they are skipped, and the
+    driver checks with the coordinator that they did end), and which had ended their feed
+    (``DataFeed.terminate()``: early stopping).
 
     `attempt` is the Spark task attempt: when Spark retries a failed feeding task, the
     nodes keep what the failed attempt delivered (training sees those rows twice) and
@@ -145,7 +146,8 @@ def feed_partition(batches: Iterable[pa.RecordBatch], partition: int, epoch: int
             if producer.all_cancelled():
                 break  # every node terminated its feed: skip the rest quietly (TFoS semantics)
         producer.end_partition()
-        return list(producer.sent), [producer.gone(k) for k in range(producer.num_nodes)]
+        nodes = range(producer.num_nodes)
+        return list(producer.sent), [producer.gone(k) for k in nodes], [producer.cancelled(k) for k in nodes]
     finally:
         producer.close()
 

@@ -262,6 +262,10 @@ class Cluster:
         """Feeds a DataFrame or RDD to the training nodes (InputMode.SPARK); returns when all
         of it was delivered.
 
+        Returns early, after the epoch in which it happened, when every training node ended its
+        feed (``DataFeed.terminate()``; ``ember.keras.StopFeedCallback`` does it when Keras's
+        ``EarlyStopping`` ends ``fit``).
+
         Every training node (chief/master/worker) trains on the same number of rows per
         epoch (each partition is spread evenly over the nodes; the few rows a node gets
         beyond the smallest node's total are dropped), so synchronous strategies never
@@ -293,8 +297,12 @@ class Cluster:
                 epoch = self._epochs_fed
                 self._epochs_fed += 1
                 try:
-                    _feed_driver.train(self._sc, data, 1, self._endpoints(), self._feed_options(feed_timeout),
-                                       console=self._console, first_epoch=epoch, node_gone=self._node_ended)
+                    used = _feed_driver.train(self._sc, data, 1, self._endpoints(), self._feed_options(feed_timeout),
+                                              console=self._console, first_epoch=epoch, node_gone=self._node_ended)
+                    if used is None:  # every node ended its feed (early stopping): nothing more to feed
+                        self._console.info(f"Cluster.train: the nodes stopped early; {num_epochs - done - 1} "
+                                           f"of {num_epochs} epochs not fed")
+                        return
                     done += 1
                 except Exception as e:  # noqa: BLE001 - a node's failure explains a failed feed best
                     failure = self._watcher.known_failure(wait=2.0)

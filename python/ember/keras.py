@@ -15,6 +15,8 @@ optimizer and one callback (Horovod's recipe, on Ember's collectives)::
   averages the epoch's metrics (training and validation) at each epoch's end, so every
   node's logs, ``EarlyStopping`` and ``ModelCheckpoint`` see the job's figures.
 * ``verbose(v)`` / ``is_chief()``: only the chief prints progress and saves.
+* ``StopFeedCallback(feed)`` ends an InputMode.SPARK node's feed when ``fit`` stops early
+  (``EarlyStopping``): the driver then stops feeding at the next epoch boundary.
 * ``SummaryCallback`` writes TensorBoard scalars (per-node batch metrics; the job's epoch
   metrics, validation included, from the chief) with Ember's event writer.
 * ``CheckpointCallback(dir)`` saves weights and optimizer state on the chief at epoch
@@ -270,6 +272,31 @@ class SummaryCallback(keras.callbacks.Callback):
         if is_chief(self.comm):
             self._write("epoch", logs, epoch)
         self._events().flush()
+
+
+class StopFeedCallback(keras.callbacks.Callback):
+    """Ends the node's InputMode.SPARK feed when ``model.fit`` stops early (``EarlyStopping``,
+    or any callback setting ``model.stop_training``), so the driver's ``cluster.train()`` stops
+    feeding at the next epoch boundary instead of feeding the remaining epochs into a node that
+    no longer reads (``DataFeed.terminate()``).  With :class:`SyncCallback` the nodes see the
+    same averaged metrics, so they stop at the same epoch::
+
+        feed = ctx.get_data_feed()
+        model.fit(feed.to_tf_dataset(64, "image", "label"), epochs=50,
+                  callbacks=[ember.keras.SyncCallback(), keras.callbacks.EarlyStopping(patience=2),
+                             ember.keras.StopFeedCallback(feed)])
+
+    Args:
+        feed: the node's :class:`ember.feed.DataFeed` (``ctx.get_data_feed()``).
+    """
+
+    def __init__(self, feed: Any):
+        super().__init__()
+        self.feed = feed
+
+    def on_train_end(self, logs: Optional[Dict[str, Any]] = None) -> None:
+        if getattr(self.model, "stop_training", False):
+            self.feed.terminate()
 
 
 def _is_number(value: Any) -> bool:

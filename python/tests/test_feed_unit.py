@@ -262,7 +262,7 @@ def test_a_node_that_ended_is_skipped_and_reported_gone(two_nodes):
         closed_port = s.getsockname()[1]
     ended = feeding.NodeEndpoint(1, "worker:1", "/ember-test-gone-" + secrets.token_hex(4), "127.0.0.1", closed_port)
     rows = [(float(i),) for i in range(10)]
-    sent, gone = feeding.feed_partition(feeding.rdd_rows_to_batches(rows), 0, 0, [eps[0], ended], _options())
+    sent, gone, _ = feeding.feed_partition(feeding.rdd_rows_to_batches(rows), 0, 0, [eps[0], ended], _options())
     assert sent == [5, 5] and gone == [False, True]
     # Inference needs its node's answers: there, a node that cannot be reached is an error.
     with pytest.raises(errors.Unavailable, match="cannot reach"):

@@ -118,6 +118,26 @@ def train_keras_from_feed(args, ctx):
     Path(args["out"], "keras.json").write_text(json.dumps({"loss": hist.history["loss"], "w": w}))
 
 
+def train_keras_until_early_stop(args, ctx):
+    """2 nodes, synchronous Keras on the feed; EarlyStopping (asking for an improvement no epoch
+    makes) ends fit after its second epoch on both nodes, and StopFeedCallback ends the node's
+    feed."""
+    import keras
+    import tensorflow as tf
+
+    import ember.keras
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    feed = ctx.get_data_feed()
+    model = keras.Sequential([keras.Input(shape=(2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=ember.keras.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    stop = keras.callbacks.EarlyStopping(monitor="loss", min_delta=1e9, patience=0)
+    hist = model.fit(feed.to_tf_dataset(batch_size=16, features="x", label="y"), epochs=args["epochs"], verbose=0,
+                     callbacks=[ember.keras.SyncCallback(), stop, ember.keras.StopFeedCallback(feed)])
+    Path(args["out"], f"stopped-{ctx.training_rank}.json").write_text(json.dumps(hist.history["loss"]))
+
+
 def die_mid_inference(args, ctx):
     """Answers one batch, then node 0 is killed (as the OOM killer would)."""
     feed = ctx.get_data_feed(train_mode=False)
@@ -230,6 +250,27 @@ def test_keras_fit_on_the_feed(spark, tmp_path):
     cluster.shutdown(timeout=120)
     got = json.loads((tmp_path / "keras.json").read_text())
     assert len(got["loss"]) == 3 and got["loss"][-1] < got["loss"][0]
+
+
+def test_early_stopping_ends_the_feed_at_the_next_epoch(spark, tmp_path, capsys):
+    """Keras EarlyStopping on the nodes stops cluster.train() after the epoch in which the nodes
+    ended their feed: of 20 epochs asked for, the nodes train 2 and the driver feeds at most one
+    more, then returns; nothing hangs and nothing is left."""
+    import numpy as np
+    x = np.random.RandomState(0).rand(256, 2).astype(np.float32)
+    y = (x @ np.array([2.0, -1.0], np.float32)).astype(np.float32)
+    df = spark.createDataFrame([(x[i].tolist(), float(y[i])) for i in range(256)], "x array<float>, y float")
+    cluster = _run(spark, train_keras_until_early_stop, {"epochs": 20, "out": str(tmp_path)}, n=2)
+    start = time.monotonic()
+    cluster.train(df.repartition(4), num_epochs=20, feed_timeout=60)
+    assert time.monotonic() - start < 50
+    cluster.shutdown(timeout=120)
+    losses = [json.loads((tmp_path / f"stopped-{r}.json").read_text()) for r in range(2)]
+    assert len(losses[0]) == 2 and losses[0] == losses[1]  # both stopped after epoch 1, in step
+    printed = capsys.readouterr()
+    assert "every node ended its feed (early stopping)" in printed.out + printed.err
+    assert cluster._epochs_fed <= 3, cluster._epochs_fed
+    no_leftovers(cluster.job_id)
 
 
 def test_a_node_that_returns_early_does_not_fail_train(spark):
