@@ -62,7 +62,7 @@ def node_main(args, ctx):
     y = rng.integers(0, 10, args["rows"])
     model = train_single.build_model(keras)
     model.compile(optimizer=ember.keras.DistributedOptimizer(keras.optimizers.SGD(0.01)),
-                  loss="sparse_categorical_crossentropy")
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))  # the model ends in logits
     ckpt = out / "ckpt.npz"
     initial_epoch, restored = 0, ckpt.exists()
     if restored:
