@@ -85,13 +85,7 @@ class ProgressCallback(keras.callbacks.Callback):
                                      "time": time.time()}
         if self.batch_size:
             metrics["samples"] = float(self._step * self.batch_size)
-        for key, value in (logs or {}).items():
-            try:
-                number = float(value)
-            except (TypeError, ValueError):
-                continue
-            if math.isfinite(number):
-                metrics[key] = number
+        metrics.update(_finite_metrics(logs))
         loss = metrics.pop("loss", None)
         self.ctx.report(step=self._step, loss=loss, **metrics)
 
@@ -259,9 +253,8 @@ class SummaryCallback(keras.callbacks.Callback):
 
     def _write(self, prefix: str, logs: Optional[Dict[str, Any]], step: int) -> None:
         writer = self._events()
-        for key, value in (logs or {}).items():
-            if _is_number(value) and math.isfinite(float(value)):
-                writer.scalar(f"{prefix}/{key}", float(value), step)
+        for key, value in _finite_metrics(logs).items():
+            writer.scalar(f"{prefix}/{key}", value, step)
 
     def on_train_batch_end(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         self._step += 1
@@ -305,6 +298,11 @@ def _is_number(value: Any) -> bool:
         return True
     except (TypeError, ValueError):
         return False
+
+
+def _finite_metrics(logs: Optional[Dict[str, Any]]) -> Dict[str, float]:
+    """The finite numbers of Keras's `logs` (what callbacks report and write), as floats."""
+    return {k: float(v) for k, v in (logs or {}).items() if _is_number(v) and math.isfinite(float(v))}
 
 
 # Checkpoints (ember.checkpoint): framework-neutral blobs, numpy arrays in .npz files
