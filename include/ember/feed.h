@@ -26,6 +26,14 @@
 //  * A retried feeding task (Spark task attempt) sends its partition again;
 //    its rows are counted apart and the partition is credited with its
 //    largest attempt.
+//  * Validation (Cluster.train's validation_data): after training epoch e
+//    the driver feeds a validation epoch numbered ValidationEpoch(e), under
+//    the same equal-rows rule.  A node reads it with
+//    BeginEpoch(EpochKind::kValidation); a node that reads only training
+//    epochs skips validation epochs (their rows are dropped).
+//  * Pipelining: the driver feeds training epoch e+1 only once every node
+//    began epoch e (AwaitEpoch), so it runs at most one epoch ahead of the
+//    slowest node, and an early stop wastes at most one fed epoch.
 //  * Inference: a partition goes wholly to one node under the ring's session
 //    lock; the node must answer exactly one result row per input row, in
 //    order; both ends check it and name node and partition when it fails.
@@ -48,6 +56,17 @@ using Duration = std::chrono::milliseconds;  // as in ember/coordinator.h
 }  // namespace ember
 
 namespace ember::feed {
+
+// Training epochs are numbered from 0 and stay below kValidationEpochBit;
+// the validation epoch fed after training epoch e is e | kValidationEpochBit.
+inline constexpr uint32_t kValidationEpochBit = 1u << 30;
+inline constexpr uint32_t ValidationEpoch(uint32_t training_epoch) { return training_epoch | kValidationEpochBit; }
+inline constexpr bool IsTrainingEpoch(uint32_t epoch) { return (epoch & kValidationEpochBit) == 0; }
+
+enum class EpochKind {
+  kTraining = 0,
+  kValidation = 1,
+};
 
 // How a producer reaches a node.
 enum class Transport {
@@ -256,6 +275,19 @@ Result<std::vector<bool>> EndEpoch(const std::vector<NodeEndpoint>& nodes, uint3
                                    const FeedOptions& options);
 Result<std::vector<bool>> EndFeed(const std::vector<NodeEndpoint>& nodes, const FeedOptions& options);
 
+// Driver: waits until every node has begun training epoch `epoch` (or a
+// later one), ended its feed, or gone away; one answer per node.  A node
+// that is still reading (a long epoch) is waited for as long as it reads;
+// DeadlineExceeded, naming the node and epoch, once it has read nothing
+// for options.idle_timeout.
+enum class NodeEpochState {
+  kBegun = 0,
+  kTerminated = 1,  // the node ended its feed (DataFeed.terminate)
+  kGone = 2,        // unreachable or going away: the caller asks how it ended
+};
+Result<std::vector<NodeEpochState>> AwaitEpoch(const std::vector<NodeEndpoint>& nodes, uint32_t epoch,
+                                               const FeedOptions& options);
+
 // The node's end.  Value type for its options.
 struct ConsumerOptions {
   std::string node = "node";  // "worker:0", for errors
@@ -303,7 +335,7 @@ class Consumer {
   void set_read_timeout(Duration timeout);
 
   // Up to `max_rows` rows in arrival order, in as few ranges as messages
-  // allow.  Fewer only at the end of the feed, after terminate, or (with
+  // allow; rows of validation epochs are skipped (dropped).  Fewer only at the end of the feed, after terminate, or (with
   // `stop_at_partition`, inference) at a partition's end.  Empty at the end
   // of the feed.  DeadlineExceeded naming the node after read_timeout
   // without a message.  Inference: InvalidArgument if an earlier partition
@@ -314,7 +346,12 @@ class Consumer {
   // partition end: a node may get no rows of a tiny epoch yet steps through
   // it like its peers).  Whatever remains of the epoch started before is
   // dropped.  std::nullopt at the end of the feed or after Terminate.
-  Result<std::optional<uint32_t>> BeginEpoch();
+  // kTraining skips validation epochs on the way (their rows are dropped);
+  // kValidation wants the validation epoch fed after the training epoch
+  // just read: InvalidArgument naming the epoch if the next one is a
+  // training epoch (no validation_data was given to the driver's train()).
+  // Beginning training epoch e tells the driver (AwaitEpoch) it may feed e+1.
+  Result<std::optional<uint32_t>> BeginEpoch(EpochKind kind = EpochKind::kTraining);
   // The next `batch_size` rows of the epoch BeginEpoch started, handed out
   // only once provably every node has them; with !drop_remainder a last
   // smaller batch.  Empty at the epoch's end (every node then handed out the

@@ -64,71 +64,126 @@ def feed_endpoints(server, nodes, timeout: float = 60.0) -> List[feeding.NodeEnd
 
 
 # ------------------------------------------------------------------------ training
+def validation_epoch(epoch: int) -> int:
+    """The number of the validation epoch fed after training epoch `epoch` (include/ember/feed.h)."""
+    return epoch | _ember.VALIDATION_EPOCH_BIT
+
+
+def _feed_epoch(sc, data: Any, epoch: int, eps: List[feeding.NodeEndpoint], opts: feeding.FeedOptions,
+                ended: Callable[[feeding.NodeEndpoint], bool]) -> Tuple[List[int], set, int]:
+    """Feeds `data` once as epoch number `epoch` (one Spark job) and ends the epoch at every
+    node; returns the rows each node got, the nodes that ended their feed (or returned), and
+    the partition count."""
+    num_nodes = len(eps)
+    if _is_dataframe(data):
+        def feed_df(batches, epoch=epoch):
+            from pyspark import TaskContext
+            task = TaskContext.get()
+            p = task.partitionId()
+            sent, gone, stopped = feeding.feed_partition(batches, p, epoch, eps, opts, task.attemptNumber())
+            yield pa.RecordBatch.from_pydict(
+                {"partition": [p] * len(sent), "node": list(range(len(sent))), "rows": sent, "gone": gone,
+                 "stopped": stopped},
+                schema=pa.schema([("partition", pa.int32()), ("node", pa.int32()), ("rows", pa.int64()),
+                                  ("gone", pa.bool_()), ("stopped", pa.bool_())]))
+        sent = [tuple(r) for r in data.mapInArrow(feed_df, _SENT_SCHEMA).collect()]
+    else:
+        def feed_rdd(p, rows, epoch=epoch):
+            from pyspark import TaskContext
+            sent, gone, stopped = feeding.feed_partition(feeding.rdd_rows_to_batches(rows), p, epoch, eps, opts,
+                                                         TaskContext.get().attemptNumber())
+            return [(p, k, n, g, st) for k, (n, g, st) in enumerate(zip(sent, gone, stopped))]
+        sent = data.mapPartitionsWithIndex(feed_rdd).collect()
+    # The job ran every partition it had (each reported once per node): only now is the
+    # count certain (AQE may coalesce), so the driver, not the tasks, closes the epoch.
+    num_partitions = len({p for p, _, _, _, _ in sent})
+    for k in sorted({k for _, k, _, gone, _ in sent if gone}):
+        if not ended(eps[k]):
+            raise errors.Unavailable(
+                f"feeding tasks could not reach node {eps[k].name} (its ring {eps[k].ring} is not on their "
+                f"host and its feed server {eps[k].host}:{eps[k].port} refused), yet the node is still "
+                "running; check that executors can reach each other (firewall, bind address)")
+    unreachable = _ember.feed_end_epoch(eps, epoch, num_partitions, opts)
+    for k, missed in enumerate(unreachable):
+        if missed and not ended(eps[k]):
+            raise errors.Unavailable(
+                f"the driver could not reach node {eps[k].describe()} (its feed server "
+                f"{eps[k].host}:{eps[k].port} refused), yet the node is still running; check that the "
+                "driver can reach the executors (firewall, bind address)")
+    per_node = [0] * num_nodes
+    for _, k, n, _, _ in sent:
+        per_node[k] += n
+    stopped = {k for _, k, _, gone, st in sent if st or gone}
+    return per_node, stopped, num_partitions
+
+
+def _await_epoch(eps: List[feeding.NodeEndpoint], epoch: int, opts: feeding.FeedOptions,
+                 ended: Callable[[feeding.NodeEndpoint], bool]) -> set:
+    """Waits until every node began training epoch `epoch` (so the driver never runs more
+    than one epoch ahead of the slowest node); returns the nodes that ended their feed instead."""
+    stopped = set()
+    for k, state in enumerate(_ember.feed_await_epoch(eps, epoch, opts)):
+        if state == "begun":
+            continue
+        if state == "gone" and not ended(eps[k]):
+            raise errors.Unavailable(
+                f"the driver could not ask node {eps[k].describe()} whether it began epoch {epoch} (its feed "
+                f"server {eps[k].host}:{eps[k].port} refused), yet the node is still running; check that the "
+                "driver can reach the executors (firewall, bind address)")
+        stopped.add(k)
+    return stopped
+
+
 def train(sc, data: Any, num_epochs: int, endpoints: Sequence[feeding.NodeEndpoint],
           options: feeding.FeedOptions, console=None, first_epoch: int = 0,
-          node_gone: Optional[Callable[[feeding.NodeEndpoint], bool]] = None) -> Optional[int]:
+          node_gone: Optional[Callable[[feeding.NodeEndpoint], bool]] = None,
+          validation_data: Any = None, after_epoch: Optional[int] = None,
+          on_fed: Optional[Callable[[int], None]] = None) -> Optional[int]:
     """Feeds `data` to the nodes for `num_epochs` epochs, numbered from `first_epoch`
-    (epoch numbers never repeat within a job: nodes tell epochs apart by them);
-    returns the rows the nodes train on in the last epoch (the same number on each), or
-    None when every node ended its feed (``DataFeed.terminate()``: early stopping), after
-    which no further epoch is fed.
+    (epoch numbers never repeat within a job: nodes tell epochs apart by them), each
+    followed by `validation_data` as that epoch's validation epoch if given; returns the
+    rows the nodes train on in the last epoch (the same number on each), or None when
+    every node ended its feed (``DataFeed.terminate()``: early stopping), after which no
+    further epoch is fed.
+
+    Before feeding an epoch the driver waits until every node began the one before
+    (`after_epoch` for the first: the last epoch fed to these nodes, None if none), so it
+    runs at most one epoch ahead and an early stop is seen at the next epoch boundary.
+
+    `on_fed(epoch)` is called once each epoch's data went out (a number the nodes know).
 
     `node_gone(endpoint)` says whether a node whose feed server cannot be reached has
     ended (it returned from main_fun early, as TFoS allows): it is then skipped."""
-    if not (_is_dataframe(data) or _is_rdd(data)):
-        raise TypeError(f"Cluster.train takes a DataFrame or an RDD, got {type(data).__name__}")
+    for what, d in (("Cluster.train", data), ("validation_data", validation_data)):
+        if d is not None and not (_is_dataframe(d) or _is_rdd(d)):
+            raise TypeError(f"{what} takes a DataFrame or an RDD, got {type(d).__name__}")
+    if data is None:
+        raise TypeError("Cluster.train takes a DataFrame or an RDD, got None")
     if num_epochs < 1:
         raise ValueError("num_epochs must be at least 1")
     eps, opts = list(endpoints), options
     num_nodes = len(eps)
+    ended = node_gone or (lambda ep: False)
     used = 0
+
+    def early_stop(epoch: int) -> None:
+        if console is not None:
+            console.info(f"epoch {epoch}: every node ended its feed (early stopping); not feeding the "
+                         f"remaining {first_epoch + num_epochs - epoch} epochs of this train() call")
+
+    previous = after_epoch
     for epoch in range(first_epoch, first_epoch + num_epochs):
-        if _is_dataframe(data):
-            def feed_df(batches, epoch=epoch):
-                from pyspark import TaskContext
-                task = TaskContext.get()
-                p = task.partitionId()
-                sent, gone, stopped = feeding.feed_partition(batches, p, epoch, eps, opts, task.attemptNumber())
-                yield pa.RecordBatch.from_pydict(
-                    {"partition": [p] * len(sent), "node": list(range(len(sent))), "rows": sent, "gone": gone,
-                     "stopped": stopped},
-                    schema=pa.schema([("partition", pa.int32()), ("node", pa.int32()), ("rows", pa.int64()),
-                                      ("gone", pa.bool_()), ("stopped", pa.bool_())]))
-            sent = [tuple(r) for r in data.mapInArrow(feed_df, _SENT_SCHEMA).collect()]
-        else:
-            def feed_rdd(p, rows, epoch=epoch):
-                from pyspark import TaskContext
-                sent, gone, stopped = feeding.feed_partition(feeding.rdd_rows_to_batches(rows), p, epoch, eps, opts,
-                                                             TaskContext.get().attemptNumber())
-                return [(p, k, n, g, st) for k, (n, g, st) in enumerate(zip(sent, gone, stopped))]
-            sent = data.mapPartitionsWithIndex(feed_rdd).collect()
-        # The job ran every partition it had (each reported once per node): only now is the
-        # count certain (AQE may coalesce), so the driver, not the tasks, closes the epoch.
-        num_partitions = len({p for p, _, _, _, _ in sent})
-        ended = node_gone or (lambda ep: False)
-        for k in sorted({k for _, k, _, gone, _ in sent if gone}):
-            if not ended(eps[k]):
-                raise errors.Unavailable(
-                    f"feeding tasks could not reach node {eps[k].name} (its ring {eps[k].ring} is not on their "
-                    f"host and its feed server {eps[k].host}:{eps[k].port} refused), yet the node is still "
-                    "running; check that executors can reach each other (firewall, bind address)")
-        unreachable = _ember.feed_end_epoch(eps, epoch, num_partitions, opts)
-        for k, missed in enumerate(unreachable):
-            if missed and not ended(eps[k]):
-                raise errors.Unavailable(
-                    f"the driver could not reach node {eps[k].describe()} (its feed server "
-                    f"{eps[k].host}:{eps[k].port} refused), yet the node is still running; check that the "
-                    "driver can reach the executors (firewall, bind address)")
-        per_node = [0] * num_nodes
-        for _, k, n, _, _ in sent:
-            per_node[k] += n
-        stopped = {k for _, k, _, gone, st in sent if st or gone}
-        if len(stopped) == num_nodes:
+        if previous is not None and len(_await_epoch(eps, previous, opts, ended)) == num_nodes:
             # Every node ended its feed (DataFeed.terminate(), e.g. Keras EarlyStopping through
             # ember.keras.StopFeedCallback) or returned: the rest of the epochs go unfed.
-            if console is not None:
-                console.info(f"epoch {epoch}: every node ended its feed (early stopping); not feeding the "
-                             f"remaining {first_epoch + num_epochs - epoch - 1} epochs of this train() call")
+            early_stop(epoch)
+            return None
+        per_node, stopped, num_partitions = _feed_epoch(sc, data, epoch, eps, opts, ended)
+        previous = epoch
+        if on_fed is not None:
+            on_fed(epoch)
+        if len(stopped) == num_nodes:
+            early_stop(epoch + 1)
             return None
         used = min(per_node) * num_nodes
         if console is not None:
@@ -136,6 +191,15 @@ def train(sc, data: Any, num_epochs: int, endpoints: Sequence[feeding.NodeEndpoi
             console.info(f"epoch {epoch}: fed {total} rows in {num_partitions} partitions to {num_nodes} nodes; "
                          f"each trains on {min(per_node)}"
                          + (f" ({total - used} left over)" if total != used else ""))
+        if validation_data is not None:
+            v_nodes, v_stopped, v_partitions = _feed_epoch(sc, validation_data, validation_epoch(epoch), eps, opts,
+                                                           ended)
+            if len(v_stopped) == num_nodes:
+                early_stop(epoch + 1)
+                return None
+            if console is not None:
+                console.info(f"epoch {epoch}: fed {sum(v_nodes)} validation rows in {v_partitions} partitions; "
+                             f"each node validates on {min(v_nodes)}")
     return used
 
 

@@ -137,6 +137,7 @@ class Cluster:
         self._job: Optional[NodesJob] = None      # the Spark job hosting the nodes
         self._feed_endpoints: Optional[List[_feeding.NodeEndpoint]] = None
         self._epochs_fed = 0  # feed epochs are numbered across train() calls
+        self._last_epoch: Optional[int] = None  # the last epoch fed to the current gang
         self._feed_lock = threading.Lock()  # one train() at a time (streaming batches too)
         self.node_job_id = self.job_id
         self.restarts: List[Restart] = []
@@ -258,9 +259,20 @@ class Cluster:
         return _feeding.feed_options(secret=self._secret, feed_timeout=float(feed_timeout),
                                     transport=str(config.get("feed_transport", self._sc)))
 
-    def train(self, data: Any, num_epochs: int = 1, feed_timeout: float = 600.0, qname: str = "input") -> None:
+    def train(self, data: Any, num_epochs: int = 1, feed_timeout: float = 600.0, qname: str = "input",
+              validation_data: Any = None) -> None:
         """Feeds a DataFrame or RDD to the training nodes (InputMode.SPARK); returns when all
         of it was delivered.
+
+        The driver feeds an epoch once every node began the one before, so it runs at most
+        one epoch ahead of the slowest node (while the nodes train on epoch e, epoch e+1 is
+        being fed); a node that reads nothing for `feed_timeout` fails the call, naming it.
+
+        With `validation_data` (a DataFrame or RDD with the training data's columns), each
+        training epoch is followed by a validation epoch: nodes read it with
+        ``feed.validation_batches()`` / ``feed.to_tf_dataset(..., validation=True)`` (Keras
+        ``fit(validation_data=...)``), under the same equal-rows rule.  Nodes that do not
+        read it skip it.
 
         Returns early, after the epoch in which it happened, when every training node ended its
         feed (``DataFeed.terminate()``; ``ember.keras.StopFeedCallback`` does it when Keras's
@@ -277,6 +289,7 @@ class Cluster:
             data: a DataFrame (fed as Arrow batches) or an RDD of tuples, lists, dicts,
                 values or numpy arrays.
             num_epochs: how many times to feed `data`.
+            validation_data: fed after every training epoch as its validation epoch.
             feed_timeout: seconds a feeding task may wait for a node that reads nothing.
             qname: ignored; accepted for TFoS compatibility.
 
@@ -296,9 +309,16 @@ class Cluster:
                 # interrupted epoch is fed again, under a new number (numbers never repeat).
                 epoch = self._epochs_fed
                 self._epochs_fed += 1
+                fed: List[int] = []
                 try:
                     used = _feed_driver.train(self._sc, data, 1, self._endpoints(), self._feed_options(feed_timeout),
-                                              console=self._console, first_epoch=epoch, node_gone=self._node_ended)
+                                              console=self._console, first_epoch=epoch, node_gone=self._node_ended,
+                                              validation_data=validation_data, after_epoch=self._last_epoch,
+                                              on_fed=fed.append)
+                    if fed:
+                        self._last_epoch = fed[-1]
+                    else:  # stopped before feeding: the number was never used
+                        self._epochs_fed -= 1
                     if used is None:  # every node ended its feed (early stopping): nothing more to feed
                         self._console.info(f"Cluster.train: the nodes stopped early; {num_epochs - done - 1} "
                                            f"of {num_epochs} epochs not fed")
@@ -614,6 +634,7 @@ class Cluster:
         t1 = time.monotonic()
         self.node_job_id = f"{self.job_id}-r{k}"
         self._feed_endpoints = None
+        self._last_epoch = None  # the new gang has been fed nothing
         self._start(started=t1, **self._launch)
         t2 = time.monotonic()
         self.restarts.append(Restart(node=label, host=failure.host, reason=reason, failed_at=failed_at,

@@ -234,11 +234,30 @@ class DataFeed:
         smaller batch too.  A batch is handed out as soon as this node can prove every
         node will get its rows, so training starts while Spark is still feeding.
         Ends at the epoch's end or the end of the feed.  A consumer may stop pulling
-        early: the next call starts at the next epoch.
+        early: the next call starts at the next epoch.  Validation epochs
+        (``cluster.train(validation_data=...)``) not read with validation_batches are
+        skipped.
         """
+        return self._epoch(batch_size, drop_remainder, validation=False)
+
+    def validation_batches(self, batch_size: int, drop_remainder: bool = False) -> Iterator[Dict[str, np.ndarray]]:
+        """Yields the validation rows fed after the training epoch just read
+        (``cluster.train(df, validation_data=val_df)``), as epoch_batches does.
+
+        Every node gets the same number of validation rows (the equal-rows rule), so
+        per-node metrics averaged over nodes (``ember.keras.SyncCallback``) are the
+        metrics over all of them.  Call it after each training epoch.
+
+        Raises:
+            InvalidArgument: the next rows fed are a training epoch's (the driver was given
+                no validation_data).
+        """
+        return self._epoch(batch_size, drop_remainder, validation=True)
+
+    def _epoch(self, batch_size: int, drop_remainder: bool, validation: bool) -> Iterator[Dict[str, np.ndarray]]:
         if batch_size <= 0:
             raise ValueError("batch_size must be positive")
-        if self._consumer.begin_epoch() is None:
+        if self._consumer.begin_epoch(validation) is None:
             return
         while True:  # one core call per run of batches (up to _RUN_BATCHES), cut here
             ranges = self._consumer.next_epoch_batches(batch_size, _RUN_BATCHES, drop_remainder)
@@ -252,22 +271,27 @@ class DataFeed:
         return None if r is None else self._columns([r])
 
     def to_tf_dataset(self, batch_size: int, features: Optional[Union[str, Sequence[str]]] = None,
-                      label: Optional[str] = None, drop_remainder: bool = True, transform=None):
-        """A ``tf.data.Dataset`` over the feed; each pass over it is one epoch of ``cluster.train``.
+                      label: Optional[str] = None, drop_remainder: Optional[bool] = None, transform=None,
+                      validation: bool = False):
+        """A ``tf.data.Dataset`` over the feed; each pass over it is one epoch of ``cluster.train``
+        (with `validation`, the validation epoch that follows it: Keras's ``validation_data``).
 
         See :func:`ember.tf.feed_dataset` for the arguments.
         """
         from ember import tf as ember_tf
         return ember_tf.feed_dataset(self, batch_size, features=features, label=label,
-                                     drop_remainder=drop_remainder, transform=transform)
+                                     drop_remainder=drop_remainder, transform=transform, validation=validation)
 
-    def to_torch_dataset(self, batch_size: int, drop_remainder: bool = True, transform=None):
-        """A ``torch.utils.data.IterableDataset``; each pass is one epoch (see epoch_batches).
+    def to_torch_dataset(self, batch_size: int, drop_remainder: bool = True, transform=None,
+                         validation: bool = False):
+        """A ``torch.utils.data.IterableDataset``; each pass is one epoch (see epoch_batches), or
+        with `validation` the validation epoch that follows it.
 
         See :func:`ember.torch.feed_dataset` for the arguments.
         """
         from ember import torch as ember_torch
-        return ember_torch.feed_dataset(self, batch_size, drop_remainder=drop_remainder, transform=transform)
+        return ember_torch.feed_dataset(self, batch_size, drop_remainder=drop_remainder, transform=transform,
+                                        validation=validation)
 
 
 def _ipc_bytes(batch: pa.RecordBatch) -> pa.Buffer:

@@ -27,7 +27,8 @@ def _keep_freed_memory() -> None:
 
 
 def feed_dataset(feed, batch_size: int, features: Optional[Union[str, Sequence[str]]] = None,
-                 label: Optional[str] = None, drop_remainder: bool = True, transform=None):
+                 label: Optional[str] = None, drop_remainder: Optional[bool] = None, transform=None,
+                 validation: bool = False):
     """A ``tf.data.Dataset`` over `feed` (an :class:`ember.feed.DataFeed`); each pass over it is
     one epoch of ``cluster.train``.
 
@@ -37,9 +38,13 @@ def feed_dataset(feed, batch_size: int, features: Optional[Union[str, Sequence[s
         features: column name or list of names for the model input (default: every
             column but `label`); a list gives a dict of tensors.
         label: column holding the label, or None for no label.
-        drop_remainder: yield only full batches, the same count on every node.
+        drop_remainder: yield only full batches, the same count on every node; default
+            True for training, False for validation (evaluation needs no equal steps).
         transform: optional function(dict of numpy columns) -> (x, y) or x, applied on
             this side of TensorFlow (e.g. reshape image bytes, scale to [0, 1]).
+        validation: each pass reads the validation epoch fed after the training epoch just
+            read (``cluster.train(validation_data=...)``): pass it as Keras's
+            ``validation_data``.  Its columns must be the training data's.
 
     Use ``model.fit(ds, epochs=num_epochs)`` with the num_epochs given to cluster.train.
     Auto-sharding is off: every node already gets its own share of the data.
@@ -71,9 +76,17 @@ def feed_dataset(feed, batch_size: int, features: Optional[Union[str, Sequence[s
 
     signature = spec(shape_batch(first))
 
+    if drop_remainder is None:
+        drop_remainder = not validation
+    read = feed.validation_batches if validation else feed.epoch_batches
+    expected = sorted(first)
+
     def gen():
         _keep_freed_memory()  # runs after TF's generator dataset set its malloc options
-        for cols in feed.epoch_batches(batch_size, drop_remainder):
+        for cols in read(batch_size, drop_remainder):
+            if validation and sorted(cols) != expected:
+                raise ValueError(f"node {feed._node}: the validation rows have columns {sorted(cols)}, the "
+                                 f"training rows {expected}; validation_data must have the training data's columns")
             yield shape_batch(cols)
 
     ds = tf.data.Dataset.from_generator(gen, output_signature=signature)

@@ -6,9 +6,11 @@ import sys
 import numpy as np
 
 
-def feed_dataset(feed, batch_size: int, drop_remainder: bool = True, transform=None):
+def feed_dataset(feed, batch_size: int, drop_remainder: bool = True, transform=None, validation: bool = False):
     """A ``torch.utils.data.IterableDataset`` over `feed` (an :class:`ember.feed.DataFeed`);
-    each pass is one epoch (see ``DataFeed.epoch_batches``).
+    each pass is one epoch (see ``DataFeed.epoch_batches``), or with `validation` the
+    validation epoch fed after the training epoch just read (``DataFeed.validation_batches``;
+    pass ``drop_remainder=False`` to evaluate every validation row).
 
     Yields dicts of tensors (or whatever `transform` returns from a dict of numpy
     columns).  Use it with ``DataLoader(ds, batch_size=None)`` in the node's own
@@ -27,7 +29,8 @@ def feed_dataset(feed, batch_size: int, drop_remainder: bool = True, transform=N
 
     class _FeedDataset(torch.utils.data.IterableDataset):
         def __iter__(self):
-            for cols in feed.epoch_batches(batch_size, drop_remainder):
+            read = feed.validation_batches if validation else feed.epoch_batches
+            for cols in read(batch_size, drop_remainder):
                 yield transform(cols) if transform is not None else to_tensors(cols)
 
     return _FeedDataset()

@@ -322,6 +322,7 @@ void BindFeedContract(nb::module_& m) {
 
   m.attr("BATCH_HEADER_BYTES") = feed::kBatchHeaderBytes;
   m.attr("INFERENCE_EPOCH") = feed::kInferenceEpoch;
+  m.attr("VALIDATION_EPOCH_BIT") = feed::kValidationEpochBit;
 
   nb::enum_<Transport>(m, "Transport", "How a producer reaches a node (ember/feed.h).")
       .value("AUTO", Transport::kAuto)
@@ -532,6 +533,21 @@ void BindFeedContract(nb::module_& m) {
         return ValueOrThrow(feed::EndFeed(nodes, options));
       },
       "nodes"_a, "options"_a, Release(), "Tells every node no more data will come; returns the unreachable ones.");
+  m.def(
+      "feed_await_epoch",
+      [](const std::vector<NodeEndpoint>& nodes, uint32_t epoch, const FeedOptions& options) {
+        std::vector<feed::NodeEpochState> states = ValueOrThrow(feed::AwaitEpoch(nodes, epoch, options));
+        std::vector<std::string> out;
+        for (feed::NodeEpochState s : states) {
+          out.push_back(s == feed::NodeEpochState::kBegun        ? "begun"
+                        : s == feed::NodeEpochState::kTerminated ? "terminated"
+                                                                  : "gone");
+        }
+        return out;
+      },
+      "nodes"_a, "epoch"_a, "options"_a, Release(),
+      "Waits until every node began training epoch `epoch`, ended its feed, or went away: 'begun', "
+      "'terminated' or 'gone' per node.  DeadlineExceeded once a node read nothing for the idle timeout.");
 
   auto copts = nb::class_<ConsumerOptions>(m, "ConsumerOptions", "The node's end (ember/feed.h ConsumerOptions).")
                    .def(nb::init<>())
@@ -574,13 +590,14 @@ void BindFeedContract(nb::module_& m) {
           "max_rows"_a, "stop_at_partition"_a)
       .def(
           "begin_epoch",
-          [](Consumer& self) {
+          [](Consumer& self, bool validation) {
             Result<std::optional<uint32_t>> r = [&] {
               nb::gil_scoped_release release;
-              return self.BeginEpoch();
+              return self.BeginEpoch(validation ? feed::EpochKind::kValidation : feed::EpochKind::kTraining);
             }();
             return ValueOrThrow(std::move(r));
-          })
+          },
+          "validation"_a = false)
       .def(
           "next_epoch_batch",
           [](Consumer& self, int64_t batch_size, bool drop_remainder) {

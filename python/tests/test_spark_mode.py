@@ -138,6 +138,35 @@ def train_keras_until_early_stop(args, ctx):
     Path(args["out"], f"stopped-{ctx.training_rank}.json").write_text(json.dumps(hist.history["loss"]))
 
 
+def train_keras_with_validation(args, ctx):
+    """Keras fit with validation_data from the feed; EarlyStopping on val_loss (patience 2, asking
+    for an improvement no epoch makes) ends fit after its third epoch."""
+    import keras
+    import tensorflow as tf
+
+    import ember.keras
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    feed = ctx.get_data_feed()
+    val_rows = [0]
+
+    def count(cols):  # also called once on the first row, for the dataset's signature
+        val_rows.append(len(cols["y"]))
+        return cols["x"], cols["y"]
+
+    model = keras.Sequential([keras.Input(shape=(2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=ember.keras.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    stop = keras.callbacks.EarlyStopping(monitor="val_loss", min_delta=1e9, patience=2)
+    hist = model.fit(feed.to_tf_dataset(batch_size=16, features="x", label="y"),
+                     validation_data=feed.to_tf_dataset(batch_size=8, validation=True, transform=count),
+                     epochs=args["epochs"], verbose=0,
+                     callbacks=[ember.keras.SyncCallback(), stop, ember.keras.StopFeedCallback(feed)])
+    Path(args["out"], f"validated-{ctx.training_rank}.json").write_text(
+        json.dumps({"loss": hist.history["loss"], "val_loss": hist.history["val_loss"],
+                    "val_rows": sum(val_rows[2:])}))  # [0, the signature's row, the batches...]
+
+
 def die_mid_inference(args, ctx):
     """Answers one batch, then node 0 is killed (as the OOM killer would)."""
     feed = ctx.get_data_feed(train_mode=False)
@@ -269,7 +298,38 @@ def test_early_stopping_ends_the_feed_at_the_next_epoch(spark, tmp_path, capsys)
     assert len(losses[0]) == 2 and losses[0] == losses[1]  # both stopped after epoch 1, in step
     printed = capsys.readouterr()
     assert "every node ended its feed (early stopping)" in printed.out + printed.err
-    assert cluster._epochs_fed <= 3, cluster._epochs_fed
+    # The driver feeds epoch e+1 only once every node began epoch e: at most one epoch past
+    # the nodes' last (epoch 1) is fed, however fast the feed is.
+    assert 2 <= cluster._epochs_fed <= 3, cluster._epochs_fed
+    no_leftovers(cluster.job_id)
+
+
+def test_validation_data_reaches_keras_fit_and_early_stopping_on_val_loss(spark, tmp_path, capsys):
+    """cluster.train(df, validation_data=val_df): every node validates after each epoch on its
+    equal share of val_df, which Keras sees as validation_data (val_loss, averaged over nodes by
+    SyncCallback); EarlyStopping on val_loss ends training on both nodes in step."""
+    import numpy as np
+    rng = np.random.RandomState(0)
+    x = rng.rand(256, 2).astype(np.float32)
+    y = (x @ np.array([2.0, -1.0], np.float32)).astype(np.float32)
+    df = spark.createDataFrame([(x[i].tolist(), float(y[i])) for i in range(256)], "x array<float>, y float")
+    # Validation labels are off by 100: a val_loss of about 10^4 proves the rows are val_df's.
+    xv = rng.rand(64, 2).astype(np.float32)
+    yv = (xv @ np.array([2.0, -1.0], np.float32) + 100.0).astype(np.float32)
+    val = spark.createDataFrame([(xv[i].tolist(), float(yv[i])) for i in range(64)], "x array<float>, y float")
+    cluster = _run(spark, train_keras_with_validation, {"epochs": 20, "out": str(tmp_path)}, n=2)
+    cluster.train(df.repartition(4), num_epochs=20, feed_timeout=60, validation_data=val.repartition(2))
+    cluster.shutdown(timeout=120)
+    runs = [json.loads((tmp_path / f"validated-{r}.json").read_text()) for r in range(2)]
+    assert runs[0]["val_loss"] == runs[1]["val_loss"]  # averaged over the nodes: in step
+    assert len(runs[0]["val_loss"]) == 3  # val_loss never improves by 10^9: stops after 3 epochs (patience 2)
+    assert all(9000 < v < 11000 for v in runs[0]["val_loss"]), runs[0]["val_loss"]
+    assert all(v < 10 for v in runs[0]["loss"]), runs[0]["loss"]
+    # Each node validated on its equal half of the 64 rows, in each of the 3 epochs.
+    assert [r["val_rows"] for r in runs] == [3 * 32, 3 * 32], [r["val_rows"] for r in runs]
+    printed = capsys.readouterr()
+    assert "validation rows" in printed.out + printed.err
+    assert 3 <= cluster._epochs_fed <= 4, cluster._epochs_fed
     no_leftovers(cluster.job_id)
 
 

@@ -39,6 +39,8 @@ const char* KindName(uint32_t kind) {
     case FeedKind::kHello: return "kHello";
     case FeedKind::kFlush: return "kFlush";
     case FeedKind::kFlushed: return "kFlushed";
+    case FeedKind::kAwaitEpoch: return "kAwaitEpoch";
+    case FeedKind::kEpochState: return "kEpochState";
   }
   return "unknown";
 }
@@ -148,6 +150,43 @@ Status DecodeEndFeed(std::span<const uint8_t> payload) {
   return st.ok() ? st : Malformed(st, "kEndFeed");
 }
 
+std::vector<uint8_t> EncodeAwaitEpoch(const AwaitEpochMsg& m) {
+  codec::Writer w;
+  w.PutU32(m.epoch);
+  return ToBytes(w.data());
+}
+
+Result<AwaitEpochMsg> DecodeAwaitEpoch(std::span<const uint8_t> payload) {
+  codec::Reader r(AsChars(payload));
+  AwaitEpochMsg m;
+  Status st = r.GetU32(&m.epoch);
+  if (st.ok()) st = r.ExpectEnd();
+  if (!st.ok()) return Malformed(st, "kAwaitEpoch");
+  return m;
+}
+
+std::vector<uint8_t> EncodeEpochState(const EpochStateMsg& m) {
+  codec::Writer w;
+  w.PutU8(m.begun ? 1 : 0);
+  w.PutI64(static_cast<int64_t>(m.read_bytes));
+  return ToBytes(w.data());
+}
+
+Result<EpochStateMsg> DecodeEpochState(std::span<const uint8_t> payload) {
+  codec::Reader r(AsChars(payload));
+  uint8_t begun = 0;
+  int64_t read = 0;
+  Status st = r.GetU8(&begun);
+  if (st.ok()) st = r.GetI64(&read);
+  if (st.ok()) st = r.ExpectEnd();
+  if (!st.ok()) return Malformed(st, "kEpochState");
+  if (begun > 1) return Status::Corruption("malformed kEpochState message: begun at offset 0 is " + std::to_string(begun));
+  EpochStateMsg m;
+  m.begun = begun == 1;
+  m.read_bytes = static_cast<uint64_t>(read);
+  return m;
+}
+
 std::vector<uint8_t> EncodeBeginPartition(const BeginPartition& m) {
   codec::Writer w;
   w.PutU32(m.partition);
@@ -248,6 +287,14 @@ Status ValidateMessage(uint32_t kind, std::span<const uint8_t> payload) {
     case FeedKind::kError: return DecodeError(payload).status();
     case FeedKind::kEndEpoch: return DecodeEndEpoch(payload).status();
     case FeedKind::kHello: return DecodeHello(payload).status();
+    case FeedKind::kAwaitEpoch: return DecodeAwaitEpoch(payload).status();
+    case FeedKind::kEpochState: return DecodeEpochState(payload).status();
+    case FeedKind::kFlush:
+    case FeedKind::kFlushed: {
+      codec::Reader r(AsChars(payload));
+      Status st = r.ExpectEnd();
+      return st.ok() ? st : Malformed(st, KindName(kind));
+    }
   }
   return Status::Corruption("unknown feed message kind " + std::to_string(kind));
 }

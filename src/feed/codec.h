@@ -41,6 +41,8 @@ enum class FeedKind : uint32_t {
   kHello = 9,
   kFlush = 10,    // producer -> feed server: answer kFlushed once every earlier frame is in the ring
   kFlushed = 11,  // feed server -> producer
+  kAwaitEpoch = 12,  // driver -> feed server: has the node begun training epoch N?
+  kEpochState = 13,  // feed server -> driver: the answer (after at most about a second)
 };
 
 // "kBatch", ...; "unknown" otherwise.
@@ -84,6 +86,24 @@ std::vector<uint8_t> EncodeEndEpoch(const EndEpochMsg& m);
 Result<EndEpochMsg> DecodeEndEpoch(std::span<const uint8_t> payload);
 
 Status DecodeEndFeed(std::span<const uint8_t> payload);
+
+// kAwaitEpoch: the driver asks whether the node began training epoch `epoch`
+// (or a later one).  The server answers with kEpochState once it has, or
+// after a short while with begun = false and how far the node has read, so
+// the driver can tell a busy node from one that stopped reading; it answers
+// kError "Cancelled: ..." if the node terminated its feed.
+struct AwaitEpochMsg {
+  uint32_t epoch = 0;
+};
+std::vector<uint8_t> EncodeAwaitEpoch(const AwaitEpochMsg& m);
+Result<AwaitEpochMsg> DecodeAwaitEpoch(std::span<const uint8_t> payload);
+
+struct EpochStateMsg {
+  bool begun = false;
+  uint64_t read_bytes = 0;  // the node's ring read position
+};
+std::vector<uint8_t> EncodeEpochState(const EpochStateMsg& m);
+Result<EpochStateMsg> DecodeEpochState(std::span<const uint8_t> payload);
 
 struct BeginPartition {
   uint32_t partition = 0;

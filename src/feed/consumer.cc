@@ -63,6 +63,7 @@ class Consumer::Impl {
   std::optional<uint32_t> current_epoch;    // the one NextEpochBatch hands out now
   int64_t epoch_taken = 0;
   uint64_t next_message_id = 1;
+  uint32_t mark = 0;  // the training epoch begun + 1, as published in the ring (Ring::SetMark)
 
   std::string Node() const { return "node " + options.node; }
 
@@ -73,7 +74,15 @@ class Consumer::Impl {
   Status Handle(uint32_t kind, std::shared_ptr<const void> owner, std::span<const uint8_t> payload);
   std::shared_ptr<Session> GetSession(uint32_t partition, uint32_t epoch);
   Result<std::vector<RowRange>> Take(int64_t n, bool stop_at_partition, std::optional<uint32_t> epoch);
-  Result<std::optional<uint32_t>> NextEpoch();
+  // The next epoch with news, skipping (and dropping) validation epochs for
+  // kTraining; of any kind for std::nullopt (a peek that drops nothing).
+  Result<std::optional<uint32_t>> NextEpoch(std::optional<EpochKind> kind);
+  // Tells the driver this node began training epoch `epoch` (AwaitEpoch).
+  void MarkBegun(uint32_t epoch) {
+    if (epoch == kInferenceEpoch || !IsTrainingEpoch(epoch) || epoch + 1 <= mark) return;
+    mark = epoch + 1;
+    ring->SetMark(mark);
+  }
 
   Status CheckAnswered();
   Status CheckPreviousAnswered(const Session* session);
@@ -198,10 +207,11 @@ Result<std::vector<RowRange>> Consumer::Impl::Take(int64_t n, bool stop_at_parti
       continue;
     }
     Event& e = events.front();
-    if (Stale(e)) {
-      events.pop_front();
+    if (Stale(e) || (!epoch && e.epoch != kInferenceEpoch && !IsTrainingEpoch(e.epoch))) {
+      events.pop_front();  // rows of a claimed epoch, or (read outside epochs) validation rows
       continue;
     }
+    if (!epoch) MarkBegun(e.epoch);
     if (!e.is_rows) {
       events.pop_front();
       if (stop_at_partition && count > 0) break;
@@ -233,12 +243,28 @@ Result<std::vector<RowRange>> Consumer::Impl::Take(int64_t n, bool stop_at_parti
   return out;
 }
 
-Result<std::optional<uint32_t>> Consumer::Impl::NextEpoch() {
+Result<std::optional<uint32_t>> Consumer::Impl::NextEpoch(std::optional<EpochKind> kind) {
   current_epoch.reset();
   for (;;) {
     while (!events.empty() && Stale(events.front())) events.pop_front();
+    std::optional<uint32_t> next;
     for (const Event& e : events) {
-      if (e.epoch != kInferenceEpoch && !Stale(e)) return std::optional<uint32_t>(e.epoch);
+      if (e.epoch == kInferenceEpoch || Stale(e)) continue;
+      if (kind == EpochKind::kTraining && !IsTrainingEpoch(e.epoch)) {
+        finished_epochs.insert(e.epoch);  // a validation epoch this node does not read: dropped
+        continue;
+      }
+      next = e.epoch;
+      break;
+    }
+    if (next) {
+      if (kind == EpochKind::kValidation && IsTrainingEpoch(*next)) {
+        return Status::InvalidArgument(
+            Node() + " asked for validation rows, but the next rows fed are those of training epoch " +
+            std::to_string(*next) + ": pass validation_data to cluster.train() on the driver, and read the "
+            "validation rows after each training epoch");
+      }
+      return next;
     }
     if (terminated) return std::optional<uint32_t>();
     EMBER_ASSIGN_OR_RAISE(bool more, ReadMessage());
@@ -342,13 +368,14 @@ Result<std::vector<RowRange>> Consumer::Next(int64_t max_rows, bool stop_at_part
   return impl_->Take(max_rows, stop_at_partition, std::nullopt);
 }
 
-Result<std::optional<uint32_t>> Consumer::BeginEpoch() {
+Result<std::optional<uint32_t>> Consumer::BeginEpoch(EpochKind kind) {
   Impl& s = *impl_;
-  EMBER_ASSIGN_OR_RAISE(std::optional<uint32_t> epoch, s.NextEpoch());
+  EMBER_ASSIGN_OR_RAISE(std::optional<uint32_t> epoch, s.NextEpoch(kind));
   if (!epoch) return epoch;
   s.finished_epochs.insert(*epoch);  // from now on, whatever the consumer leaves of it is dropped
   s.current_epoch = epoch;
   s.epoch_taken = 0;
+  s.MarkBegun(*epoch);
   return epoch;
 }
 
@@ -393,7 +420,7 @@ Result<std::vector<RowRange>> Consumer::NextEpochBatches(int64_t batch_size, int
 Result<std::optional<RowRange>> Consumer::PeekRow() {
   Impl& s = *impl_;
   for (;;) {
-    EMBER_ASSIGN_OR_RAISE(std::optional<uint32_t> epoch, s.NextEpoch());
+    EMBER_ASSIGN_OR_RAISE(std::optional<uint32_t> epoch, s.NextEpoch(std::nullopt));
     if (!epoch) return std::optional<RowRange>();
     for (const Event& e : s.events) {
       if (e.is_rows && !s.Stale(e)) {

@@ -20,7 +20,7 @@ constexpr Duration kErrorGrace{500};
 bool IsResultKind(uint32_t kind) {
   const auto k = static_cast<FeedKind>(kind);
   return k == FeedKind::kResults || k == FeedKind::kEndResults || k == FeedKind::kError ||
-         k == FeedKind::kFlushed;
+         k == FeedKind::kFlushed || k == FeedKind::kEpochState;
 }
 
 }  // namespace
@@ -122,6 +122,36 @@ Status FeedClient::Flush(Deadline deadline) {
                                         std::string(KindName(static_cast<uint32_t>(kind))));
   MarkBroken(bad);
   return bad;
+}
+
+Status FeedClient::AwaitEpoch(uint32_t epoch, Deadline deadline, EpochStateMsg* state) {
+  EMBER_RETURN_NOT_OK(Write(FeedKind::kAwaitEpoch, EncodeAwaitEpoch({epoch}), deadline));
+  FeedKind kind = FeedKind::kError;
+  std::vector<uint8_t> payload;
+  Status st = Read(&kind, &payload, deadline);
+  if (st.code() == StatusCode::kDeadlineExceeded) {
+    const Status late = Status::DeadlineExceeded("the node's feed server at " + peer_ +
+                                                 " did not answer whether the node began epoch " +
+                                                 std::to_string(epoch) + " in time");
+    MarkBroken(late);
+    return late;
+  }
+  EMBER_RETURN_NOT_OK(st);
+  if (kind == FeedKind::kError) {
+    MutexLock lock(&state_mu_);
+    return ErrorStatus();
+  }
+  Result<EpochStateMsg> m = kind == FeedKind::kEpochState
+                                ? DecodeEpochState(payload)
+                                : Result<EpochStateMsg>(Status::Corruption(
+                                      "feed server at " + peer_ + " answered kAwaitEpoch with a message of kind " +
+                                      std::string(KindName(static_cast<uint32_t>(kind)))));
+  if (!m.ok()) {
+    MarkBroken(m.status());
+    return m.status();
+  }
+  *state = *m;
+  return Status::OK();
 }
 
 Status FeedClient::TakePendingError(Duration wait) {

@@ -68,6 +68,11 @@ class FeedClient {
   // for a connection whose results another thread reads (inference).
   Status Flush(Deadline deadline);
 
+  // Asks whether the node began training epoch `epoch` (kAwaitEpoch ->
+  // kEpochState); the server answers within about a second.  Errors as
+  // Flush (Cancelled: the node terminated its feed).
+  Status AwaitEpoch(uint32_t epoch, Deadline deadline, EpochStateMsg* state);
+
   // Closes the connection.  Idempotent; later calls return Unavailable.
   void Close();
 

@@ -24,7 +24,7 @@ void Same(const std::vector<uint8_t>& again, std::span<const uint8_t> bytes) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
-  const uint8_t pick = data[0] % 11;
+  const uint8_t pick = data[0] % 13;
   std::span<const uint8_t> bytes(data + 1, size - 1);
   switch (pick) {
     case 1: {
@@ -85,6 +85,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         const std::string again = e->Encode();
         if (again != AsChars(bytes)) std::abort();
       }
+      break;
+    }
+    case 11: {
+      auto m = DecodeAwaitEpoch(bytes);
+      if (m.ok()) Same(EncodeAwaitEpoch(*m), bytes);
+      break;
+    }
+    case 12: {
+      auto m = DecodeEpochState(bytes);
+      if (m.ok()) Same(EncodeEpochState(*m), bytes);
       break;
     }
     default:

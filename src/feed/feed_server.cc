@@ -32,6 +32,9 @@ namespace {
 // Blocking waits are cut into ticks of this length so that a node failure
 // and Close() are noticed promptly.
 constexpr Duration kTick{100};
+// kAwaitEpoch is answered within this long (begun, or not yet: the driver asks again).
+constexpr Duration kAwaitAnswer{1000};
+constexpr Duration kAwaitPoll{20};
 // After sending kError the server stops writing and drains what the producer
 // still sends for this long before closing: closing with unread bytes would
 // reset the connection and could destroy the kError in flight.
@@ -111,6 +114,7 @@ class Connection {
   Status EndPartition(std::span<const uint8_t> payload);
   Status Forward(FeedKind kind, std::span<const uint8_t> payload);
   Status LockSession();
+  Status AwaitEpoch(std::span<const uint8_t> payload);
   // Aborted, not Cancelled: producers read Cancelled as "the node terminated its feed".
   Status Closing() const { return Status::Aborted("the node's feed server is shutting down"); }
 
@@ -233,6 +237,8 @@ Status Connection::Handle(uint32_t kind, std::vector<uint8_t>* payload) {
       if (!payload->empty()) return Status::InvalidArgument("kFlush from " + peer_ + " carries a payload");
       if (!SendToProducer(static_cast<uint32_t>(FeedKind::kFlushed), {})) return Closing();
       return Status::OK();
+    case FeedKind::kAwaitEpoch:
+      return AwaitEpoch(*payload);
     case FeedKind::kBeginPartition:
       return Begin(payload);
     case FeedKind::kEndPartition:
@@ -308,6 +314,28 @@ Status Connection::Forward(FeedKind kind, std::span<const uint8_t> payload) {
     }
     if (st.code() != StatusCode::kDeadlineExceeded || idle.expired()) return st;
   }
+}
+
+// Answers the driver's kAwaitEpoch within kAwaitAnswer: whether the node
+// began the epoch, and how far it has read (the driver's idle clock).  A
+// node that terminated its feed fails the call with Cancelled, which goes
+// back as kError "Cancelled: ..." like every other reason the node stopped.
+Status Connection::AwaitEpoch(std::span<const uint8_t> payload) {
+  Result<AwaitEpochMsg> m = DecodeAwaitEpoch(payload);
+  if (!m.ok()) return m.status().WithContext("from " + peer_);
+  const Deadline answer_by = Deadline::After(kAwaitAnswer);
+  shm::RingProgress progress;
+  for (;;) {
+    if (stop_) return Closing();
+    EMBER_RETURN_NOT_OK(ring_->Progress(&progress));
+    if (progress.mark > m->epoch || answer_by.expired()) break;
+    std::this_thread::sleep_for(kAwaitPoll);
+  }
+  EpochStateMsg state;
+  state.begun = progress.mark > m->epoch;
+  state.read_bytes = progress.read;
+  if (!SendToProducer(static_cast<uint32_t>(FeedKind::kEpochState), EncodeEpochState(state))) return Closing();
+  return Status::OK();
 }
 
 // shm::Ring::LockSession(idle_timeout) in ticks, so Close() is noticed.  A tick

@@ -18,6 +18,10 @@
 //                    user's feed_timeout reaches the node side.
 //   kBatch, kEndPartition, kEndEpoch, kEndFeed   validated (feed/codec.h),
 //                    forwarded unchanged.
+//   kFlush           answered with kFlushed once every earlier frame is in the ring.
+//   kAwaitEpoch      (the driver) answered with kEpochState within about a
+//                    second: whether the node began the training epoch, and
+//                    how far it has read (shm::Ring::Progress).
 //   anything else    a protocol error.
 // A failure (the node aborted its ring or died, a ring write or session wait
 // made no progress for idle_timeout, a malformed frame) goes back to the

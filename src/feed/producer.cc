@@ -197,4 +197,57 @@ Result<std::vector<bool>> EndFeed(const std::vector<NodeEndpoint>& nodes, const 
   return TellNodes(nodes, FeedKind::kEndFeed, {}, options);
 }
 
+Result<std::vector<NodeEpochState>> AwaitEpoch(const std::vector<NodeEndpoint>& nodes, uint32_t epoch,
+                                               const FeedOptions& options) {
+  using Clock = Deadline::Clock;
+  constexpr Duration kAnswerGrace{10000};  // the server answers within ~1 s; a slow host gets more
+  std::vector<NodeEpochState> out(nodes.size(), NodeEpochState::kBegun);
+  for (size_t k = 0; k < nodes.size(); ++k) {
+    const NodeEndpoint& node = nodes[k];
+    Result<std::unique_ptr<FeedClient>> client = FeedClient::Connect(
+        node.host, node.port, options.secret, options.connect_timeout, options.max_message_bytes, options.idle_timeout);
+    if (!client.ok()) {
+      if (client.status().code() != StatusCode::kUnavailable) {
+        return client.status().WithContext("asking " + NodeText(node) + " whether it began epoch " +
+                                           std::to_string(epoch));
+      }
+      out[k] = NodeEpochState::kGone;
+      continue;
+    }
+    uint64_t last_read = 0;
+    bool first = true;
+    Clock::time_point progress_at = Clock::now();
+    for (;;) {
+      EpochStateMsg state;
+      Status st = (*client)->AwaitEpoch(epoch, Deadline::After(kAnswerGrace), &state);
+      if (st.code() == StatusCode::kCancelled) {
+        out[k] = NodeEpochState::kTerminated;
+        break;
+      }
+      if (st.code() == StatusCode::kDeadlineExceeded) {
+        return st.WithContext("asking " + NodeText(node) + " whether it began epoch " + std::to_string(epoch));
+      }
+      if (!st.ok()) {  // Aborted, Unavailable, IOError: it finished or is going away (its launcher says why)
+        out[k] = NodeEpochState::kGone;
+        break;
+      }
+      if (state.begun) break;
+      const Clock::time_point now = Clock::now();
+      if (first || state.read_bytes != last_read) {
+        first = false;
+        last_read = state.read_bytes;
+        progress_at = now;
+      } else if (now - progress_at >= options.idle_timeout) {
+        (*client)->Close();
+        return Status::DeadlineExceeded(
+            NodeText(node) + " has not begun training epoch " + std::to_string(epoch) + " and read nothing from its " +
+            "feed for " + FormatDuration(options.idle_timeout) + "; is main_fun still reading its DataFeed "
+            "(epoch_batches, to_tf_dataset, next_batch)? Raise feed_timeout if an epoch takes longer");
+      }
+    }
+    (*client)->Close();
+  }
+  return out;
+}
+
 }  // namespace ember::feed

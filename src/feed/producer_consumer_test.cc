@@ -346,6 +346,112 @@ TEST_P(FeedTest, AConsumerThatStopsEarlyGetsTheNextEpoch) {
   EXPECT_TRUE(c->ShouldStop());
 }
 
+TEST_P(FeedTest, ValidationEpochsAreReadAfterTheirTrainingEpochAndSkippedByTrainingReads) {
+  StartNodes(2);
+  FeedPartition(0, 0, 0, 16);
+  EndEpochAll(0, 1);
+  FeedPartition(0, ValidationEpoch(0), 1000, 8);
+  EndEpochAll(ValidationEpoch(0), 1);
+  FeedPartition(0, 1, 2000, 16);
+  EndEpochAll(1, 1);
+  EndFeedAll();
+  // worker:0 validates after its training epoch.
+  auto c = OpenConsumer(0);
+  ASSERT_EQ(ConsumeEpoch(*c, 4).size(), 2u);
+  auto v = c->BeginEpoch(EpochKind::kValidation);
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  ASSERT_TRUE(v->has_value());
+  EXPECT_EQ(**v, ValidationEpoch(0));
+  auto rows = c->NextEpochBatch(100, false);
+  ASSERT_TRUE(rows.ok());
+  EXPECT_EQ(Count(*rows), 4);
+  EXPECT_GE(Values(*rows)[0], 1000);
+  EXPECT_LT(Values(*rows)[0], 2000);
+  // Asking for validation where a training epoch comes next names the node and the epoch.
+  auto wrong = c->BeginEpoch(EpochKind::kValidation);
+  ASSERT_EQ(wrong.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong.status().message().find("worker:0"), std::string::npos);
+  EXPECT_NE(wrong.status().message().find("training epoch 1"), std::string::npos);
+  // worker:1 reads training epochs only: the validation epoch is skipped.
+  auto other = OpenConsumer(1);
+  ASSERT_EQ(ConsumeEpoch(*other, 4).size(), 2u);
+  auto second = ConsumeEpoch(*other, 4);
+  ASSERT_EQ(second.size(), 2u);
+  EXPECT_GE(second[0][0], 2000);
+}
+
+TEST_P(FeedTest, NextSkipsValidationRows) {
+  StartNodes(1);
+  FeedPartition(0, 0, 0, 5);
+  EndEpochAll(0, 1);
+  FeedPartition(0, ValidationEpoch(0), 1000, 5);
+  EndEpochAll(ValidationEpoch(0), 1);
+  FeedPartition(0, 1, 2000, 5);
+  EndEpochAll(1, 1);
+  EndFeedAll();
+  auto c = OpenConsumer(0);
+  std::vector<int64_t> got;
+  for (;;) {
+    auto r = c->Next(3, false);
+    ASSERT_TRUE(r.ok());
+    if (r->empty()) break;
+    for (int64_t v : Values(*r)) got.push_back(v);
+  }
+  EXPECT_EQ(got, (std::vector<int64_t>{0, 1, 2, 3, 4, 2000, 2001, 2002, 2003, 2004}));
+}
+
+TEST_P(FeedTest, AwaitEpochReturnsOnceEveryNodeBeganTheEpochOrEndedItsFeed) {
+  StartNodes(2);
+  FeedPartition(0, 0, 0, 16);
+  EndEpochAll(0, 1);
+  FeedPartition(0, 1, 100, 16);
+  EndEpochAll(1, 1);
+  std::atomic<bool> done{false};
+  Result<std::vector<NodeEpochState>> states = Status::Internal("not run");
+  std::thread driver([&] {
+    states = AwaitEpoch(Endpoints(), 0, Options());
+    done = true;
+  });
+  auto c0 = OpenConsumer(0);
+  auto c1 = OpenConsumer(1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(done.load()) << "no node began epoch 0 yet";
+  ASSERT_EQ(ConsumeEpoch(*c0, 4).size(), 2u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(done.load()) << "worker:1 has not begun epoch 0";
+  ASSERT_TRUE(c1->BeginEpoch().ok());
+  driver.join();
+  ASSERT_TRUE(states.ok()) << states.status().ToString();
+  EXPECT_EQ(*states, (std::vector<NodeEpochState>{NodeEpochState::kBegun, NodeEpochState::kBegun}));
+  // worker:0 begins epoch 1; worker:1 ends its feed (early stopping) instead.
+  ASSERT_TRUE(c0->BeginEpoch().ok());
+  c1->Terminate();
+  auto next = AwaitEpoch(Endpoints(), 1, Options());
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  EXPECT_EQ(*next, (std::vector<NodeEpochState>{NodeEpochState::kBegun, NodeEpochState::kTerminated}));
+  // A node whose feed server is gone is reported as such; the caller asks how it ended.
+  NodeEndpoint gone{2, "worker:2", UniqueName("gone"), "127.0.0.1", 1, 1 << 20};
+  auto with_gone = AwaitEpoch({Endpoints()[0], gone}, 1, Options());
+  ASSERT_TRUE(with_gone.ok()) << with_gone.status().ToString();
+  EXPECT_EQ((*with_gone)[1], NodeEpochState::kGone);
+}
+
+TEST_P(FeedTest, AwaitEpochNamesTheNodeThatReadsNothing) {
+  StartNodes(1);
+  FeedPartition(0, 0, 0, 8);
+  EndEpochAll(0, 1);
+  FeedOptions o = Options();
+  o.idle_timeout = Duration(1500);
+  const auto start = Clock::now();
+  auto r = AwaitEpoch(Endpoints(), 0, o);
+  const auto took = Clock::now() - start;
+  ASSERT_EQ(r.status().code(), StatusCode::kDeadlineExceeded) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("worker:0"), std::string::npos) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("epoch 0"), std::string::npos) << r.status().ToString();
+  EXPECT_GE(took, std::chrono::milliseconds(1400));
+  EXPECT_LT(took, std::chrono::seconds(8));
+}
+
 TEST_P(FeedTest, NextHandsOutRowsAcrossMessagesLikeTfos) {
   StartNodes(1);
   FeedPartition(0, 0, 0, 10, 3);

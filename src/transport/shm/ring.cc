@@ -18,7 +18,7 @@ namespace ember::shm {
 
 namespace {
 constexpr uint64_t kMagic = 0x31474e4952424d45ull;  // "EMBRING1"
-constexpr uint32_t kVersion = 3;  // 2: 1 KiB abort reason; 3: read position, page-aligned data
+constexpr uint32_t kVersion = 4;  // 2: 1 KiB abort reason; 3: read position, page-aligned data; 4: consumer mark
 constexpr uint32_t kWrapMarker = 0xffffffffu;  // rest of the ring up to its end is unused
 constexpr size_t kRecordHeader = 8;           // u32 payload length, u32 kind
 constexpr size_t kMinCapacity = 4096;
@@ -49,6 +49,7 @@ struct RingHeader {
   int64_t consumer_pid;
   uint32_t aborted;           // guarded by mu
   uint32_t terminated;        // guarded by mu
+  uint64_t mark;              // the consumer's progress mark, see SetMark (guarded by mu)
   char abort_reason[kReasonBytes];
   alignas(kPage) uint8_t data[];
 };
@@ -210,6 +211,7 @@ Result<std::unique_ptr<Ring>> Ring::Create(const std::string& name, size_t capac
   h->consumer_pid = getpid();
   h->aborted = 0;
   h->terminated = 0;
+  h->mark = 0;
   h->abort_reason[0] = '\0';
 
   pthread_mutexattr_t ma;
@@ -554,6 +556,23 @@ Status Ring::Health() {
     return Status::Aborted("feed ring " + name_ + ": the node process (pid " + std::to_string(h->consumer_pid) +
                            ") that reads it has exited");
   }
+  return Status::OK();
+}
+
+void Ring::SetMark(uint64_t mark) {
+  Call call(this);
+  if (!call.ok()) return;
+  RobustLock lock(&header_->mu);
+  if (mark > header_->mark) header_->mark = mark;
+}
+
+Status Ring::Progress(RingProgress* progress) {
+  EMBER_RETURN_NOT_OK(Health());
+  Call call(this);
+  if (!call.ok()) return ClosedStatus();
+  RobustLock lock(&header_->mu);
+  progress->mark = header_->mark;
+  progress->read = header_->read;
   return Status::OK();
 }
 

@@ -44,6 +44,12 @@ namespace ember::shm {
 struct RingHeader;
 class Ring;
 
+// What a producer can see of the consumer's progress (Ring::Progress).
+struct RingProgress {
+  uint64_t mark = 0;  // the largest value the consumer passed to SetMark; 0 before any
+  uint64_t read = 0;  // bytes the consumer has read so far (grows while it reads)
+};
+
 // A message read in place by Ring::ReadLease.  payload() stays valid and
 // unchanged for the life of the lease, after Ring::Close() or the Ring's
 // destruction too (the lease keeps its own mapping).  Destroying it releases
@@ -139,6 +145,16 @@ class Ring {
   // or Cancelled status a Write() would return.  Never blocks.  Lets a task
   // that waits elsewhere (for results) notice that the node failed.
   Status Health();
+
+  // Consumer: publishes how far it got, in the protocol's own terms (the
+  // feed: the training epoch it began, plus one).  The mark only grows: a
+  // smaller value is ignored.  Never blocks for long.
+  void SetMark(uint64_t mark);
+  // Producer: the consumer's mark and read position, or the status Health()
+  // returns when the consumer no longer accepts messages.  Never blocks for
+  // long; a waiter polls it (the read position tells a busy consumer from
+  // one that stopped reading).
+  Status Progress(RingProgress* progress);
 
   // Consumer: stop accepting messages; blocked and future Write()s return
   // Aborted with `reason`.  Idempotent.

@@ -57,6 +57,28 @@ TEST(Ring, RoundTripKeepsKindsPayloadsAndOrder) {
   EXPECT_EQ(payload, Bytes(3, 5));
 }
 
+TEST(Ring, TheConsumersMarkOnlyGrowsAndProducersSeeItWithTheReadPosition) {
+  auto ring = Ring::Create(UniqueName(), 1 << 16);
+  ASSERT_TRUE(ring.ok()) << ring.status().ToString();
+  auto producer = Ring::Open((*ring)->name());
+  ASSERT_TRUE(producer.ok()) << producer.status().ToString();
+  RingProgress p;
+  ASSERT_TRUE((*producer)->Progress(&p).ok());
+  EXPECT_EQ(p.mark, 0u);
+  EXPECT_EQ(p.read, 0u);
+  (*ring)->SetMark(5);
+  (*ring)->SetMark(3);  // ignored: the mark only grows
+  ASSERT_TRUE((*producer)->Write(1, Bytes(1, 100), Soon()).ok());
+  uint32_t kind;
+  std::vector<uint8_t> payload;
+  ASSERT_TRUE((*ring)->Read(&kind, &payload, Soon()).ok());
+  ASSERT_TRUE((*producer)->Progress(&p).ok());
+  EXPECT_EQ(p.mark, 5u);
+  EXPECT_GT(p.read, 100u);  // the message and its header were read
+  (*ring)->Terminate();
+  EXPECT_EQ((*producer)->Progress(&p).code(), StatusCode::kCancelled);
+}
+
 TEST(Ring, EmptyRingReadTimesOut) {
   auto ring = Ring::Create(UniqueName(), 4096);
   ASSERT_TRUE(ring.ok());
