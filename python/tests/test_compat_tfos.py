@@ -374,8 +374,10 @@ def test_inference_over_a_dataframe_answers_every_row_in_order(spark, tmp_path, 
     compat.export_saved_model(model, export_dir, is_chief=True)
     expected = np.argmax(model.predict(test_images.reshape(-1, 28, 28, 1).astype(np.float32) / 255.0, verbose=0), 1)
 
-    df = spark.createDataFrame([(test_images[i].tolist(), int(test_labels[i]), i) for i in range(TEST_ROWS)],
-                               "image array<int>, label long, id long").repartition(5)
+    order = np.random.default_rng(0).permutation(TEST_ROWS)  # ids out of order, 5 uneven partitions
+    rows = spark.sparkContext.parallelize(
+        [(test_images[i].tolist(), int(test_labels[i]), int(i)) for i in order], 5).filter(lambda r: r[2] % 7 != 3)
+    df = spark.createDataFrame(rows, "image array<int>, label long, id long")
     ids_in = [r.id for r in df.select("id").collect()]
     args = Namespace(batch_size=64, export_dir=export_dir)
     cluster = TFCluster.run(spark, mnist_inference.main_fun, args, 2, 0, input_mode=TFCluster.InputMode.SPARK,

@@ -46,6 +46,8 @@ def main_fun_keras2(args, ctx):
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    if strategy.num_replicas_in_sync != ctx.num_workers:  # TF_CONFIG names every worker
+        raise RuntimeError(f"{strategy.num_replicas_in_sync} replicas for {ctx.num_workers} workers")
     tf_feed = TFNode.DataFeed(ctx.mgr, False)
     options = tf.data.Options()
     compat.disable_auto_shard(options)  # each node reads its own part of the feed

@@ -35,6 +35,8 @@ def main_fun_keras2(args, ctx):
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    if strategy.num_replicas_in_sync != ctx.num_workers:  # TF_CONFIG names every worker
+        raise RuntimeError(f"{strategy.num_replicas_in_sync} replicas for {ctx.num_workers} workers")
     options = tf.data.Options()
     compat.disable_auto_shard(options)  # sharded by file above
     ds = _dataset(tf, args, ctx).with_options(options)
