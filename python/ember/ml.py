@@ -318,7 +318,7 @@ def _fit_main(a: Dict[str, Any], ctx: Any) -> None:
 
     per_node = max(1, a["batch_size"] // ctx.num_workers)
     ds = ctx.get_data_feed(train_mode=True).to_tf_dataset(per_node, transform=to_xy)
-    history = model.fit(ds, epochs=a["epochs"], verbose=ek.verbose(a["verbose"]),
+    history = model.fit(ds, epochs=a["epochs"], verbose=ek.verbose(a["verbose"]), shuffle=False,
                         callbacks=[ek.SyncCallback(), ek.ProgressCallback(ctx, every_n_steps=50, batch_size=per_node)])
     if ctx.is_chief:
         client = ctx._coordinator_client()
