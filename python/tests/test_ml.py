@@ -201,3 +201,44 @@ def test_fashion_mnist_cnn_pipeline(spark, tmp_path):
     fitted.stages[-1].save(path)
     again = KerasModel.load(path).transform(fitted.stages[0].transform(test).limit(500))
     assert [r["prediction"] for r in again.collect()] == [r["prediction"] for r in out.limit(500).collect()]
+
+
+def _tfos_train_fn(args, ctx):
+    """A TFoS-style train_fn: reads its feed with input_mapping, exports a SavedModel."""
+    import keras
+
+    feed = ctx.get_data_feed(train_mode=True, input_mapping=args.input_mapping)
+    xs, ys = [], []
+    while not feed.should_stop():
+        batch = feed.next_batch(args.batch_size)
+        xs += batch["x"]
+        ys += batch["y"]
+    x, y = np.asarray(xs, np.float32), np.asarray(ys, np.float32)
+    w, *_ = np.linalg.lstsq(np.c_[x, np.ones(len(x))], y, rcond=None)  # the data's own least squares
+    model = keras.Sequential([keras.Input((2,), name="x"), keras.layers.Dense(1)])
+    model.set_weights([w[:2].reshape(2, 1).astype(np.float32), w[2:].astype(np.float32)])
+    assert args.note == "from tf_args" and len(x) == 1000
+    model.export(args.export_dir, verbose=False)
+
+
+def test_tfos_pipeline_estimator_and_model(spark, linear_df, tmp_path):
+    from argparse import Namespace
+
+    from ember.compat.tensorflowonspark.pipeline import TFEstimator, TFModel
+
+    df = linear_df.selectExpr("id", "array(x1, x2) as features", "y")
+    est = (TFEstimator(_tfos_train_fn, Namespace(note="from tf_args"))
+           .setInputMapping({"features": "x", "y": "y"}).setClusterSize(1).setEpochs(1).setBatchSize(100)
+           .setExportDir(str(tmp_path / "export")).setGraceSecs(0))
+    assert est.getNumPS() == 0 and est.getMasterNode() == "chief" and est.getSteps() == 1000
+    assert est.merge_args_params().export_dir == str(tmp_path / "export")
+    model = est.fit(df)
+    assert isinstance(model, TFModel) and model.getExportDir() == str(tmp_path / "export")
+    model.setInputMapping({"features": "x"}).setOutputMapping({"output_0": "pred"})
+    out = model.transform(df)
+    assert out.columns == ["pred"]
+    preds = [r["pred"][0] for r in out.collect()]
+    ys = [r["y"] for r in df.collect()]
+    assert np.allclose(preds, ys, atol=1e-3)
+    with pytest.raises(ValueError, match="input_mapping column 'nope' is not in the DataFrame"):
+        model.setInputMapping({"nope": "x"}).transform(df)
