@@ -114,8 +114,8 @@ def main(argv=None) -> None:
     def data(rows: int):
         # Deterministic pseudo-pixels in [0, 1): no Python per row.
         return (spark.range(rows, numPartitions=a.partitions)
-                .select(F.col("id"), F.expr(f"transform(sequence(1, {WIDTH}), i -> "
-                                            f"cast(((id * 7919 + i * 104729) % 256) / 255.0 as float))").alias("features"))
+                .select(F.col("id"), F.expr(f"transform(sequence(1, {WIDTH}), i -> cast(((id * 7919 + i * 104729) "
+                                            f"% 256) / 255.0 as float))").alias("features"))
                 .cache())
 
     warm, df = data(a.warmup_rows), data(a.rows)

@@ -443,7 +443,8 @@ def _worker_model(key: str, broadcast: Any) -> Any:
 
 
 def _predict_partition(key: str, broadcast: Any, in_col: str, kind: str, in_shape: List[Optional[int]],
-                       mode: str, out_type: str, chunk: int, out_col: str, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+                       mode: str, out_type: str, chunk: int, out_col: str,
+                       batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """mapInArrow function of KerasModel.transform: each batch plus the output column."""
     model = None
     width = _flat_width(in_shape)
@@ -551,7 +552,8 @@ class KerasModel(Model, _KerasParams, MLWritable, MLReadable):
         out_type = "double" if mode == "argmax" or out_width == 1 else "array"
         spark_type = DoubleType() if out_type == "double" else ArrayType(FloatType(), False)
         schema = StructType(list(dataset.schema.fields) + [StructField(out_col, spark_type, False)])
-        fn = functools.partial(_predict_partition, self._model_key(), self._get_broadcast(dataset.sparkSession.sparkContext),
+        broadcast = self._get_broadcast(dataset.sparkSession.sparkContext)
+        fn = functools.partial(_predict_partition, self._model_key(), broadcast,
                                in_col, kind, in_shape, mode, out_type, self.getPredictBatchSize(), out_col)
         return dataset.mapInArrow(fn, schema)
 
@@ -590,7 +592,8 @@ class _KerasModelWriter(MLWriter):
         from ember import _ember
         sc = self.sparkSession.sparkContext
         uri, resolve = _resolve(sc, path)
-        DefaultParamsWriter.saveMetadata(self.instance, uri, sc, extraMetadata={"modelInfo": self.instance._model_info()})
+        DefaultParamsWriter.saveMetadata(self.instance, uri, sc,
+                                         extraMetadata={"modelInfo": self.instance._model_info()})
         _ember.fs_write_file(f"{uri.rstrip('/')}/{_MODEL_FILE}", self.instance.model_bytes, resolve)
 
 

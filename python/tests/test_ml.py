@@ -138,7 +138,8 @@ def test_bad_input_is_named(spark, linear_df, linear_pipeline_model):
     with pytest.raises(ValueError, match="label column 'nope' is not in the DataFrame"):
         KerasEstimator(model=linear_model, labelCol="nope").fit(wide)
     with pytest.raises(ValueError, match="input column 'x1' is string"):
-        KerasEstimator(model=linear_model, inputCol="x1").fit(spark.createDataFrame([("a", 1.0)], "x1 string, label double"))
+        strings = spark.createDataFrame([("a", 1.0)], "x1 string, label double")
+        KerasEstimator(model=linear_model, inputCol="x1").fit(strings)
 
 
 def test_wrong_width_in_fit_names_the_column(spark, linear_df):

@@ -245,7 +245,8 @@ def _output_field(name: str, spec: Any):
     scalar = {tf.float32: FloatType(), tf.float64: DoubleType(), tf.string: StringType()}.get(spec.dtype, None)
     if scalar is None:
         scalar = LongType() if spec.dtype.is_integer or spec.dtype == tf.bool else DoubleType()
-    return StructField(name, scalar if spec.shape.rank is not None and spec.shape.rank <= 1 else ArrayType(scalar), True)
+    per_row_scalar = spec.shape.rank is not None and spec.shape.rank <= 1
+    return StructField(name, scalar if per_row_scalar else ArrayType(scalar), True)
 
 
 def _to_arrow(values: np.ndarray, field: Any) -> pa.Array:
