@@ -129,3 +129,17 @@ def test_failed_trials_are_recorded_and_the_budget_is_kept(spark):
         tune.run(spark, _fails_for_odd, {"k": 1}, metric="score", nodes_per_trial=9)
     late = tune.run(spark, _fails_for_odd, {"k": tune.grid([2, 4])}, metric="score", time_budget_s=0.0)
     assert [t.status for t in late.trials] == ["pending", "pending"]
+
+
+def _two_node_trial(params, ctx):
+    total = ctx.allreduce(np.array([params["k"] * (ctx.training_rank + 1)], np.float64), "sum")
+    ctx.report(epoch=1, score=float(total[0]))
+    return {"score": float(total[0]), "nodes": ctx.num_workers}
+
+
+def test_a_trial_can_be_a_multi_node_job(spark):
+    search = tune.run(spark, _two_node_trial, {"k": tune.grid([1, 2])}, metric="score", mode="min",
+                      nodes_per_trial=2, parallelism=2)
+    assert [(t.status, t.value) for t in search.trials] == [("ok", {"score": 3.0, "nodes": 2}),
+                                                            ("ok", {"score": 6.0, "nodes": 2})]
+    assert search.best_params == {"k": 1}
