@@ -243,3 +243,12 @@ def test_tfos_pipeline_estimator_and_model(spark, linear_df, tmp_path):
     assert np.allclose(preds, ys, atol=1e-3)
     with pytest.raises(ValueError, match="input_mapping column 'nope' is not in the DataFrame"):
         model.setInputMapping({"nope": "x"}).transform(df)
+
+
+def test_save_load_on_hdfs(spark_on_hdfs, linear_pipeline_model):
+    from ember.ml import KerasModel
+
+    stage = linear_pipeline_model.stages[-1]
+    stage.write().overwrite().save("/ml/linear")  # no scheme: fs.defaultFS, the test's HDFS
+    loaded = KerasModel.load("/ml/linear")
+    assert loaded.model_bytes == stage.model_bytes and loaded.uid == stage.uid
