@@ -76,6 +76,7 @@ def main(argv=None) -> None:
     p.add_argument("--warmup-rows", type=int, default=20_000)
     p.add_argument("--partitions", type=int, default=8)
     p.add_argument("--master", default="local[4]")
+    p.add_argument("--driver-memory", default="6g", help="local mode: the cached DataFrame lives here (1M rows: ~3.2 GB)")
     p.add_argument("--nodes", type=int, default=2, help="nodes of the cluster.inference contender")
     p.add_argument("--batch", type=int, default=1024, help="rows per model call (all contenders)")
     p.add_argument("--repeats", type=int, default=2)
@@ -99,7 +100,8 @@ def main(argv=None) -> None:
     from ember.ml import KerasModel
     from ember.parallel import keras_model_bytes
 
-    conf = {"spark.ui.showConsoleProgress": "false", "spark.sql.execution.arrow.maxRecordsPerBatch": "10000"}
+    conf = {"spark.ui.showConsoleProgress": "false", "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
+            "spark.driver.memory": a.driver_memory}
     if tfos_note:
         conf["spark.executorEnv.PYTHONPATH"] = C.pythonpath_with(C.TFOS_SITE)
     builder = SparkSession.builder.master(a.master).appName("ember-bench-inference")
