@@ -383,12 +383,15 @@ def run_parallel(spark: Any, fn: Callable[[Any, Any], Any], args: Any = None, nu
             run, its node and host, with the tail of its traceback; ``.results`` has them all.
         ClusterError: too few task slots for the runs.
     """
-    from ember._spark_job import spark_context, task_slots
+    from ember import config
+    from ember._spark_job import check_slots, spark_context, task_slots
 
     sc = spark_context(spark)
     n = int(num_executors) if num_executors is not None else sc.defaultParallelism
     if n < 1:
         raise ValueError(f"run_parallel needs num_executors >= 1, got {n}")
+    if not sc.master.startswith("local"):  # executors may still be registering: wait for them
+        check_slots(sc, n, config.get("slot_timeout", sc, cluster_options.get("slot_timeout")))
     have = task_slots(sc)
     if have < n:
         raise ClusterError(f"run_parallel runs {n} runs at once, one Spark task slot each, but the Spark "
