@@ -80,6 +80,9 @@ def main(argv=None) -> None:
     p.add_argument("--nodes", type=int, default=2, help="nodes of the cluster.inference contender")
     p.add_argument("--batch", type=int, default=1024, help="rows per model call (all contenders)")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--input", choices=("array", "vector"), default="array",
+                   help="features as array<float>, or as a Spark ML Vector (VectorAssembler's output; "
+                        "predict_batch_udf then needs vector_to_array, Ember reads the Vector itself)")
     p.add_argument("--tfos", action="store_true", help="install TFoS into bench/.tfos-site if missing and run it")
     a = p.parse_args(argv)
 
@@ -91,7 +94,7 @@ def main(argv=None) -> None:
         except Exception as e:  # noqa: BLE001 - the peer is optional
             C.log(f"tfos: unavailable ({type(e).__name__}: {e})")
     import numpy as np
-    from pyspark.ml.functions import predict_batch_udf
+    from pyspark.ml.functions import array_to_vector, predict_batch_udf, vector_to_array
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
     from pyspark.sql.types import DoubleType
@@ -115,13 +118,15 @@ def main(argv=None) -> None:
 
     def data(rows: int):
         # Deterministic pseudo-pixels in [0, 1): no Python per row.
-        return (spark.range(rows, numPartitions=a.partitions)
-                .select(F.col("id"), F.expr(f"transform(sequence(1, {WIDTH}), i -> cast(((id * 7919 + i * 104729) "
-                                            f"% 256) / 255.0 as float))").alias("features"))
-                .cache())
+        df = spark.range(rows, numPartitions=a.partitions).select(
+            F.col("id"), F.expr(f"transform(sequence(1, {WIDTH}), i -> cast(((id * 7919 + i * 104729) "
+                                f"% 256) / 255.0 as float))").alias("features"))
+        if a.input == "vector":
+            df = df.withColumn("features", array_to_vector("features"))
+        return df.cache()
 
     warm, df = data(a.warmup_rows), data(a.rows)
-    C.log(f"data: {df.count():,} rows x {WIDTH} floats in {a.partitions} partitions, cached; "
+    C.log(f"data: {df.count():,} rows x {WIDTH} floats ({a.input}) in {a.partitions} partitions, cached; "
           f"{warm.count():,} rows for warm-up")
 
     km = KerasModel.from_keras(model, inputCol="features", outputMode="argmax", predictBatchSize=a.batch)
@@ -138,7 +143,8 @@ def main(argv=None) -> None:
                             input_tensor_shapes=[[WIDTH]])
     contenders = {
         "ember": lambda d: km.transform(d),
-        "pbu": lambda d: d.withColumn("prediction", pbu("features")),
+        "pbu": lambda d: d.withColumn("prediction", pbu(vector_to_array("features", "float32")
+                                                        if a.input == "vector" else F.col("features"))),
     }
     rates = {}
     for name, fn in contenders.items():
@@ -149,8 +155,13 @@ def main(argv=None) -> None:
                                 num_executors=a.nodes, input_mode=ember.InputMode.SPARK)
     try:
         schema = "prediction double"
-        timed("ember_ci warm-up", lambda: cluster.inference(warm, output_schema=schema), a.warmup_rows, 1)
-        rates["ember_ci"] = timed("ember_ci", lambda: cluster.inference(df, output_schema=schema), a.rows, a.repeats)
+
+        def fed(d):  # the feed carries arrays: a Vector column is converted in the JVM first
+            return d.withColumn("features", vector_to_array("features", "float32")) if a.input == "vector" else d
+
+        timed("ember_ci warm-up", lambda: cluster.inference(fed(warm), output_schema=schema), a.warmup_rows, 1)
+        rates["ember_ci"] = timed("ember_ci", lambda: cluster.inference(fed(df), output_schema=schema), a.rows,
+                                  a.repeats)
     finally:
         cluster.shutdown(timeout=120)
 
