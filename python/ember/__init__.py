@@ -10,15 +10,16 @@ from ember.context import Context
 from ember.errors import ClusterError, EmberError, NodeError
 from ember.feed import DataFeed
 from ember.input_mode import InputMode
+from ember.parallel import run_parallel
 
 __all__ = ["Cluster", "Context", "DataFeed", "InputMode", "errors", "EmberError", "ClusterError",
-           "NodeError"]
+           "NodeError", "run_parallel"]
 __version__ = "0.1.0"
 
 
 def __getattr__(name):
-    # ember.keras imports Keras (and with it TensorFlow): only when asked for.
-    if name in ("keras", "data", "torch", "collective", "summary"):
+    # ember.keras imports Keras (and with it TensorFlow), ember.ml PySpark's ML: only when asked for.
+    if name in ("keras", "data", "torch", "collective", "summary", "ml", "tune"):
         import importlib
 
         return importlib.import_module(f"ember.{name}")

@@ -1,0 +1,197 @@
+#!/usr/bin/env python
+"""Inference throughput: rows/s of one Keras model over a DataFrame.
+
+Contenders, same model (784 -> Dense 128 relu -> Dense 10, the output's argmax as a double
+``prediction``), same cached DataFrame (``features``: array<float> of 784, Fashion-MNIST's
+shape, synthetic), same Spark application (local[N] by default):
+
+  ember      ember.ml.KerasModel.transform: mapInArrow, Arrow batches straight into the model,
+             the model loaded once per Python worker.
+  ember_ci   ember.Cluster.run(..., InputMode.SPARK) + cluster.inference(df): --nodes nodes
+             answer the feed (next_batch_columns -> predict -> batch_results); feeding tasks
+             run in the slots the nodes leave free.
+  pbu        Spark's own pyspark.ml.functions.predict_batch_udf (make_predict_fn loads the model
+             once per Python worker), batch_size --batch.
+  tfos       TensorFlowOnSpark 2.2.5's pipeline.TFModel over a SavedModel export of the model,
+             when tensorflowonspark is importable (bench/.tfos-site, see _common.ensure_tfos;
+             --tfos installs it).
+
+Every contender's output is written to Spark's ``noop`` sink (the whole DataFrame is computed,
+nothing stored).  Each runs --repeats times after one warm-up run at --warmup-rows (workers
+load TensorFlow and the model); the best time counts.  The last line is:
+  inference_rows_per_sec: ember=<v> predict_batch_udf=<v> ratio=<v>
+
+  .venv/bin/python bench/inference.py                       # 1,000,000 rows, local[4], 2 repeats
+  .venv/bin/python bench/inference.py --rows 50000 --repeats 1   # quick
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as C  # noqa: E402  (sets PYTHONPATH/PYSPARK_PYTHON before Spark starts)
+
+WIDTH = 784
+
+
+def build_model():
+    import keras
+    keras.utils.set_random_seed(1)
+    return keras.Sequential([keras.Input((WIDTH,), name="x"), keras.layers.Dense(128, activation="relu"),
+                             keras.layers.Dense(10)])
+
+
+def ember_ci_main(args, ctx):
+    """Ember node for cluster.inference: answer every fed row with the model's argmax."""
+    import numpy as np
+
+    from ember.parallel import load_keras_model
+
+    model = load_keras_model(args["model_bytes"])
+    feed = ctx.get_data_feed(train_mode=False)
+    while not feed.should_stop():
+        cols = feed.next_batch_columns(args["batch"])
+        if cols:
+            x = cols["features"].astype(np.float32, copy=False)
+            feed.batch_results({"prediction": np.argmax(model.predict_on_batch(x), axis=1).astype(np.float64)})
+
+
+def timed(what: str, df_fn, rows: int, repeats: int) -> float:
+    best = float("inf")
+    for i in range(repeats):
+        t0 = time.monotonic()
+        df_fn().write.format("noop").mode("overwrite").save()
+        secs = time.monotonic() - t0
+        best = min(best, secs)
+        C.log(f"{what}: run {i + 1}: {rows} rows in {secs:.2f}s = {rows / secs:,.0f} rows/s")
+    return rows / best
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, default=1_000_000)
+    p.add_argument("--warmup-rows", type=int, default=20_000)
+    p.add_argument("--partitions", type=int, default=8)
+    p.add_argument("--master", default="local[4]")
+    p.add_argument("--driver-memory", default="6g", help="local mode: the cached DataFrame lives here (1M rows: ~3.2 GB)")
+    p.add_argument("--nodes", type=int, default=2, help="nodes of the cluster.inference contender")
+    p.add_argument("--batch", type=int, default=1024, help="rows per model call (all contenders)")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--input", choices=("array", "vector"), default="array",
+                   help="features as array<float>, or as a Spark ML Vector (VectorAssembler's output; "
+                        "predict_batch_udf then needs vector_to_array, Ember reads the Vector itself)")
+    p.add_argument("--tfos", action="store_true", help="install TFoS into bench/.tfos-site if missing and run it")
+    a = p.parse_args(argv)
+
+    C.log(C.machine_info())
+    tfos_note = None
+    if a.tfos or (C.TFOS_SITE / "tensorflowonspark").is_dir():
+        try:
+            tfos_note = C.ensure_tfos()
+        except Exception as e:  # noqa: BLE001 - the peer is optional
+            C.log(f"tfos: unavailable ({type(e).__name__}: {e})")
+    import numpy as np
+    from pyspark.ml.functions import array_to_vector, predict_batch_udf, vector_to_array
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import DoubleType
+
+    import ember
+    from ember.ml import KerasModel
+    from ember.parallel import keras_model_bytes
+
+    conf = {"spark.ui.showConsoleProgress": "false", "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
+            "spark.driver.memory": a.driver_memory}
+    if tfos_note:
+        conf["spark.executorEnv.PYTHONPATH"] = C.pythonpath_with(C.TFOS_SITE)
+    builder = SparkSession.builder.master(a.master).appName("ember-bench-inference")
+    for k, v in conf.items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    C.log(C.versions())
+    model = build_model()
+    model_bytes = keras_model_bytes(model)
+
+    def data(rows: int):
+        # Deterministic pseudo-pixels in [0, 1): no Python per row.
+        df = spark.range(rows, numPartitions=a.partitions).select(
+            F.col("id"), F.expr(f"transform(sequence(1, {WIDTH}), i -> cast(((id * 7919 + i * 104729) "
+                                f"% 256) / 255.0 as float))").alias("features"))
+        if a.input == "vector":
+            df = df.withColumn("features", array_to_vector("features"))
+        return df.cache()
+
+    warm, df = data(a.warmup_rows), data(a.rows)
+    C.log(f"data: {df.count():,} rows x {WIDTH} floats ({a.input}) in {a.partitions} partitions, cached; "
+          f"{warm.count():,} rows for warm-up")
+
+    km = KerasModel.from_keras(model, inputCol="features", outputMode="argmax", predictBatchSize=a.batch)
+
+    def make_predict_fn():
+        from ember.parallel import load_keras_model
+        m = load_keras_model(model_bytes)
+
+        def predict(x):
+            return np.argmax(m.predict_on_batch(x), axis=1).astype(np.float64)
+        return predict
+
+    pbu = predict_batch_udf(make_predict_fn, return_type=DoubleType(), batch_size=a.batch,
+                            input_tensor_shapes=[[WIDTH]])
+    contenders = {
+        "ember": lambda d: km.transform(d),
+        "pbu": lambda d: d.withColumn("prediction", pbu(vector_to_array("features", "float32")
+                                                        if a.input == "vector" else F.col("features"))),
+    }
+    rates = {}
+    for name, fn in contenders.items():
+        timed(f"{name} warm-up", lambda: fn(warm), a.warmup_rows, 1)
+        rates[name] = timed(name, lambda: fn(df), a.rows, a.repeats)
+
+    cluster = ember.Cluster.run(spark, ember_ci_main, {"model_bytes": model_bytes, "batch": a.batch},
+                                num_executors=a.nodes, input_mode=ember.InputMode.SPARK)
+    try:
+        schema = "prediction double"
+
+        def fed(d):  # the feed carries arrays: a Vector column is converted in the JVM first
+            return d.withColumn("features", vector_to_array("features", "float32")) if a.input == "vector" else d
+
+        timed("ember_ci warm-up", lambda: cluster.inference(fed(warm), output_schema=schema), a.warmup_rows, 1)
+        rates["ember_ci"] = timed("ember_ci", lambda: cluster.inference(fed(df), output_schema=schema), a.rows,
+                                  a.repeats)
+    finally:
+        cluster.shutdown(timeout=120)
+
+    if tfos_note:
+        try:
+            rates["tfos"] = _tfos(spark, model, warm, df, a)
+        except Exception as e:  # noqa: BLE001 - report and go on: the headline is ember vs pbu
+            C.log(f"tfos: failed: {type(e).__name__}: {str(e)[:500]}")
+    spark.stop()
+    for name, rate in rates.items():
+        C.log(f"{name}: {rate:,.0f} rows/s")
+    print(f"ember_cluster_inference_rows_per_sec={rates['ember_ci']:.0f} tfos_rows_per_sec="
+          f"{rates.get('tfos', float('nan')):.0f}")
+    print(f"inference_rows_per_sec: ember={rates['ember']:.0f} predict_batch_udf={rates['pbu']:.0f} "
+          f"ratio={rates['ember'] / rates['pbu']:.2f}")
+
+
+def _tfos(spark, model, warm, df, a) -> float:
+    """TFoS's TFModel over a SavedModel export of the same model."""
+    import tempfile
+
+    from tensorflowonspark import pipeline
+
+    export_dir = tempfile.mkdtemp(prefix="bench-inference-tfos-")
+    model.export(export_dir, verbose=False)
+    tfm = (pipeline.TFModel({}).setExportDir(export_dir).setInputMapping({"features": "x"})
+           .setOutputMapping({"output_0": "prediction"}).setBatchSize(a.batch))
+    timed("tfos warm-up", lambda: tfm.transform(warm), a.warmup_rows, 1)
+    return timed("tfos", lambda: tfm.transform(df), a.rows, a.repeats)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,614 @@
+"""Spark ML stages for Keras: ``KerasEstimator`` trains on an Ember cluster, ``KerasModel``
+predicts over a DataFrame.
+
+    from pyspark.ml import Pipeline
+    from pyspark.ml.feature import VectorAssembler
+    from ember.ml import KerasEstimator
+
+    def build():                      # runs on every training node
+        import keras
+        model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+        return model
+
+    pipeline = Pipeline(stages=[VectorAssembler(inputCols=["x1", "x2"], outputCol="features"),
+                                KerasEstimator(model=build, labelCol="y", epochs=20)])
+    fitted = pipeline.fit(df)         # trains on the cluster (InputMode.SPARK, Ember sync)
+    fitted.transform(df)              # every input column + "prediction", in input order
+    fitted.stages[-1].save("hdfs:///models/linear")   # KerasModel.load(...) reads it back
+
+**The model** is given either as a function that builds and compiles it (pickled with
+cloudpickle and called on every training node: the usual case, since any Python works) or as
+a compiled Keras model (sent as its ``.keras`` file and loaded on the nodes with
+``safe_mode=True``, so custom layers must be registered Keras serializables).  It has one
+input; the input column's values are reshaped to that input's shape (e.g. 784 pixels to
+``(28, 28, 1)``), so a flat Vector or array feeds a CNN directly.
+
+**Training** (``fit``) starts ``numWorkers`` nodes with ``Cluster.run`` in InputMode.SPARK,
+feeds ``(inputCol, labelCol)`` for ``epochs`` epochs with ``cluster.train``, and trains with
+Keras ``model.fit``, ``ember.keras.DistributedOptimizer`` (one gradient allreduce per step)
+and ``SyncCallback``; ``batchSize`` is the global batch.  The chief sends the trained model
+(its ``.keras`` file, through the job's coordinator) back to the driver.
+
+**Inference** (``transform``) is one ``mapInArrow`` pass: Arrow record batches go straight
+into the model (Vector columns from VectorAssembler, dense or sparse, and array columns are
+turned into one numpy matrix per batch, without rows in Python), the model is loaded once per
+Python worker and reused across tasks (what ``predict_batch_udf`` does), and the output
+column is appended to each batch, so every input column is kept and rows stay in order.
+The driver never imports TensorFlow: the fitted model travels as bytes.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import hashlib
+import json
+import os
+import threading
+import time
+from typing import Any, Callable, Dict, Iterator, List, Optional, Union
+
+import numpy as np
+import pyarrow as pa
+from pyspark.ml import Estimator, Model
+from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.ml.param.shared import HasInputCol, HasLabelCol, HasOutputCol
+from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
+
+from ember import parallel
+
+MODEL_KEY = "ember/ml/model"        # the trained model's .keras bytes, set by the chief
+MODEL_INFO_KEY = "ember/ml/model-info"  # JSON: the model's input and output shapes
+_MODEL_FILE = "model.keras"
+_OUTPUT_MODES = ("raw", "argmax")
+
+
+# --------------------------------------------------------------------------- Params
+class _KerasParams(HasInputCol, HasOutputCol):
+    """Params shared by KerasEstimator and KerasModel."""
+
+    outputMode = Param(Params._dummy(), "outputMode",
+                       "what the output column holds: 'raw' (the model's output: a double for a "
+                       "one-value output, else an array<float>) or 'argmax' (the index of the "
+                       "largest output, as a double: a classifier's prediction)",
+                       typeConverter=TypeConverters.toString)
+    predictBatchSize = Param(Params._dummy(), "predictBatchSize",
+                             "rows per model call in transform (an Arrow batch is cut into these)",
+                             typeConverter=TypeConverters.toInt)
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self._setDefault(inputCol="features", outputCol="prediction", outputMode="raw", predictBatchSize=1024)
+
+    def getOutputMode(self) -> str:
+        return self.getOrDefault(self.outputMode)
+
+    def getPredictBatchSize(self) -> int:
+        return self.getOrDefault(self.predictBatchSize)
+
+    def setInputCol(self, value: str):
+        return self._set(inputCol=value)
+
+    def setOutputCol(self, value: str):
+        return self._set(outputCol=value)
+
+    def setOutputMode(self, value: str):
+        return self._set(outputMode=value)
+
+    def setPredictBatchSize(self, value: int):
+        return self._set(predictBatchSize=value)
+
+    def _check_common(self) -> None:
+        if self.getOutputMode() not in _OUTPUT_MODES:
+            raise ValueError(f"outputMode must be one of {_OUTPUT_MODES}, got {self.getOutputMode()!r}")
+        if self.getPredictBatchSize() < 1:
+            raise ValueError(f"predictBatchSize must be >= 1, got {self.getPredictBatchSize()}")
+
+
+class _EstimatorParams(_KerasParams, HasLabelCol):
+    """Params of KerasEstimator (training)."""
+
+    batchSize = Param(Params._dummy(), "batchSize", "global training batch size (split over the workers)",
+                      typeConverter=TypeConverters.toInt)
+    epochs = Param(Params._dummy(), "epochs", "passes over the DataFrame", typeConverter=TypeConverters.toInt)
+    numWorkers = Param(Params._dummy(), "numWorkers",
+                       "training nodes (each holds a Spark task slot; feeding needs at least one more)",
+                       typeConverter=TypeConverters.toInt)
+    threads = Param(Params._dummy(), "threads",
+                    "TensorFlow intra- and inter-op threads per node (0: TensorFlow's default)",
+                    typeConverter=TypeConverters.toInt)
+    verbose = Param(Params._dummy(), "verbose", "Keras fit verbosity on the chief (0, 1 or 2)",
+                    typeConverter=TypeConverters.toInt)
+    seed = Param(Params._dummy(), "seed", "keras.utils.set_random_seed on every node (-1: none)",
+                 typeConverter=TypeConverters.toInt)
+    timeout = Param(Params._dummy(), "timeout",
+                    "seconds fit may take from start to the trained model (then it fails, naming it)",
+                    typeConverter=TypeConverters.toFloat)
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self._setDefault(labelCol="label", batchSize=32, epochs=1, numWorkers=1, threads=0, verbose=0,
+                         seed=-1, timeout=3600.0)
+
+    def getBatchSize(self) -> int:
+        return self.getOrDefault(self.batchSize)
+
+    def getEpochs(self) -> int:
+        return self.getOrDefault(self.epochs)
+
+    def getNumWorkers(self) -> int:
+        return self.getOrDefault(self.numWorkers)
+
+    def getThreads(self) -> int:
+        return self.getOrDefault(self.threads)
+
+    def getVerbose(self) -> int:
+        return self.getOrDefault(self.verbose)
+
+    def getSeed(self) -> int:
+        return self.getOrDefault(self.seed)
+
+    def getTimeout(self) -> float:
+        return self.getOrDefault(self.timeout)
+
+    def setLabelCol(self, value: str):
+        return self._set(labelCol=value)
+
+    def setBatchSize(self, value: int):
+        return self._set(batchSize=value)
+
+    def setEpochs(self, value: int):
+        return self._set(epochs=value)
+
+    def setNumWorkers(self, value: int):
+        return self._set(numWorkers=value)
+
+    def setThreads(self, value: int):
+        return self._set(threads=value)
+
+    def setVerbose(self, value: int):
+        return self._set(verbose=value)
+
+    def setSeed(self, value: int):
+        return self._set(seed=value)
+
+    def setTimeout(self, value: float):
+        return self._set(timeout=value)
+
+
+# --------------------------------------------------------------------------- columns
+def _field(schema: Any, name: str, role: str, stage: str):
+    """The StructField `name` of `schema`; ValueError naming the column and what exists."""
+    names = schema.fieldNames()
+    if name not in names:
+        raise ValueError(f"{stage}: {role} column {name!r} is not in the DataFrame (columns: "
+                         f"{', '.join(names) if names else 'none'})")
+    return schema[name]
+
+
+def _input_kind(field: Any, stage: str) -> str:
+    """'vector', 'array' or 'scalar' for the input column `field`; ValueError otherwise."""
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql.types import ArrayType, NumericType
+
+    t = field.dataType
+    if isinstance(t, VectorUDT):
+        return "vector"
+    if isinstance(t, ArrayType) and isinstance(t.elementType, NumericType):
+        return "array"
+    if isinstance(t, NumericType):
+        return "scalar"
+    raise ValueError(f"{stage}: input column {field.name!r} is {t.simpleString()}; it must be a Vector "
+                     f"(e.g. from VectorAssembler), an array of numbers, or a number")
+
+
+def _declared_width(field: Any) -> Optional[int]:
+    """The vector size VectorAssembler (or another ML stage) declared in the column's metadata."""
+    attrs = (field.metadata or {}).get("ml_attr") or {}
+    n = attrs.get("num_attrs")
+    if n is None and isinstance(attrs.get("attrs"), dict):
+        n = sum(len(v) for v in attrs["attrs"].values()) or None
+    return int(n) if n is not None else None
+
+
+def _flat_width(shape: List[Optional[int]]) -> int:
+    return int(np.prod([d for d in shape[1:]])) if len(shape) > 1 else 1
+
+
+def _list_to_matrix(arr: pa.Array, width: int, column: str) -> np.ndarray:
+    """A list<number> Arrow array of `width`-long rows as a float32 (rows, width) matrix."""
+    if arr.null_count:
+        raise ValueError(f"column {column!r} has {arr.null_count} null rows; the model needs a value in each")
+    lengths = arr.value_lengths().to_numpy(zero_copy_only=False)
+    bad = np.flatnonzero(lengths != width)
+    if bad.size:
+        raise ValueError(f"column {column!r}: a row has {int(lengths[bad[0]])} values but the model's "
+                         f"input takes {width}")
+    values = arr.flatten().to_numpy(zero_copy_only=False)
+    return values.astype(np.float32, copy=False).reshape(len(arr), width)
+
+
+def _vectors_to_matrix(arr: pa.StructArray, width: int, column: str) -> np.ndarray:
+    """Spark ML Vectors (VectorUDT's struct<type, size, indices, values>: type 1 dense, 0 sparse)
+    as a float32 (rows, width) matrix, scattered in bulk (no Python loop over rows)."""
+    if arr.null_count:
+        raise ValueError(f"column {column!r} has {arr.null_count} null vectors; the model needs a value in each")
+    kinds, sizes, indices, values = arr.flatten()
+    n = len(arr)
+    kinds = kinds.to_numpy(zero_copy_only=False)
+    vlens = values.value_lengths().fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    sizes = np.where(kinds == 0, sizes.fill_null(0).to_numpy(zero_copy_only=False), vlens)
+    bad = np.flatnonzero(sizes != width)
+    if bad.size:
+        raise ValueError(f"column {column!r}: a vector has size {int(sizes[bad[0]])} but the model's input "
+                         f"takes {width}")
+    flat = values.flatten().to_numpy(zero_copy_only=False)
+    if not (kinds == 0).any():  # all dense: one reshape
+        return flat.astype(np.float32).reshape(n, width)
+    out = np.zeros((n, width), np.float32)
+    rows = np.repeat(np.arange(n), vlens)
+    starts = np.concatenate([[0], np.cumsum(vlens)[:-1]])
+    cols = np.arange(flat.size) - np.repeat(starts, vlens)
+    sparse = np.repeat(kinds == 0, vlens)
+    cols[sparse] = indices.flatten().to_numpy(zero_copy_only=False)
+    out[rows, cols] = flat
+    return out
+
+
+def column_to_matrix(arr: Union[pa.Array, pa.ChunkedArray], kind: str, width: int, column: str) -> np.ndarray:
+    """The input column of one Arrow batch as a float32 (rows, width) matrix.
+
+    Args:
+        arr: the column ('vector': VectorUDT's struct; 'array': list of numbers; 'scalar').
+        kind: what `_input_kind` said of it.
+        width: values per row the model takes.
+        column: its name, for errors.
+
+    Raises:
+        ValueError: nulls, or rows of another width; the message names the column.
+    """
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if kind == "vector":
+        return _vectors_to_matrix(arr, width, column)
+    if kind == "array":
+        return _list_to_matrix(arr, width, column)
+    if arr.null_count:
+        raise ValueError(f"column {column!r} has {arr.null_count} null rows; the model needs a value in each")
+    if width != 1:
+        raise ValueError(f"column {column!r} holds one number per row but the model's input takes {width}")
+    return arr.to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, 1)
+
+
+# --------------------------------------------------------------------------- training node
+def _fit_main(a: Dict[str, Any], ctx: Any) -> None:
+    """Every training node of KerasEstimator.fit: build, train on the feed, chief returns the model."""
+    import keras
+
+    import ember.keras as ek
+
+    if a["threads"]:
+        import tensorflow as tf
+        tf.config.threading.set_intra_op_parallelism_threads(a["threads"])
+        tf.config.threading.set_inter_op_parallelism_threads(a["threads"])
+    if a["seed"] >= 0:
+        keras.utils.set_random_seed(a["seed"])
+    model = a["model_fn"]() if a["model_fn"] is not None else parallel.load_keras_model(a["model_bytes"], compile=True)
+    if not isinstance(model, keras.Model):
+        raise TypeError(f"KerasEstimator: the model function returned a {type(model).__name__}, not a keras.Model")
+    if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", True):
+        raise ValueError("KerasEstimator: the model is not compiled; call model.compile(optimizer=..., loss=...) "
+                         "in the model function")
+    if len(model.inputs) != 1:
+        raise ValueError(f"KerasEstimator: the model has {len(model.inputs)} inputs; it takes one input column")
+    ek.DistributedOptimizer(model.optimizer)  # in place: the optimizer the model compiled with
+    in_shape = [None] + list(model.inputs[0].shape[1:])
+    width, column = _flat_width(in_shape), a["input_col"]
+
+    def to_xy(cols: Dict[str, np.ndarray]):
+        x = cols["x"]
+        if x.dtype == object or x.ndim != 2 or x.shape[1] != width:
+            got = x.shape[1] if x.ndim == 2 and x.dtype != object else "differing numbers of"
+            raise ValueError(f"KerasEstimator: column {column!r} has rows of {got} values but the model's input "
+                             f"{tuple(in_shape[1:])} takes {width}")
+        y = cols["y"]
+        if y.dtype == np.float64:
+            y = y.astype(np.float32)
+        return x.astype(np.float32, copy=False).reshape([-1] + in_shape[1:]), y
+
+    per_node = max(1, a["batch_size"] // ctx.num_workers)
+    ds = ctx.get_data_feed(train_mode=True).to_tf_dataset(per_node, transform=to_xy)
+    history = model.fit(ds, epochs=a["epochs"], verbose=ek.verbose(a["verbose"]), shuffle=False,
+                        callbacks=[ek.SyncCallback(), ek.ProgressCallback(ctx, every_n_steps=50, batch_size=per_node)])
+    if ctx.is_chief:
+        client = ctx._coordinator_client()
+        info = {"input_shape": in_shape, "output_shape": [None] + list(model.outputs[0].shape[1:]),
+                "history": {k: [float(v) for v in vs] for k, vs in history.history.items()}}
+        client.kv_set(MODEL_INFO_KEY, json.dumps(info).encode())
+        client.kv_set(MODEL_KEY, parallel.keras_model_bytes(model))
+
+
+# --------------------------------------------------------------------------- Estimator
+class KerasEstimator(Estimator, _EstimatorParams):
+    """Trains a Keras model on an Ember cluster; ``fit`` returns a :class:`KerasModel`.
+
+    Args:
+        model: a function ``() -> compiled keras.Model`` (called on every training node), or
+            a compiled keras.Model (sent as its .keras file); see the module doc.
+        **params: any Param by name (inputCol, labelCol, outputCol, outputMode, batchSize,
+            epochs, numWorkers, threads, verbose, seed, timeout, predictBatchSize).
+
+    Params (defaults): inputCol "features" (Vector, array of numbers, or a number), labelCol
+    "label", outputCol "prediction", outputMode "raw", batchSize 32 (global), epochs 1,
+    numWorkers 1, threads 0, verbose 0, seed -1, timeout 3600 s, predictBatchSize 1024.
+    """
+
+    def __init__(self, model: Union[Callable[[], Any], Any, None] = None, **params: Any):
+        super().__init__()
+        self._model_source = model
+        self._set(**params)
+
+    def setModel(self, model: Union[Callable[[], Any], Any]) -> "KerasEstimator":
+        self._model_source = model
+        return self
+
+    def getModel(self) -> Union[Callable[[], Any], Any, None]:
+        return self._model_source
+
+    def _fit(self, dataset: Any) -> "KerasModel":
+        from pyspark.ml.functions import vector_to_array
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import ArrayType, IntegralType, NumericType
+
+        import ember
+
+        stage = "KerasEstimator"
+        self._check_common()
+        source = self._model_source
+        if source is None:
+            raise ValueError(f"{stage}: no model; pass model=<function returning a compiled keras.Model>")
+        for name in ("batchSize", "epochs", "numWorkers"):
+            if self.getOrDefault(name) < 1:
+                raise ValueError(f"{stage}: {name} must be >= 1, got {self.getOrDefault(name)}")
+        in_col, label_col = self.getInputCol(), self.getLabelCol()
+        kind = _input_kind(_field(dataset.schema, in_col, "input", stage), stage)
+        label_type = _field(dataset.schema, label_col, "label", stage).dataType
+        if not isinstance(label_type, (NumericType, ArrayType)):
+            raise ValueError(f"{stage}: label column {label_col!r} is {label_type.simpleString()}; it must hold "
+                             f"numbers (or arrays of numbers)")
+        x = (vector_to_array(F.col(in_col), "float32") if kind == "vector"
+             else F.col(in_col).cast("array<float>") if kind == "array" else F.array(F.col(in_col).cast("float")))
+        y = F.col(label_col) if isinstance(label_type, (IntegralType, ArrayType)) else F.col(label_col).cast("float")
+        feed_df = dataset.select(x.alias("x"), y.alias("y"))
+
+        if callable(source) and not parallel._is_keras_model(source):
+            model_fn, model_bytes = source, None
+        elif parallel._is_keras_model(source):
+            model_fn, model_bytes = None, parallel.keras_model_bytes(source)
+        else:
+            raise TypeError(f"{stage}: model must be a function returning a compiled keras.Model, or one; "
+                            f"got {type(source).__name__}")
+        args = dict(model_fn=model_fn, model_bytes=model_bytes, input_col=in_col, batch_size=self.getBatchSize(),
+                    epochs=self.getEpochs(), threads=self.getThreads(), verbose=self.getVerbose(),
+                    seed=self.getSeed())
+        timeout = self.getTimeout()
+        deadline = time.monotonic() + timeout
+        cluster = ember.Cluster.run(dataset.sparkSession, _fit_main, args, num_executors=self.getNumWorkers(),
+                                    input_mode=ember.InputMode.SPARK,
+                                    reservation_timeout=min(600.0, timeout))
+        try:
+            cluster.train(feed_df, num_epochs=self.getEpochs())
+            server = cluster._server
+            try:
+                info = server.wait_for_key(MODEL_INFO_KEY, max(0.0, deadline - time.monotonic()))
+                model_data = server.wait_for_key(MODEL_KEY, max(0.0, deadline - time.monotonic()))
+            except ember.errors.DeadlineExceeded:
+                raise ember.errors.DeadlineExceeded(
+                    f"{stage}: the chief did not return the trained model within timeout={timeout:g}s; "
+                    f"raise the timeout Param or look at the nodes' output") from None
+            except ember.errors.Aborted:
+                cluster.shutdown(timeout=60.0)  # raises the failed node's error
+                raise
+            cluster.shutdown(timeout=max(30.0, deadline - time.monotonic()))
+        except BaseException:
+            cluster._teardown(abort_reason=f"{stage}.fit failed")
+            raise
+        fitted = KerasModel(model_bytes=bytes(model_data), model_info=json.loads(bytes(info).decode()))
+        self._copyValues(fitted)
+        fitted.training_summary = {"history": fitted._info.pop("history", {}), "startup_secs": cluster.startup_secs,
+                                   "job_id": cluster.job_id}
+        return fitted
+
+
+# --------------------------------------------------------------------------- Model
+_loaded: "collections.OrderedDict[str, Any]" = collections.OrderedDict()  # per Python worker
+_loaded_lock = threading.Lock()
+_MAX_LOADED = 4
+
+
+def _worker_model(key: str, broadcast: Any) -> Any:
+    """The model `key`, loaded from the broadcast bytes the first time this Python worker needs
+    it and kept for the tasks that follow (Spark reuses its Python workers)."""
+    with _loaded_lock:
+        model = _loaded.get(key)
+        if model is not None:
+            _loaded.move_to_end(key)
+            return model
+    model = parallel.load_keras_model(broadcast.value)
+    with _loaded_lock:
+        _loaded[key] = model
+        while len(_loaded) > _MAX_LOADED:
+            _loaded.popitem(last=False)
+    return model
+
+
+def _predict_partition(key: str, broadcast: Any, in_col: str, kind: str, in_shape: List[Optional[int]],
+                       mode: str, out_type: str, chunk: int, out_col: str,
+                       batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """mapInArrow function of KerasModel.transform: each batch plus the output column."""
+    model = None
+    width = _flat_width(in_shape)
+    for batch in batches:
+        n = batch.num_rows
+        if n:
+            if model is None:
+                model = _worker_model(key, broadcast)
+            x = column_to_matrix(batch.column(in_col), kind, width, in_col).reshape([-1] + list(in_shape[1:]))
+            outs = [np.asarray(model.predict_on_batch(x[i:i + chunk])) for i in range(0, n, chunk)]
+            y = np.concatenate(outs).reshape(n, -1)
+        else:
+            y = np.zeros((0, 1), np.float32)
+        if mode == "argmax":
+            pred = pa.array(np.argmax(y, axis=1).astype(np.float64))
+        elif out_type == "double":
+            pred = pa.array(y[:, 0].astype(np.float64))
+        else:
+            values = pa.array(np.ascontiguousarray(y, dtype=np.float32).ravel())
+            offsets = pa.array(np.arange(0, y.size + 1, max(1, y.shape[1]), dtype=np.int32))
+            pred = pa.ListArray.from_arrays(offsets, values, type=pa.list_(pa.field("element", pa.float32())))
+        yield pa.RecordBatch.from_arrays(list(batch.columns) + [pred], names=list(batch.schema.names) + [out_col])
+
+
+class KerasModel(Model, _KerasParams, MLWritable, MLReadable):
+    """A trained Keras model as a Spark ML Model (made by KerasEstimator.fit, or from a
+    ``.keras`` file's bytes / :meth:`load`).
+
+    ``transform(df)`` returns `df` with every column kept, in order, plus `outputCol`.
+
+    Args:
+        model_bytes: the model's ``.keras`` file.
+        model_info: ``{"input_shape": [...], "output_shape": [...]}``; read from the model
+            on the driver (importing Keras) if not given.
+    """
+
+    def __init__(self, model_bytes: Optional[bytes] = None, model_info: Optional[Dict[str, Any]] = None, **params: Any):
+        super().__init__()
+        self._model_bytes = model_bytes
+        self._info = dict(model_info) if model_info else None
+        self._broadcast = None
+        self._broadcast_lock = threading.Lock()
+        self.training_summary: Dict[str, Any] = {}
+        self._set(**params)
+
+    @classmethod
+    def from_keras(cls, model: Any, **params: Any) -> "KerasModel":
+        """A KerasModel of an in-memory keras.Model (e.g. one trained elsewhere)."""
+        info = {"input_shape": [None] + list(model.inputs[0].shape[1:]),
+                "output_shape": [None] + list(model.outputs[0].shape[1:])}
+        return cls(model_bytes=parallel.keras_model_bytes(model), model_info=info, **params)
+
+    @property
+    def model_bytes(self) -> bytes:
+        """The model's ``.keras`` file."""
+        if self._model_bytes is None:
+            raise ValueError("this KerasModel holds no model")
+        return self._model_bytes
+
+    def keras_model(self) -> Any:
+        """The model as a keras.Model in this process (imports Keras)."""
+        return parallel.load_keras_model(self.model_bytes)
+
+    @property
+    def input_shape(self) -> List[Optional[int]]:
+        return list(self._model_info()["input_shape"])
+
+    @property
+    def output_shape(self) -> List[Optional[int]]:
+        return list(self._model_info()["output_shape"])
+
+    def _model_info(self) -> Dict[str, Any]:
+        if self._info is None:
+            m = self.keras_model()
+            self._info = {"input_shape": [None] + list(m.inputs[0].shape[1:]),
+                          "output_shape": [None] + list(m.outputs[0].shape[1:])}
+        return self._info
+
+    def _model_key(self) -> str:
+        return f"{self.uid}-{hashlib.sha256(self.model_bytes).hexdigest()[:16]}"
+
+    def _get_broadcast(self, sc: Any) -> Any:
+        with self._broadcast_lock:
+            if self._broadcast is None:
+                self._broadcast = sc.broadcast(self.model_bytes)
+            return self._broadcast
+
+    def _transform(self, dataset: Any) -> Any:
+        from pyspark.sql.types import ArrayType, DoubleType, FloatType, StructField, StructType
+
+        stage = "KerasModel"
+        self._check_common()
+        in_col, out_col, mode = self.getInputCol(), self.getOutputCol(), self.getOutputMode()
+        field = _field(dataset.schema, in_col, "input", stage)
+        kind = _input_kind(field, stage)
+        if out_col in dataset.columns:
+            raise ValueError(f"{stage}: output column {out_col!r} is already in the DataFrame; set outputCol "
+                             f"to a new name")
+        in_shape, out_shape = self.input_shape, self.output_shape
+        width, out_width = _flat_width(in_shape), _flat_width(out_shape)
+        declared = _declared_width(field) if kind == "vector" else None
+        if declared is not None and declared != width:
+            raise ValueError(f"{stage}: input column {in_col!r} holds vectors of size {declared} but the model's "
+                             f"input {tuple(in_shape[1:])} takes {width}")
+        out_type = "double" if mode == "argmax" or out_width == 1 else "array"
+        spark_type = DoubleType() if out_type == "double" else ArrayType(FloatType(), False)
+        schema = StructType(list(dataset.schema.fields) + [StructField(out_col, spark_type, False)])
+        broadcast = self._get_broadcast(dataset.sparkSession.sparkContext)
+        fn = functools.partial(_predict_partition, self._model_key(), broadcast,
+                               in_col, kind, in_shape, mode, out_type, self.getPredictBatchSize(), out_col)
+        return dataset.mapInArrow(fn, schema)
+
+    def copy(self, extra: Optional[Dict[Any, Any]] = None) -> "KerasModel":
+        that = super().copy(extra)
+        that._broadcast_lock = threading.Lock()
+        that._broadcast = None
+        return that
+
+    # -- persistence -----------------------------------------------------------
+    def write(self) -> MLWriter:
+        """A writer of this model: Spark ML metadata (Params) plus the ``.keras`` file, to a
+        local or Hadoop path (``save(path)`` = ``write().save(path)``)."""
+        return _KerasModelWriter(self)
+
+    @classmethod
+    def read(cls) -> MLReader:
+        return _KerasModelReader(cls)
+
+
+def _resolve(sc: Any, path: str):
+    """(URI of `path` with TFoS hdfs_path semantics, the core's ResolveOptions) for Spark `sc`."""
+    from ember import _hadoop
+    from ember.context import absolute_path
+
+    default_fs, http = _hadoop.spark_fs_conf(sc)
+    return absolute_path(path, default_fs, os.getcwd()), _hadoop.resolve_options(default_fs, http)
+
+
+class _KerasModelWriter(MLWriter):
+    def __init__(self, instance: KerasModel):
+        super().__init__()
+        self.instance = instance
+
+    def saveImpl(self, path: str) -> None:
+        from ember import _ember
+        sc = self.sparkSession.sparkContext
+        uri, resolve = _resolve(sc, path)
+        DefaultParamsWriter.saveMetadata(self.instance, uri, sc,
+                                         extraMetadata={"modelInfo": self.instance._model_info()})
+        _ember.fs_write_file(f"{uri.rstrip('/')}/{_MODEL_FILE}", self.instance.model_bytes, resolve)
+
+
+class _KerasModelReader(MLReader):
+    def __init__(self, cls: type):
+        super().__init__()
+        self.cls = cls
+
+    def load(self, path: str) -> KerasModel:
+        from ember import _ember
+        sc = self.sparkSession.sparkContext
+        uri, resolve = _resolve(sc, path)
+        metadata = DefaultParamsReader.loadMetadata(uri, sc)
+        model = self.cls(model_bytes=bytes(_ember.fs_read_file(f"{uri.rstrip('/')}/{_MODEL_FILE}", resolve)),
+                         model_info=metadata.get("modelInfo"))
+        model._resetUid(metadata["uid"])
+        DefaultParamsReader.getAndSetParams(model, metadata)
+        return model

@@ -1,0 +1,145 @@
+"""ember.tune: search spaces, ASHA, and a small Fashion-MNIST search whose diverging trial is
+stopped early."""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ember import tune
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "fashion_mnist"
+sys.path.insert(0, str(EXAMPLES))
+import data as fmnist  # noqa: E402
+
+needs_dataset = pytest.mark.skipif(
+    not (fmnist.SOURCE_DIR / "t10k-labels-idx1-ubyte.gz").exists(),
+    reason="Debian package dataset-fashion-mnist is not installed")
+
+EPOCHS = 4
+
+
+def test_space_grid_times_samples_is_deterministic():
+    space = {"lr": tune.loguniform(1e-4, 1e-1), "units": tune.grid([32, 64]), "act": tune.choice(["relu", "tanh"]),
+             "layers": tune.randint(1, 4), "drop": tune.uniform(0.0, 0.5), "epochs": 3}
+    trials = tune.trials_of(space, num_samples=3, seed=5)
+    assert len(trials) == 6 and [t["units"] for t in trials] == [32, 64] * 3
+    assert trials == tune.trials_of(space, num_samples=3, seed=5)
+    assert all(1e-4 <= t["lr"] < 1e-1 and 1 <= t["layers"] < 4 and t["epochs"] == 3 for t in trials)
+    assert len({t["lr"] for t in trials}) == 6
+
+
+def test_asha_stops_the_worse_and_the_diverged():
+    asha = tune.ASHA(time_attr="epoch", grace_period=1, reduction_factor=2, max_t=8)
+    asha.setup("acc", "max")
+    assert asha.rungs(8) == [1, 2, 4]
+    assert asha.on_report(0, {"epoch": 1, "acc": 0.8}) is None      # first at the rung goes on
+    assert asha.on_report(1, {"epoch": 1, "acc": 0.85}) is None
+    reason = asha.on_report(2, {"epoch": 1, "acc": 0.1})
+    assert reason and "outside the best 1/2" in reason
+    assert asha.on_report(0, {"epoch": 0.5, "acc": 0.0}) is None     # before the grace period
+    assert "is nan" in asha.on_report(3, {"epoch": 0.2, "loss": math.nan, "acc": 0.5})
+    asha_min = tune.ASHA(grace_period=1, reduction_factor=2)
+    asha_min.setup("loss", "min")
+    assert asha_min.on_report(0, {"epoch": 1, "loss": 0.3}) is None
+    assert asha_min.on_report(1, {"epoch": 1, "loss": 2.0}) is not None
+
+
+def fmnist_trial(params, ctx):
+    """A small dense classifier on 12,000 training images; reports val_accuracy every epoch."""
+    import os
+    sys.path.insert(0, params["examples"])
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import data
+    import keras
+    import tensorflow as tf
+
+    import ember.keras
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    keras.utils.set_random_seed(1)
+    x, y = data.load_split("train")
+    xv, yv = data.load_split("test")
+    x, y = x[:12000].reshape(-1, 784) / 255.0, y[:12000]
+    xv, yv = xv[:2000].reshape(-1, 784) / 255.0, yv[:2000]
+    model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(params["units"], activation="relu"),
+                              keras.layers.Dense(10, activation="softmax")])
+    model.compile(optimizer=keras.optimizers.Adam(params["lr"]), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    model.fit(x, y, validation_data=(xv, yv), epochs=EPOCHS, batch_size=64, verbose=0,
+              callbacks=[ember.keras.ProgressCallback(ctx, every_n_steps=10_000)])
+    return model
+
+
+@needs_dataset
+def test_fashion_mnist_search_stops_the_diverging_trial(spark):
+    space = {"lr": tune.grid([1e-3, 3e-3, 10.0]), "units": 64, "examples": str(EXAMPLES)}
+    t0 = time.monotonic()
+    search = tune.run(spark, fmnist_trial, space, metric="val_accuracy", mode="max", parallelism=2,
+                      scheduler=tune.ASHA(time_attr="epoch", grace_period=1, reduction_factor=2, max_t=EPOCHS))
+    print(f"search: {time.monotonic() - t0:.1f}s, {search.trials_per_hour:.0f} trials/hour")
+    by_lr = {t.params["lr"]: t for t in search.trials}
+    bad = by_lr[10.0]
+    # Trial 2 starts once trial 0 or 1 ended: both were recorded at rung 1, so it is stopped there.
+    assert bad.status == "stopped", (bad.status, bad.error)
+    assert "ASHA" in bad.error and bad.progress is not None and bad.progress < EPOCHS
+    assert bad.metric is not None and bad.metric < 0.5
+    best = search.best_trial
+    assert best.params["lr"] in (1e-3, 3e-3) and best.status == "ok" and best.progress == EPOCHS
+    assert best.metric > 0.8
+
+    df = search.to_df(spark)
+    assert set(df.columns) >= {"trial", "lr", "units", "metric", "status", "seconds"}
+    rows = df.collect()
+    assert len(rows) == 3 and rows[0]["trial"] == best.index
+    assert {r["status"] for r in rows if r["lr"] == 10.0} == {"stopped"}
+
+    xv, yv = fmnist.load_split("test")
+    xv, yv = xv[5000:6000].reshape(-1, 784) / 255.0, yv[5000:6000]
+    model = search.best_model()
+    acc = float(np.mean(np.argmax(model.predict(xv, verbose=0), axis=1) == yv))
+    assert acc > 0.75
+    ensemble = search.best_ensemble(2)
+    assert 1 <= len(ensemble.models) <= 2
+    p = ensemble.predict(xv)
+    assert float(np.mean(np.argmax(p, axis=1) == yv)) > 0.75
+    merged = ensemble.to_keras_model()
+    assert np.allclose(merged.predict(xv, verbose=0), p, atol=1e-5)
+
+
+def _fails_for_odd(params, ctx):
+    if params["k"] % 2:
+        raise RuntimeError(f"trial with k={params['k']} fails")
+    return {"score": float(params["k"])}
+
+
+def test_failed_trials_are_recorded_and_the_budget_is_kept(spark):
+    search = tune.run(spark, _fails_for_odd, {"k": tune.grid([1, 2, 4])}, metric="score", mode="max", parallelism=2)
+    status = {t.params["k"]: t.status for t in search.trials}
+    assert status == {1: "failed", 2: "ok", 4: "ok"}
+    failed = next(t for t in search.trials if t.status == "failed")
+    assert "RuntimeError: trial with k=1 fails" in failed.error
+    assert search.best_params == {"k": 4} and search.best_trial.metric == 4.0
+    with pytest.raises(ValueError, match="nodes_per_trial=9"):
+        tune.run(spark, _fails_for_odd, {"k": 1}, metric="score", nodes_per_trial=9)
+    late = tune.run(spark, _fails_for_odd, {"k": tune.grid([2, 4])}, metric="score", time_budget_s=0.0)
+    assert [t.status for t in late.trials] == ["pending", "pending"]
+
+
+def _two_node_trial(params, ctx):
+    total = ctx.allreduce(np.array([params["k"] * (ctx.training_rank + 1)], np.float64), "sum")
+    ctx.report(epoch=1, score=float(total[0]))
+    return {"score": float(total[0]), "nodes": ctx.num_workers}
+
+
+def test_a_trial_can_be_a_multi_node_job(spark):
+    search = tune.run(spark, _two_node_trial, {"k": tune.grid([1, 2])}, metric="score", mode="min",
+                      nodes_per_trial=2, parallelism=2)
+    assert [(t.status, t.value) for t in search.trials] == [("ok", {"score": 3.0, "nodes": 2}),
+                                                            ("ok", {"score": 6.0, "nodes": 2})]
+    assert search.best_params == {"k": 1}
