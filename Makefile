@@ -21,9 +21,10 @@ $(STAMPS)/system: scripts/setup_system.sh
 	bash scripts/setup_system.sh
 	@mkdir -p $(STAMPS) && touch $@
 
-$(STAMPS)/venv: requirements.txt $(STAMPS)/system
+$(STAMPS)/venv: requirements.txt requirements-nodeps.txt $(STAMPS)/system
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-nodeps.txt
 	@touch $@
 
 # The native module is built by the package build itself (scikit-build-core +
