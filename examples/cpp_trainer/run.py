@@ -40,6 +40,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--binary", default=str(DEFAULT_BINARY), help="the cpp_trainer program")
     p.add_argument("--data-dir", default=str(data.DEFAULT_DATA_DIR))
     p.add_argument("--shutdown-timeout", type=float, default=600)
+    p.add_argument("--log-dir", default=None, help="TensorBoard log dir (local or hdfs://); each node "
+                   "writes <log-dir>/<job>_<index>")
     args = p.parse_args(argv)
     args.data_dir = str(Path(args.data_dir).resolve())
     return args
@@ -57,7 +59,8 @@ def run(spark, args) -> dict:
             f"--sync-every={args.sync_every}"]
     t0 = time.monotonic()
     cluster = ember.Cluster.run(spark, argv, num_executors=args.num_nodes,
-                                input_mode=ember.InputMode.SPARK, reservation_timeout=120)
+                                input_mode=ember.InputMode.SPARK, reservation_timeout=120,
+                                log_dir=args.log_dir)
     try:
         cluster.train(train_df, num_epochs=args.epochs)
         t_train = time.monotonic()

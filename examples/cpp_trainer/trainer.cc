@@ -81,6 +81,14 @@ class Trainer {
   }
 
   Status Train() {
+    // TensorBoard: with a log dir (Cluster.run(..., log_dir=...)) each node writes its own
+    // event file under <log_dir>/<job>_<index>, local or HDFS, through the core's writer.
+    std::unique_ptr<ember::summary::EventWriter> events;
+    if (!node_.context().log_dir.empty()) {
+      auto opened = node_.OpenSummaryWriter();
+      if (!opened.ok()) return opened.status();
+      events = std::move(*opened);
+    }
     int64_t step = 0;
     double lr = flags_.learning_rate;
     for (int e = 0; e < flags_.epochs; ++e, lr *= flags_.lr_decay) {
@@ -107,14 +115,19 @@ class Trainer {
           EMBER_RETURN_NOT_OK(AverageWithPeers());
           EMBER_RETURN_NOT_OK(node_.Report({{"step", static_cast<double>(step)}, {"loss", loss},
                                             {"samples", static_cast<double>(step * flags_.batch_size)}}));
+          if (events) EMBER_RETURN_NOT_OK(events->AddScalar("batch/loss", loss, step));
         }
       }
       EMBER_RETURN_NOT_OK(AverageWithPeers());
+      if (events) {
+        EMBER_RETURN_NOT_OK(events->AddScalar("epoch/loss", batches ? loss_sum / static_cast<double>(batches) : 0.0, e));
+        EMBER_RETURN_NOT_OK(events->AddScalar("epoch/learning_rate", lr, e));
+      }
       std::printf("epoch %d/%d (feed epoch %u): %lld batches, mean loss %.4f, %d averaging rounds so far\n",
                   e + 1, flags_.epochs, **epoch, static_cast<long long>(batches),
                   batches ? loss_sum / static_cast<double>(batches) : 0.0, round_);
     }
-    return Status::OK();
+    return events ? events->Close() : Status::OK();
   }
 
   // Answers every inference row until the feed ends; returns the rows answered.

@@ -44,11 +44,28 @@ def _check(result: dict) -> None:
     no_leftovers(result["job_id"])
 
 
-def test_cpp_trainer_under_local_mode(spark, cpp_trainer):
+def test_cpp_trainer_under_local_mode(spark, cpp_trainer, tmp_path):
     run = _load_run_module()
-    result = run.run(spark, _args(run, cpp_trainer))
+    args = _args(run, cpp_trainer)
+    args.log_dir = str(tmp_path / "logs")
+    result = run.run(spark, args)
     print(f"local[4]: test_accuracy={result['accuracy']:.4f} ({result['train_secs']:.1f}s training)")
     _check(result)
+    # Each C++ node wrote its own TensorBoard event file through Node::OpenSummaryWriter,
+    # readable by TensorFlow's own reader: 3 epoch losses, falling, and batch losses.
+    import tensorflow as tf
+    for node in ("worker_0", "worker_1"):
+        files = list((tmp_path / "logs" / node).glob("events.out.tfevents.*"))
+        assert len(files) == 1, files
+        scalars = {}
+        for event in tf.compat.v1.train.summary_iterator(str(files[0])):
+            for v in event.summary.value:
+                value = v.simple_value if v.HasField("simple_value") else float(tf.make_ndarray(v.tensor))
+                scalars.setdefault(v.tag, []).append((event.step, value))
+        epochs = scalars["epoch/loss"]
+        assert [s for s, _ in epochs] == [0, 1, 2], epochs
+        assert epochs[-1][1] < epochs[0][1], epochs
+        assert len(scalars["batch/loss"]) >= 3, scalars.keys()
 
 
 def test_cpp_trainer_on_a_standalone_cluster(spark_sessions, cpp_trainer):
