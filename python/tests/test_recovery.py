@@ -61,7 +61,9 @@ def train_with_checkpoints(args, ctx):
             marker = out / f"killed-{k}"
             if (rank, at_epoch, at_batch) == (ctx.training_rank, epoch, batch) and not marker.exists():
                 marker.write_text(str(os.getpid()))
-                os.kill(os.getpid(), signal.SIGKILL)
+                # "lose_executor": SIGKILL the Spark executor hosting this node (a lost executor,
+                # as when its host goes away); else this node's own process.
+                os.kill(_executor_pid() if args.get("lose_executor") else os.getpid(), signal.SIGKILL)
 
     class Checkpoint(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
@@ -84,6 +86,19 @@ def train_with_checkpoints(args, ctx):
                         callbacks=callbacks, verbose=0)
     np.savez(out / f"weights-{ctx.training_rank}.npz", *model.get_weights())
     (out / f"history-{ctx.training_rank}.json").write_text(json.dumps(history.history))
+
+
+def _executor_pid() -> int:
+    """The pid of the Spark executor JVM this process runs under (its nearest such ancestor)."""
+    import os
+    pid = os.getpid()
+    while pid > 1:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if b"CoarseGrainedExecutorBackend" in cmdline:
+            return pid
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        pid = int(stat[stat.rindex(")") + 2:].split()[1])
+    raise RuntimeError("no Spark executor among this process's ancestors (not on a standalone cluster?)")
 
 
 def always_fails(args, ctx):
@@ -207,3 +222,35 @@ def test_spark_mode_refeeds_the_interrupted_epoch_to_the_new_gang(spark, tmp_pat
         assert got == list(range(400)), f"epoch {epoch}: rows lost or repeated"
     for job_id in (cluster.job_id, cluster.node_job_id):
         no_leftovers(job_id)
+
+
+def test_a_lost_executor_restarts_the_gang_on_a_standalone_cluster(spark_sessions, tmp_path):
+    """The executor hosting worker:1 is SIGKILLed mid-epoch (a lost executor): Spark's standalone
+    worker starts a new executor, Ember relaunches both nodes, they resume from the newest
+    checkpoint and finish; nothing of the job or the cluster is left."""
+    from spark_cluster import StandaloneCluster
+
+    spark_sessions.stop()  # one SparkContext per process: make room for the cluster's
+    with StandaloneCluster(num_workers=2, cores_per_worker=2, memory="2g") as standalone:
+        spark = standalone.session("ember-lost-executor-test")
+        try:
+            cluster = ember.Cluster.run(spark, train_with_checkpoints,
+                                        {"out": str(tmp_path), "kills": [(1, 2, 5)], "lose_executor": True},
+                                        num_executors=2, reservation_timeout=120, max_restarts=1)
+            cluster.shutdown(timeout=300)
+        finally:
+            spark.stop()
+        assert (tmp_path / "killed-0").exists()
+        assert len(cluster.restarts) == 1, cluster.restarts
+        restart = cluster.restarts[0]
+        print(f"lost executor: {restart}")
+        assert restart.node == "worker:1" and "lost" in restart.reason, restart  # "lost: no heartbeat"
+        gang = f"{cluster.job_id}-r1"
+        assert restart.node_job_id == gang
+        assert [(tmp_path / f"restored-{r}-{gang}.txt").read_text() for r in range(2)] == ["2", "2"]
+        for r in range(2):
+            history = json.loads((tmp_path / f"history-{r}.json").read_text())
+            assert len(history["loss"]) == EPOCHS - 2  # epochs 2 and 3, after the restart
+        for job_id in (cluster.job_id, gang):
+            no_leftovers(job_id)
+    assert standalone.processes() == []
