@@ -320,7 +320,9 @@ TEST_P(FeedTest, ARetriedFeedingTaskDoesNotUnbalanceTheNodes) {
     auto c = OpenConsumer(k);
     auto batches = ConsumeEpoch(*c, 8);
     EXPECT_EQ(batches.size(), 50u / 8) << "worker:" << k;
-    if (k == 0) EXPECT_EQ(batches[0][0], 1000);  // the failed attempt's rows come first
+    if (k == 0) {
+      EXPECT_EQ(batches[0][0], 1000);  // the failed attempt's rows come first
+    }
   }
 }
 
