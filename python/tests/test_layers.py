@@ -21,6 +21,9 @@ LAYERS = [
     {"_launcher", "_node_main", "_feed_driver", "data"},  # data/: TFRecord datasets, DataFrame <-> TFRecord
     {"_spark_job", "_watcher"},
     {"cluster"},
+    {"parallel"},          # run_parallel: independent one-node clusters
+    {"ml", "tune"},        # Spark ML stages; hyperparameter search over parallel runs
+    {"compat"},            # ember.compat.tensorflowonspark: TFoS's API over all of the above
     {"__init__", "_cli"},  # the package and the `ember` command
 ]
 LAYER = {name: i for i, layer in enumerate(LAYERS) for name in layer}
