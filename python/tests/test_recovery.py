@@ -27,6 +27,7 @@ def train_with_checkpoints(args, ctx):
     writing that epoch's checkpoint (its temporary file written, not yet renamed)."""
     import os
     import signal
+    import time
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras
@@ -61,9 +62,15 @@ def train_with_checkpoints(args, ctx):
             marker = out / f"killed-{k}"
             if (rank, at_epoch, at_batch) == (ctx.training_rank, epoch, batch) and not marker.exists():
                 marker.write_text(str(os.getpid()))
-                # "lose_executor": SIGKILL the Spark executor hosting this node (a lost executor,
-                # as when its host goes away); else this node's own process.
-                os.kill(_executor_pid() if args.get("lose_executor") else os.getpid(), signal.SIGKILL)
+                if args.get("lose_executor"):
+                    # A lost executor, as when its host goes away: SIGKILL the Spark executor
+                    # hosting this node, and this node makes no more progress (its host is gone).
+                    # Without the freeze the node would train on until the launcher's death reaches
+                    # it (parent-death signal), racing the chief's next checkpoint.
+                    os.kill(_executor_pid(), signal.SIGKILL)
+                    while True:
+                        time.sleep(60)
+                os.kill(os.getpid(), signal.SIGKILL)
 
     class Checkpoint(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
