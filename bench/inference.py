@@ -5,13 +5,16 @@ Contenders, same model (784 -> Dense 128 relu -> Dense 10, the output's argmax a
 ``prediction``), same cached DataFrame (``features``: array<float> of 784, Fashion-MNIST's
 shape, synthetic), same Spark application (local[N] by default):
 
-  ember      ember.ml.KerasModel.transform: mapInArrow, Arrow batches straight into the model,
-             the model loaded once per Python worker.
+  ember      ember.ml.KerasModel.transform: a scalar-iterator pandas UDF over the input column,
+             each batch one float32 matrix (no copy where pyarrow allows), the model loaded once
+             per Python worker.
   ember_ci   ember.Cluster.run(..., InputMode.SPARK) + cluster.inference(df): --nodes nodes
              answer the feed (next_batch_columns -> predict -> batch_results); feeding tasks
              run in the slots the nodes leave free.
   pbu        Spark's own pyspark.ml.functions.predict_batch_udf (make_predict_fn loads the model
              once per Python worker), batch_size --batch.
+  floor      (--floor) a pandas UDF that returns zeros: Spark's hand-over of the input column to a
+             Python worker and back, no model; no evaluator in a Python worker can beat it.
   tfos       TensorFlowOnSpark 2.2.5's pipeline.TFModel over a SavedModel export of the model,
              when tensorflowonspark is importable (bench/.tfos-site, see _common.ensure_tfos;
              --tfos installs it).
@@ -30,6 +33,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402  (sets PYTHONPATH/PYSPARK_PYTHON before Spark starts)
@@ -83,6 +87,9 @@ def main(argv=None) -> None:
     p.add_argument("--input", choices=("array", "vector"), default="array",
                    help="features as array<float>, or as a Spark ML Vector (VectorAssembler's output; "
                         "predict_batch_udf then needs vector_to_array, Ember reads the Vector itself)")
+    p.add_argument("--floor", action="store_true",
+                   help="also time Spark's hand-over alone: the input column to Python and zeros back, no model "
+                        "(the most any evaluator in a Python worker can reach)")
     p.add_argument("--tfos", action="store_true", help="install TFoS into bench/.tfos-site if missing and run it")
     a = p.parse_args(argv)
 
@@ -94,6 +101,7 @@ def main(argv=None) -> None:
         except Exception as e:  # noqa: BLE001 - the peer is optional
             C.log(f"tfos: unavailable ({type(e).__name__}: {e})")
     import numpy as np
+    import pandas as pd
     from pyspark.ml.functions import array_to_vector, predict_batch_udf, vector_to_array
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
@@ -141,11 +149,20 @@ def main(argv=None) -> None:
 
     pbu = predict_batch_udf(make_predict_fn, return_type=DoubleType(), batch_size=a.batch,
                             input_tensor_shapes=[[WIDTH]])
+
+    def no_model(series):  # the input column to Python and zeros back: no model, no conversion
+        for s in series:
+            yield pd.Series(np.zeros(len(s)))
+    no_model.__annotations__ = {"series": Iterator[pd.Series], "return": Iterator[pd.Series]}
+    floor_udf = F.pandas_udf(no_model, DoubleType())
     contenders = {
         "ember": lambda d: km.transform(d),
         "pbu": lambda d: d.withColumn("prediction", pbu(vector_to_array("features", "float32")
                                                         if a.input == "vector" else F.col("features"))),
     }
+    if a.floor:
+        contenders["floor"] = lambda d: d.withColumn("prediction", floor_udf(
+            vector_to_array("features", "float32") if a.input == "vector" else F.col("features")))
     rates = {}
     for name, fn in contenders.items():
         timed(f"{name} warm-up", lambda: fn(warm), a.warmup_rows, 1)
@@ -173,6 +190,8 @@ def main(argv=None) -> None:
     spark.stop()
     for name, rate in rates.items():
         C.log(f"{name}: {rate:,.0f} rows/s")
+    if "floor" in rates:
+        print(f"floor_rows_per_sec={rates['floor']:.0f} (Spark to Python and back, no model)")
     print(f"ember_cluster_inference_rows_per_sec={rates['ember_ci']:.0f} tfos_rows_per_sec="
           f"{rates.get('tfos', float('nan')):.0f}")
     print(f"inference_rows_per_sec: ember={rates['ember']:.0f} predict_batch_udf={rates['pbu']:.0f} "

@@ -30,11 +30,12 @@ Keras ``model.fit``, ``ember.keras.DistributedOptimizer`` (one gradient allreduc
 and ``SyncCallback``; ``batchSize`` is the global batch.  The chief sends the trained model
 (its ``.keras`` file, through the job's coordinator) back to the driver.
 
-**Inference** (``transform``) is one ``mapInArrow`` pass: Arrow record batches go straight
-into the model (Vector columns from VectorAssembler, dense or sparse, and array columns are
-turned into one numpy matrix per batch, without rows in Python), the model is loaded once per
-Python worker and reused across tasks (what ``predict_batch_udf`` does), and the output
-column is appended to each batch, so every input column is kept and rows stay in order.
+**Inference** (``transform``) is a scalar-iterator pandas UDF over the input column alone:
+only that column goes to Python and only the output comes back, while Spark keeps every other
+column in the JVM and appends the output in order (Vector columns from VectorAssembler, dense
+or sparse, become float arrays in the JVM first).  Each batch becomes one float32 matrix
+without a copy where pyarrow's conversion allows it; the model is loaded once per Python
+worker and reused across tasks (what ``predict_batch_udf`` does).
 The driver never imports TensorFlow: the fitted model travels as bytes.
 """
 from __future__ import annotations
@@ -215,19 +216,6 @@ def _flat_width(shape: List[Optional[int]]) -> int:
     return int(np.prod([d for d in shape[1:]])) if len(shape) > 1 else 1
 
 
-def _list_to_matrix(arr: pa.Array, width: int, column: str) -> np.ndarray:
-    """A list<number> Arrow array of `width`-long rows as a float32 (rows, width) matrix."""
-    if arr.null_count:
-        raise ValueError(f"column {column!r} has {arr.null_count} null rows; the model needs a value in each")
-    lengths = arr.value_lengths().to_numpy(zero_copy_only=False)
-    bad = np.flatnonzero(lengths != width)
-    if bad.size:
-        raise ValueError(f"column {column!r}: a row has {int(lengths[bad[0]])} values but the model's "
-                         f"input takes {width}")
-    values = arr.flatten().to_numpy(zero_copy_only=False)
-    return values.astype(np.float32, copy=False).reshape(len(arr), width)
-
-
 def _vectors_to_matrix(arr: pa.StructArray, width: int, column: str) -> np.ndarray:
     """Spark ML Vectors (VectorUDT's struct<type, size, indices, values>: type 1 dense, 0 sparse)
     as a float32 (rows, width) matrix, scattered in bulk (no Python loop over rows)."""
@@ -253,31 +241,6 @@ def _vectors_to_matrix(arr: pa.StructArray, width: int, column: str) -> np.ndarr
     cols[sparse] = indices.flatten().to_numpy(zero_copy_only=False)
     out[rows, cols] = flat
     return out
-
-
-def column_to_matrix(arr: Union[pa.Array, pa.ChunkedArray], kind: str, width: int, column: str) -> np.ndarray:
-    """The input column of one Arrow batch as a float32 (rows, width) matrix.
-
-    Args:
-        arr: the column ('vector': VectorUDT's struct; 'array': list of numbers; 'scalar').
-        kind: what `_input_kind` said of it.
-        width: values per row the model takes.
-        column: its name, for errors.
-
-    Raises:
-        ValueError: nulls, or rows of another width; the message names the column.
-    """
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    if kind == "vector":
-        return _vectors_to_matrix(arr, width, column)
-    if kind == "array":
-        return _list_to_matrix(arr, width, column)
-    if arr.null_count:
-        raise ValueError(f"column {column!r} has {arr.null_count} null rows; the model needs a value in each")
-    if width != 1:
-        raise ValueError(f"column {column!r} holds one number per row but the model's input takes {width}")
-    return arr.to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, 1)
 
 
 # --------------------------------------------------------------------------- training node
@@ -442,31 +405,64 @@ def _worker_model(key: str, broadcast: Any) -> Any:
     return model
 
 
-def _predict_partition(key: str, broadcast: Any, in_col: str, kind: str, in_shape: List[Optional[int]],
-                       mode: str, out_type: str, chunk: int, out_col: str,
-                       batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """mapInArrow function of KerasModel.transform: each batch plus the output column."""
+def _series_to_matrix(s: Any, kind: str, width: int, column: str) -> np.ndarray:
+    """One batch of the input column, as the pandas UDF receives it, as a float32 (rows, width)
+    matrix.  An array column arrives as numpy views into one flattened Arrow buffer (pyarrow's
+    list -> pandas conversion); when the rows are whole and consecutive in it, the matrix is
+    that buffer itself (no copy), otherwise the rows are stacked."""
+    n = len(s)
+    if kind == "scalar":
+        if s.isna().any():
+            raise ValueError(f"column {column!r} has {int(s.isna().sum())} null rows; the model needs a value in each")
+        if width != 1:
+            raise ValueError(f"column {column!r} holds one number per row but the model's input takes {width}")
+        return s.to_numpy(dtype=np.float32).reshape(-1, 1)
+    rows = s.to_numpy()
+    if any(r is None for r in rows):
+        nulls = sum(r is None for r in rows)
+        raise ValueError(f"column {column!r} has {nulls} null rows; the model needs a value in each")
+    lengths = np.fromiter(map(len, rows), np.int64, n)
+    bad = np.flatnonzero(lengths != width)
+    if bad.size:
+        raise ValueError(f"column {column!r}: a row has {int(lengths[bad[0]])} values but the model's "
+                         f"input takes {width}")
+    first, last = rows[0], rows[-1]
+    base = first.base if isinstance(first, np.ndarray) else None
+    if (base is not None and isinstance(last, np.ndarray) and last.base is base and base.flags.c_contiguous
+            and base.size == n * width and base.dtype == first.dtype
+            and first.__array_interface__["data"][0] == base.__array_interface__["data"][0]
+            and last.__array_interface__["data"][0] - first.__array_interface__["data"][0]
+            == (n - 1) * width * first.itemsize):
+        # List offsets only grow and every row is `width` long, so row i starts at i * width:
+        # the flattened buffer is the matrix.
+        return base.reshape(n, width).astype(np.float32, copy=False)
+    return np.stack(rows).astype(np.float32, copy=False)
+
+
+def _predict_batches(key: str, broadcast: Any, kind: str, in_shape: List[Optional[int]], mode: str,
+                     out_type: str, chunk: int, column: str, series: Iterator[Any]) -> Iterator[Any]:
+    """The scalar-iterator pandas UDF of KerasModel.transform: the input column's batches in,
+    the output column's batches out (Spark keeps every other column on the JVM side)."""
+    import pandas as pd
+
     model = None
     width = _flat_width(in_shape)
-    for batch in batches:
-        n = batch.num_rows
+    for s in series:
+        n = len(s)
         if n:
             if model is None:
                 model = _worker_model(key, broadcast)
-            x = column_to_matrix(batch.column(in_col), kind, width, in_col).reshape([-1] + list(in_shape[1:]))
+            x = _series_to_matrix(s, kind, width, column).reshape([-1] + list(in_shape[1:]))
             outs = [np.asarray(model.predict_on_batch(x[i:i + chunk])) for i in range(0, n, chunk)]
             y = np.concatenate(outs).reshape(n, -1)
         else:
             y = np.zeros((0, 1), np.float32)
         if mode == "argmax":
-            pred = pa.array(np.argmax(y, axis=1).astype(np.float64))
+            yield pd.Series(np.argmax(y, axis=1).astype(np.float64))
         elif out_type == "double":
-            pred = pa.array(y[:, 0].astype(np.float64))
+            yield pd.Series(y[:, 0].astype(np.float64))
         else:
-            values = pa.array(np.ascontiguousarray(y, dtype=np.float32).ravel())
-            offsets = pa.array(np.arange(0, y.size + 1, max(1, y.shape[1]), dtype=np.int32))
-            pred = pa.ListArray.from_arrays(offsets, values, type=pa.list_(pa.field("element", pa.float32())))
-        yield pa.RecordBatch.from_arrays(list(batch.columns) + [pred], names=list(batch.schema.names) + [out_col])
+            yield pd.Series(list(np.ascontiguousarray(y, dtype=np.float32)))
 
 
 class KerasModel(Model, _KerasParams, MLWritable, MLReadable):
@@ -533,7 +529,11 @@ class KerasModel(Model, _KerasParams, MLWritable, MLReadable):
             return self._broadcast
 
     def _transform(self, dataset: Any) -> Any:
-        from pyspark.sql.types import ArrayType, DoubleType, FloatType, StructField, StructType
+        import pandas as pd
+        from pyspark.ml.functions import vector_to_array
+        from pyspark.sql import functions as F
+        from pyspark.sql.functions import pandas_udf
+        from pyspark.sql.types import ArrayType, DoubleType, FloatType
 
         stage = "KerasModel"
         self._check_common()
@@ -551,11 +551,20 @@ class KerasModel(Model, _KerasParams, MLWritable, MLReadable):
                              f"input {tuple(in_shape[1:])} takes {width}")
         out_type = "double" if mode == "argmax" or out_width == 1 else "array"
         spark_type = DoubleType() if out_type == "double" else ArrayType(FloatType(), False)
-        schema = StructType(list(dataset.schema.fields) + [StructField(out_col, spark_type, False)])
         broadcast = self._get_broadcast(dataset.sparkSession.sparkContext)
-        fn = functools.partial(_predict_partition, self._model_key(), broadcast,
-                               in_col, kind, in_shape, mode, out_type, self.getPredictBatchSize(), out_col)
-        return dataset.mapInArrow(fn, schema)
+        fn = functools.partial(_predict_batches, self._model_key(), broadcast, "scalar" if kind == "scalar" else
+                               "array", in_shape, mode, out_type, self.getPredictBatchSize(), in_col)
+
+        def predict(series):
+            return fn(series)
+        predict.__annotations__ = {"series": Iterator[pd.Series], "return": Iterator[pd.Series]}
+        # A scalar-iterator pandas UDF over the input column alone: only that column goes to
+        # Python and only the output comes back; Spark keeps the rest of each row in the JVM
+        # and appends the output in order.  A Vector column becomes a float array in the JVM
+        # (vector_to_array: dense and sparse) on its way out.
+        udf = pandas_udf(predict, spark_type)  # Iterator[Series] -> Iterator[Series]: scalar iterator
+        column = vector_to_array(F.col(in_col), "float32") if kind == "vector" else F.col(in_col)
+        return dataset.withColumn(out_col, udf(column))
 
     def copy(self, extra: Optional[Dict[Any, Any]] = None) -> "KerasModel":
         that = super().copy(extra)
