@@ -73,11 +73,12 @@ class NodeAborted(RuntimeError):
     """The job was aborted while this node ran."""
 
 
-def run_partition(spec: NodeSpec, _rows: Iterable) -> Iterator[int]:
-    """mapPartitions function of the barrier stage: runs one node, yields its executor id."""
+def run_partition(spec: NodeSpec, first_executor_id: int, _rows: Iterable) -> Iterator[int]:
+    """mapPartitions function of the barrier stage: runs one node, yields its executor id
+    (`first_executor_id` + the partition: ids below it are nodes on the driver)."""
     from pyspark import BarrierTaskContext
 
-    executor_id = BarrierTaskContext.get().partitionId()
+    executor_id = first_executor_id + BarrierTaskContext.get().partitionId()
     NodeLauncher(spec, executor_id).run()
     yield executor_id
 

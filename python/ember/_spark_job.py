@@ -1,19 +1,21 @@
 """The Spark side of a job: task slots, and the barrier job that hosts the nodes.
 
 ``NodesJob`` runs one Spark barrier task per node (``ember._launcher.run_partition``) in a
-daemon thread under a job group of its own, so the driver can cancel exactly that job.
+daemon thread under a job group of its own, so the driver can cancel exactly that job
+(with ``driver_ps_nodes``, the ps nodes' launchers run on driver threads instead).
 When the job ends it calls back, so the driver's waits (which block in the coordinator)
 can be woken at once if it failed.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional
 
-from ember._launcher import NodeSpec, run_partition
+from ember._launcher import NodeLauncher, NodeSpec, run_partition
 from ember.errors import ClusterError, DeadlineExceeded
 
 
@@ -107,20 +109,28 @@ def _version() -> str:
 
 
 class NodesJob:
-    """The Spark barrier job running a job's nodes, one task per node.
+    """The nodes of one gang: a Spark barrier job running one task per node, and, with
+    `driver_nodes`, the first that many nodes (executor ids 0..driver_nodes-1, the ps nodes of
+    ``driver_ps_nodes``) run by launchers on threads of the driver process, as TFoS ran them.
 
-    Thread-safe.  `on_end(job)` runs on the job's thread once it has ended
-    (successfully, failed, or cancelled).
+    Thread-safe.  `on_end(job)` runs once the Spark job has ended (successfully, failed, or
+    cancelled), and when a launcher on the driver fails.
     """
 
-    def __init__(self, sc, job_id: str, num_nodes: int, on_end: Callable[["NodesJob"], None]):
+    def __init__(self, sc, job_id: str, num_nodes: int, on_end: Callable[["NodesJob"], None],
+                 driver_nodes: int = 0):
+        if not 0 <= driver_nodes < num_nodes:
+            raise ValueError(f"driver_nodes must be in [0, {num_nodes}), got {driver_nodes}")
         self._sc = sc
         self.job_id = job_id
         self.num_nodes = num_nodes
+        self.driver_nodes = driver_nodes
         self._on_end = on_end
         self._thread: Optional[threading.Thread] = None
-        self._done = threading.Event()
+        self._driver_threads: List[threading.Thread] = []
+        self._spark_done = threading.Event()
         self.error: Optional[BaseException] = None
+        self._driver_error: Optional[str] = None
         self.cancelled = False
 
     @property
@@ -129,32 +139,52 @@ class NodesJob:
 
     @property
     def done(self) -> bool:
-        return self._done.is_set()
+        return self._spark_done.is_set() and not any(t.is_alive() for t in self._driver_threads)
 
     def start(self, spec: NodeSpec) -> None:
         from pyspark import InheritableThread
 
-        sc, n = self._sc, self.num_nodes
+        sc, first, n = self._sc, self.driver_nodes, self.num_nodes - self.driver_nodes
+        driver_spec = dataclasses.replace(spec, echo_logs=False)  # the driver's console shows node output
+        for executor_id in range(first):
+            def launch(executor_id: int = executor_id) -> None:
+                # A node's parent-death signal follows the thread that spawned it: this thread
+                # lives until the node has ended.
+                try:
+                    NodeLauncher(driver_spec, executor_id).run()
+                except BaseException as e:  # noqa: BLE001 - reported through on_end and the waits
+                    if self.error is None and not self.cancelled:
+                        self._driver_error = f"executor {executor_id} on the driver: {type(e).__name__}: {e}"
+                        self.error = e
+                        self._on_end(self)
+            t = threading.Thread(target=launch, daemon=True, name=f"{self.job_id}-driver-node-{executor_id}")
+            self._driver_threads.append(t)
+            t.start()
 
         def spark_main() -> None:
             try:
                 sc.setJobGroup(self.job_id, f"Ember job {self.job_id}: {n} nodes", interruptOnCancel=True)
                 sc.parallelize(range(n), n).barrier().mapPartitions(
-                    functools.partial(run_partition, spec)).collect()
+                    functools.partial(run_partition, spec, first)).collect()
             except BaseException as e:  # noqa: BLE001 - reported by the waits on the driver
-                self.error = e
+                if self.error is None:
+                    self.error = e
             finally:
-                self._done.set()
+                self._spark_done.set()
                 self._on_end(self)
 
         self._thread = InheritableThread(spark_main, daemon=True, name=f"{self.job_id}-spark")
         self._thread.start()
 
     def failure_text(self) -> str:
-        return f"the Spark job running the {self.num_nodes} nodes failed: {spark_error_summary(self.error, self._sc)}"
+        if self._driver_error is not None:
+            return f"the launcher of a node on the driver (driver_ps_nodes) failed: {self._driver_error}"
+        return f"the Spark job running the {self.num_nodes - self.driver_nodes} nodes failed: " \
+               f"{spark_error_summary(self.error, self._sc)}"
 
     def cancel(self) -> None:
-        """Cancels the job group (its tasks are interrupted); idempotent."""
+        """Cancels the job group (its tasks are interrupted); idempotent.  Nodes on the
+        driver end when the coordinator aborts the job, which callers do first."""
         if self.cancelled or self._thread is None or self.done:
             return
         self.cancelled = True
@@ -164,18 +194,27 @@ class NodesJob:
             pass
 
     def wait(self, timeout: float) -> bool:
-        """Waits up to `timeout` seconds for the job to end; whether it did."""
-        return self._thread is None or self._done.wait(timeout)
+        """Waits up to `timeout` seconds for the Spark job and the nodes on the driver to end;
+        whether they did."""
+        if self._thread is None:
+            return True
+        deadline = time.monotonic() + timeout
+        if not self._spark_done.wait(timeout):
+            return False
+        for t in self._driver_threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return self.done
 
     def join(self, timeout: float) -> None:
         """Waits for the job to end after every node reported done; raises if it does not
         end within `timeout` or failed (other than by our own cancel)."""
         if self._thread is None:
             return
-        if not self._done.wait(timeout):
+        if not self.wait(timeout):
+            where = (f"the Spark job running them (look at the Spark UI for job group {self.job_id})"
+                     if not self._spark_done.is_set() else
+                     f"the launchers of the {self.driver_nodes} nodes on the driver")
             raise DeadlineExceeded(
-                f"every node reported done, but the Spark job running them did not end within "
-                f"{timeout:g}s. Look at the Spark UI for job group {self.job_id}.")
+                f"every node reported done, but {where} did not end within {timeout:g}s.")
         if self.error is not None and not self.cancelled:
-            raise ClusterError(f"every node reported done, but the Spark job running them failed: "
-                               f"{spark_error_summary(self.error, self._sc)}") from self.error
+            raise ClusterError(f"every node reported done, but {self.failure_text()}") from self.error

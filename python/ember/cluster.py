@@ -143,6 +143,7 @@ class Cluster:
         self.restarts: List[Restart] = []
         self._max_restarts = 0
         self._launch: dict = {}  # what _start needs again for a restart
+        self._driver_nodes = 0  # nodes whose launchers run on the driver (driver_ps_nodes)
 
     # -- public API ----------------------------------------------------------
 
@@ -153,7 +154,8 @@ class Cluster:
             master_node: Optional[str] = None, eval_node: bool = False,
             reservation_timeout: float = 600, heartbeat_timeout: float = 30,
             slot_timeout: Optional[float] = None,
-            connect_timeout: Optional[float] = None, max_restarts: int = 0) -> "Cluster":
+            connect_timeout: Optional[float] = None, max_restarts: int = 0,
+            driver_ps_nodes: bool = False) -> "Cluster":
         """Starts `num_executors` nodes, each running ``main_fun(args, ctx)``, and returns
         once all of them have registered.
 
@@ -197,6 +199,10 @@ class Cluster:
                 ``ember.torch.load_latest``).  Past `max_restarts` the failure is raised,
                 with the earlier restarts' reasons.  Restarts happen while the driver waits
                 in shutdown() or train().
+            driver_ps_nodes: run the `num_ps` ps nodes in the driver's host, as TFoS did: their
+                launchers run on threads of this process (each node still a process of its
+                own, ended with the job), and the Spark barrier stage holds only the other
+                nodes, so it needs `num_executors - num_ps` task slots.
 
         Raises:
             ClusterError: too few task slots, or the Spark job failed.
@@ -212,11 +218,13 @@ class Cluster:
         layout = _ember.ClusterLayout(num_nodes=num_nodes, num_ps=num_ps,
                                       master_node=master_node or "", eval_node=eval_node)
         _ember.assign_role(layout, 0)  # validates the layout: InvalidArgument names the field
-        check_slots(sc, num_nodes, config.get("slot_timeout", sc, slot_timeout))
+        driver_nodes = int(num_ps) if driver_ps_nodes else 0
+        check_slots(sc, num_nodes - driver_nodes, config.get("slot_timeout", sc, slot_timeout))
         if max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
         cluster = cls(sc, num_nodes, layout, input_mode, log_dir)
         cluster._max_restarts = int(max_restarts)
+        cluster._driver_nodes = driver_nodes
         if tensorboard and not log_dir:
             cluster.log_dir = f"tensorboard_{cluster.job_id}"
         _active_clusters.add(cluster)
@@ -299,7 +307,7 @@ class Cluster:
                 the feeding Spark job failed.
         """
         self._require_spark_mode("train")
-        _feed_driver.check_feed_slots(self._sc, self.num_nodes, task_slots)
+        _feed_driver.check_feed_slots(self._sc, self.num_nodes - self._driver_nodes, task_slots)
         if num_epochs < 1:
             raise ValueError("num_epochs must be at least 1")
         with self._feed_lock:
@@ -400,7 +408,7 @@ class Cluster:
             when a Spark action runs on it.
         """
         self._require_spark_mode("inference")
-        _feed_driver.check_feed_slots(self._sc, self.num_nodes, task_slots)
+        _feed_driver.check_feed_slots(self._sc, self.num_nodes - self._driver_nodes, task_slots)
         host, port = self.coordinator_address.rsplit(":", 1)
         return _feed_driver.inference(self._sc, data, self._endpoints(), self._feed_options(feed_timeout),
                                       output_schema=output_schema, coordinator=(host, int(port), self._secret))
@@ -521,7 +529,8 @@ class Cluster:
 
         self._watcher = Watcher(self._server, self._console, self.node_job_id, self._on_node_failure)
         self._watcher.start()
-        self._job = NodesJob(sc, self.node_job_id, self.num_nodes, self._wake_waits_after_spark)
+        self._job = NodesJob(sc, self.node_job_id, self.num_nodes, self._wake_waits_after_spark,
+                             driver_nodes=self._driver_nodes)
         self._job.start(spec)
         self._wait_for_registration(started, reservation_timeout)
         self.startup_secs = time.monotonic() - started

@@ -236,13 +236,6 @@ def _check_arguments(sc: Any, num_executors: Any, num_ps: Any, input_mode: Any, 
             or "input" not in queues or "output" not in queues):
         raise ValueError(f"queues must be a list of names holding 'input' and 'output' (TFoS's default "
                          f"{_DEFAULT_QUEUES}), got {queues!r}")
-    if driver_ps_nodes and num_ps > 0 and not str(sc.master).startswith("local"):
-        raise NotImplementedError(
-            f"driver_ps_nodes=True on master {sc.master}: Ember starts every node, ps nodes included, as "
-            f"one Spark barrier stage on the executors, and cannot place nodes in the driver's host. "
-            f"Pass driver_ps_nodes=False and size the application for num_executors={num_executors} "
-            f"task slots (the {num_ps} ps nodes then run on executors). In local mode (local[N]) the "
-            f"executors share the driver's host, so driver_ps_nodes=True is accepted there.")
 
 
 def run(sc: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, num_executors: int, num_ps: int,
@@ -269,9 +262,9 @@ def run(sc: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, num_executors
         input_mode: ``InputMode.TENSORFLOW`` or ``InputMode.SPARK``.
         log_dir: TensorBoard's log directory (default ``tensorboard_<job id>`` in the
             driver's working directory).
-        driver_ps_nodes: TFoS ran the ps nodes on the driver's host.  Accepted in local mode,
-            where the executors run on the driver's host anyway; elsewhere NotImplementedError
-            (Ember starts every node on the executors).  InputMode.TENSORFLOW only, as TFoS.
+        driver_ps_nodes: run the ps nodes in the driver's host, as TFoS did (each a process of
+            its own, started by a launcher thread of the driver); the Spark stage then needs
+            ``num_executors - num_ps`` task slots.  InputMode.TENSORFLOW only, as TFoS.
         master_node: None, "chief" or "master".
         reservation_timeout: seconds to wait for every node to register; the error names the
             nodes that did not.
@@ -282,7 +275,6 @@ def run(sc: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, num_executors
 
     Raises:
         ValueError: an argument TFoS would refuse (the message says which and why).
-        NotImplementedError: ``driver_ps_nodes=True`` outside local mode.
         ember.ClusterError / ember.NodeError / DeadlineExceeded: as ``ember.Cluster.run``.
     """
     import ember
@@ -290,9 +282,6 @@ def run(sc: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, num_executors
 
     sc = spark_context(sc)
     _check_arguments(sc, num_executors, num_ps, input_mode, driver_ps_nodes, master_node, eval_node, queues)
-    if driver_ps_nodes and num_ps > 0:
-        logger.info("driver_ps_nodes=True in local mode: the %d ps nodes run on the driver's host, "
-                    "in Spark tasks like every other node", num_ps)
     if not release_port:
         logger.info("release_port=False: Ember releases each node's port before map_fun starts; "
                     "ctx.release_port() has nothing to do")
@@ -301,7 +290,7 @@ def run(sc: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, num_executors
     inner = ember.Cluster.run(sc, node_main, tf_args, num_executors=num_executors, num_ps=num_ps,
                               tensorboard=tensorboard, input_mode=ember.InputMode(input_mode), log_dir=log_dir,
                               master_node=master_node, eval_node=eval_node,
-                              reservation_timeout=reservation_timeout)
+                              reservation_timeout=reservation_timeout, driver_ps_nodes=bool(driver_ps_nodes))
     cluster = TFCluster()
     cluster.sc = sc
     cluster.ember_cluster = inner

@@ -206,11 +206,10 @@ def _run_cluster(spark: Any, train_fn: Callable, tf_args: Any, a: Namespace, mod
     if run is not None:
         return run(spark.sparkContext, train_fn, tf_args, a.cluster_size, a.num_ps, a.tensorboard, mode,
                    driver_ps_nodes=a.driver_ps_nodes, master_node=master)
-    if a.driver_ps_nodes:
-        raise ValueError("TFEstimator: driver_ps_nodes=True needs ember.compat.tensorflowonspark.TFCluster")
     import ember
     return ember.Cluster.run(spark, train_fn, tf_args, num_executors=a.cluster_size, num_ps=a.num_ps,
-                             tensorboard=a.tensorboard, input_mode=mode, master_node=master)
+                             tensorboard=a.tensorboard, input_mode=mode, master_node=master,
+                             driver_ps_nodes=bool(a.driver_ps_nodes))
 
 
 # --------------------------------------------------------------------------- TFModel
