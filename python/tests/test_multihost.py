@@ -62,7 +62,7 @@ def _tcp_sockets(pids) -> dict:
 
 def keras_on_hosts(args, ctx):
     """test_collective's Keras model.fit (DistributedOptimizer + SyncCallback), then what the
-    node sees of the network while its communicator is still open."""
+    node sees of the network while both nodes' communicators are still open."""
     from test_collective import keras_fit
 
     keras_fit(args, ctx)
@@ -74,6 +74,9 @@ def keras_on_hosts(args, ctx):
         "tcp": _tcp_sockets([os.getpid()])["established"],
         "shm": sorted(os.listdir("/dev/shm")),  # this host's own /dev/shm
     }
+    # No node ends (closing its side of the ring) before the other one has looked: after this
+    # barrier returns here, the other node has entered it, i.e. has taken its facts.
+    comm.barrier()
     Path(args["out"], f"net-{ctx.training_rank}.json").write_text(json.dumps(facts))
 
 
