@@ -18,7 +18,7 @@ qdiscs exist: this project's CI kernel has tbf but not netem).
 
 Needs root and a kernel that allows network namespaces, veths and bridges;
 ``netns_unavailable_reason()`` says why not (tests skip with its words).  Everything is torn
-down on every path: the driver's and the daemons' process groups are killed (see
+down on every path (and namespaces of a run killed outright are swept by the next one): the driver's and the daemons' process groups are killed (see
 spark_cluster.py), any process still in one of the run's namespaces is SIGKILLed, and the
 namespaces (with their veths and bridge) are deleted.  ``leftovers`` lists what is still there
 afterwards: namespaces or links named with the run's suffix, and processes in the run's
@@ -30,6 +30,7 @@ import ctypes
 import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -38,7 +39,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from spark_cluster import Host, StandaloneCluster, _die_with_parent, _tail
 
@@ -138,6 +139,46 @@ class NetnsHost(Host):
         return _call_in_netns(self.netns, fn)
 
 
+_RUN_NAME = re.compile(r"^ember-[a-z0-9]+-(\d+)x[0-9a-f]{4}$")
+
+
+def sweep_stale() -> List[str]:
+    """Deletes the namespaces of runs whose process is gone (a test run killed with SIGKILL
+    cannot clean up) and that no process is inside; returns their names."""
+    swept = []
+    for path in NETNS_DIR.glob("ember-*") if NETNS_DIR.is_dir() else []:
+        match = _RUN_NAME.match(path.name)
+        if not match:
+            continue
+        try:
+            os.kill(int(match.group(1)), 0)
+            continue  # its run is alive
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        inside = f"net:[{os.stat(path).st_ino}]"
+        if any(_netns_of(pid) == inside for pid in _pids()):
+            continue
+        try:
+            _ip("netns", "del", path.name)
+            swept.append(path.name)
+        except CommandFailed:
+            pass
+    return swept
+
+
+def _pids() -> List[int]:
+    return [int(e) for e in os.listdir("/proc") if e.isdigit()]
+
+
+def _netns_of(pid: int) -> Optional[str]:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
+
+
 class NetnsNetwork:
     """Namespaces ``ember-<label>-<run>`` for each label, joined by a bridge in
     ``ember-sw-<run>``; host i gets ``<subnet>.<10 + i>/24`` on its eth0.
@@ -155,7 +196,7 @@ class NetnsNetwork:
         unknown = set(shaping or {}) - set(labels)
         if unknown:
             raise ValueError(f"shaping names hosts that do not exist: {sorted(unknown)} (hosts: {list(labels)})")
-        self.run_id = f"{os.getpid() % 100000}{uuid.uuid4().hex[:4]}"
+        self.run_id = f"{os.getpid()}x{uuid.uuid4().hex[:4]}"  # the pid lets sweep_stale() find dead runs
         self.switch = f"ember-sw-{self.run_id}"
         self.hosts: Dict[str, NetnsHost] = {
             label: NetnsHost.make(label, f"ember-{label}-{self.run_id}", f"{subnet}.{10 + i}")
@@ -168,6 +209,7 @@ class NetnsNetwork:
         return [self.switch, *(h.netns for h in self.hosts.values())]
 
     def create(self) -> "NetnsNetwork":
+        sweep_stale()
         try:
             for ns in self.namespaces:
                 _ip("netns", "add", ns)
@@ -213,15 +255,7 @@ class NetnsNetwork:
     def processes(self) -> List[int]:
         """Pids of processes inside one of the run's network namespaces."""
         wanted = {f"net:[{ino}]" for ino in self._inodes.values()}
-        pids = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    if os.readlink(f"/proc/{entry}/ns/net") in wanted:
-                        pids.append(int(entry))
-                except OSError:
-                    pass
-        return pids
+        return [pid for pid in _pids() if _netns_of(pid) in wanted]
 
     def leftovers(self) -> List[str]:
         """What of this run still exists: namespaces, links in the machine's own network
