@@ -63,6 +63,7 @@ class NodeSpec:
     feed_timeout: float = 600.0      # InputMode.SPARK: how long the feed server waits without progress
     argv: Optional[List[str]] = None  # a program node: the executable and its arguments
     hdfs_http_address: str = ""  # the NameNode's WebHDFS host:port when default_fs is hdfs://
+    node_bind: str = ""  # where the node's listeners bind; "" = the node's own address (config.node_bind)
 
 
 class NodeFailed(RuntimeError):
@@ -150,13 +151,13 @@ class NodeFeed:
 
     ended_how: Optional[str] = None  # set by settle()
 
-    def __init__(self, spec: NodeSpec, executor_id: int, label: str, host: str):
+    def __init__(self, spec: NodeSpec, executor_id: int, label: str, host: str, bind_host: str):
 
         self.key = FEED_ENDPOINT_KEY.format(executor_id=executor_id)
         self.ring = _ember.ShmRing.create(f"/{spec.job_id}-{executor_id}", spec.feed_ring_bytes)
         try:
             self.server = _ember.FeedServer.start(
-                self.ring.name, spec.secret, bind_host="0.0.0.0", port=0,
+                self.ring.name, spec.secret, bind_host=bind_host, port=0,
                 result_ring_prefix=_ember.result_ring_prefix(self.ring.name),
                 idle_timeout=spec.feed_timeout)
         except BaseException:
@@ -232,6 +233,7 @@ class NodeLauncher:
     def run(self) -> None:
         spec = self.spec
         host = routable_address(spec.coordinator_host, spec.coordinator_port)
+        self.bind_host = spec.node_bind or host  # docs/network.md
         port_sock = _bind_free_port()  # held until the node process starts, as TFoS does
         try:
             client = _ember.CoordinatorClient.connect(
@@ -266,7 +268,7 @@ class NodeLauncher:
                 tensorboard, url = self._start_tensorboard(env, host, log_dir)
                 client.kv_set(TENSORBOARD_URL_KEY, url.encode())
             if spec.input_mode == int(InputMode.SPARK) and role in WORKER_ROLES:
-                feed = NodeFeed(spec, self.executor_id, self.label, host)
+                feed = NodeFeed(spec, self.executor_id, self.label, host, self.bind_host)
                 client.kv_set(feed.key, feed.endpoint.encode())
             port_sock.close()  # the node's framework binds this port now
             traceback_path = os.path.join(tmpdir, "traceback.txt")
@@ -324,6 +326,7 @@ class NodeLauncher:
         env = dict(os.environ)
         env["TF_CONFIG"] = json.dumps({"cluster": cluster_spec, "task": {"type": role, "index": index}})
         env["EMBER_JOB_ID"] = self.spec.job_id  # marks every process of the job
+        env["EMBER_NODE_BIND"] = self.bind_host  # the node's collectives listen there (config.node_bind)
         env["PYTHONUNBUFFERED"] = "1"  # lines reach the driver as they are printed
         extra = _child_python_path()
         if extra:
@@ -452,8 +455,8 @@ class NodeLauncher:
             os.makedirs(path, exist_ok=True)
         with _bind_free_port() as s:
             port = s.getsockname()[1]
-        argv = [sys.executable, "-m", "tensorboard.main", "--logdir", path,
-                "--port", str(port), "--bind_all"]
+        argv = [sys.executable, "-m", "tensorboard.main", "--logdir", path, "--port", str(port),
+                *(["--bind_all"] if self.bind_host in ("0.0.0.0", "::") else ["--host", self.bind_host])]
         proc = _proc.spawn(argv, env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)
         self._echo("stderr", f"TensorBoard for {log_dir} at http://{host}:{port}")

@@ -507,13 +507,13 @@ class Cluster:
             raise TypeError(f"Cluster.run cannot send main_fun and args to the nodes: they do not "
                             f"pickle ({type(e).__name__}: {e})") from e
         self._secret = secrets.token_bytes(32)
-        self._server = _ember.CoordinatorServer.start(
-            self._secret, self.layout,
-            bind_host=config.get("coordinator_bind", sc),
-            port=config.get("coordinator_port", sc),
-            heartbeat_timeout=float(heartbeat_timeout))
         host = (config.get("coordinator_host", sc) or sc.getConf().get("spark.driver.host", None)
                 or socket.gethostname())
+        # Listen where the nodes are told to connect (docs/network.md), as Spark's driver does.
+        bind = config.get("coordinator_bind", sc) or sc.getConf().get("spark.driver.bindAddress", None) or host
+        self._server = _ember.CoordinatorServer.start(
+            self._secret, self.layout, bind_host=bind, port=config.get("coordinator_port", sc),
+            heartbeat_timeout=float(heartbeat_timeout))
         self.coordinator_address = f"{host}:{self._server.port}"
         default_fs, hdfs_http_address = _hadoop.spark_fs_conf(sc)
         spec = NodeSpec(
@@ -525,6 +525,7 @@ class Cluster:
             reservation_timeout=float(reservation_timeout), connect_timeout=float(connect_timeout),
             kill_grace_secs=float(config.get("kill_grace_secs", sc)),
             feed_ring_bytes=int(config.get("feed_ring_bytes", sc)),
+            node_bind=config.get("node_bind", sc) or "",
             echo_logs=not sc.master.startswith("local"), argv=argv)
 
         self._watcher = Watcher(self._server, self._console, self.node_job_id, self._on_node_failure)

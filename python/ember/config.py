@@ -14,8 +14,15 @@ slot_timeout               spark.ember.slotTimeout            30                
                                                                                 still registering (local[N] never waits)
 coordinator_host           spark.ember.coordinator.host       spark.driver.host address executors use to reach the driver's
                            EMBER_COORDINATOR_HOST                               coordinator
-coordinator_bind           spark.ember.coordinator.bind       0.0.0.0           address the coordinator listens on
-                           EMBER_COORDINATOR_BIND
+coordinator_bind           spark.ember.coordinator.bind       see meaning       address the coordinator listens on; by
+                           EMBER_COORDINATOR_BIND                               default spark.driver.bindAddress if set,
+                                                                                else coordinator_host (Spark's own rule
+                                                                                for the driver); 0.0.0.0 = every interface
+node_bind                  spark.ember.node.bind              see meaning       address a node's listeners (feed server,
+                           EMBER_NODE_BIND                                      collective ring, TensorBoard) bind; by
+                                                                                default the node's own address, the one
+                                                                                it publishes to its peers; 0.0.0.0 = every
+                                                                                interface (docs/network.md)
 coordinator_port           spark.ember.coordinator.port       0 (any free)      port the coordinator listens on
                            EMBER_COORDINATOR_PORT
 connect_timeout            spark.ember.connectTimeout         30                seconds a node may take to connect to the
@@ -54,7 +61,10 @@ SETTINGS = {
         Setting("coordinator_host", "spark.ember.coordinator.host", "EMBER_COORDINATOR_HOST", None,
                 str, "address executors use to reach the driver's coordinator"),
         Setting("coordinator_bind", "spark.ember.coordinator.bind", "EMBER_COORDINATOR_BIND",
-                "0.0.0.0", str, "address the coordinator listens on"),
+                None, str, "address the coordinator listens on (default: spark.driver.bindAddress, "
+                "else coordinator_host)"),
+        Setting("node_bind", "spark.ember.node.bind", "EMBER_NODE_BIND", None, str,
+                "address a node's listeners bind (default: the node's own published address)"),
         Setting("coordinator_port", "spark.ember.coordinator.port", "EMBER_COORDINATOR_PORT", 0,
                 int, "port the coordinator listens on (0 = any free port)"),
         Setting("connect_timeout", "spark.ember.connectTimeout", "EMBER_CONNECT_TIMEOUT", 30.0,

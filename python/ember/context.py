@@ -9,6 +9,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional
 
+from ember import config
 from ember._names import WORKER_ROLES  # noqa: F401  (roles that train; re-exported: users know it here)
 from ember.input_mode import InputMode
 
@@ -262,9 +263,9 @@ class Context:
         from ember import _ember
         host, port, secret, ctimeout = self._coordinator
         store = _ember.CollectiveStore.coordinator(host, port, secret, ctimeout)
-        own = self.cluster_spec[self.job_name][self.task_index]
+        own = self.cluster_spec[self.job_name][self.task_index].rsplit(":", 1)[0]
         comm = Communicator.create(
-            rank, self.num_workers, secret, store, host=own.rsplit(":", 1)[0],
+            rank, self.num_workers, secret, store, host=own, bind_host=config.get("node_bind") or own,
             name=f"{self.job_name}:{self.task_index}", prefix=f"ember-{self.job_id or 'job'}-c0",
             transport=transport, timeout=timeout, connect_timeout=connect_timeout)
         with self._client_lock:

@@ -1,8 +1,10 @@
-"""A real Spark standalone cluster for tests: one master and N workers on loopback.
+"""A real Spark standalone cluster for tests: one master and N workers, on loopback by default.
 
 Started from the pyspark package itself (its ``bin/spark-class`` and jars), so it needs nothing but
 Java and the venv. Executors run as separate JVMs launched by the workers, with this venv's
-Python, exactly as on a real cluster::
+Python, exactly as on a real cluster.  Each daemon runs on a ``Host``: by default loopback in this
+process's network; python/tests/netns_cluster.py puts them on separate network namespaces
+instead (a ``Host`` subclass whose command prefix is ``ip netns exec ...``)::
 
     with StandaloneCluster(num_workers=2) as cluster:
         spark = cluster.session("my-test")        # or SparkSession.builder.master(cluster.master_url)
@@ -31,7 +33,9 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable, Sequence
 
 import pyspark
 
@@ -71,6 +75,22 @@ def _environ_has(pid: int, needle: bytes) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class Host:
+    """Where a daemon runs: the address it binds and advertises (SPARK_LOCAL_IP, --host), and
+    the command prefix that runs a program there (empty: here)."""
+
+    address: str = "127.0.0.1"
+    prefix: tuple[str, ...] = ()
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """fn() run where it reaches this host's address (here: in this thread)."""
+        return fn()
+
+
+LOOPBACK = Host()
+
+
 class StandaloneClusterError(RuntimeError):
     """The cluster did not come up (the message holds the tail of each daemon's log)."""
 
@@ -85,6 +105,10 @@ class StandaloneCluster:
         python: interpreter for executors' Python workers (default: this one, i.e. the venv).
         daemon_memory: heap of the master and worker JVMs.
         start_timeout: seconds to wait for all workers to register with the master.
+        master_host: where the master runs (default: loopback here).
+        worker_hosts: where each worker runs (default: ``num_workers`` times ``master_host``);
+            when given, its length is the number of workers.
+        driver_host: the address the driver binds and advertises (``spark_conf()``).
 
     ``start()`` (or entering the ``with`` block) returns once the master reports ``num_workers``
     ALIVE workers, or raises StandaloneClusterError. ``stop()`` is idempotent and also runs on
@@ -94,8 +118,12 @@ class StandaloneCluster:
 
     def __init__(self, num_workers: int = 2, cores_per_worker: int = 1, memory: str = "1g",
                  python: str | None = None, daemon_memory: str = "512m",
-                 start_timeout: float = 90.0) -> None:
-        self.num_workers = num_workers
+                 start_timeout: float = 90.0, master_host: Host = LOOPBACK,
+                 worker_hosts: Sequence[Host] | None = None, driver_host: str = "127.0.0.1") -> None:
+        self.master_host = master_host
+        self.worker_hosts = list(worker_hosts) if worker_hosts is not None else [master_host] * num_workers
+        self.num_workers = len(self.worker_hosts)
+        self.driver_host = driver_host
         self.cores_per_worker = cores_per_worker
         self.memory = memory
         self.python = python or sys.executable
@@ -125,22 +153,23 @@ class StandaloneCluster:
             (self.base_dir / sub).mkdir()
         try:
             port, webui = free_port(), free_port()
-            self.master_url = f"spark://127.0.0.1:{port}"
-            self.master_webui_url = f"http://127.0.0.1:{webui}"
-            self._spawn("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                                   "--port", str(port), "--webui-port", str(webui)])
+            master = self.master_host.address
+            self.master_url = f"spark://{master}:{port}"
+            self.master_webui_url = f"http://{master}:{webui}"
+            self._spawn("master", ["org.apache.spark.deploy.master.Master", "--host", master,
+                                   "--port", str(port), "--webui-port", str(webui)], self.master_host)
             # A worker that finds no master retries only after 5-15 s: start workers once the
             # master answers.
             deadline = t0 + self.start_timeout
             self._wait_until(deadline, lambda s: s.get("status") == "ALIVE", "master to be ALIVE")
-            for i in range(self.num_workers):
+            for i, host in enumerate(self.worker_hosts):
                 work = self.base_dir / "work" / f"worker-{i}"
                 work.mkdir()
                 self._spawn(f"worker-{i}", [
                     "org.apache.spark.deploy.worker.Worker", self.master_url,
-                    "--host", "127.0.0.1", "--port", str(free_port()),
+                    "--host", host.address, "--port", str(free_port()),
                     "--webui-port", str(free_port()), "--cores", str(self.cores_per_worker),
-                    "--memory", self.memory, "--work-dir", str(work)])
+                    "--memory", self.memory, "--work-dir", str(work)], host)
             self._wait_until(
                 deadline, lambda s: sum(w.get("state") == "ALIVE" for w in s.get("workers", []))
                 >= self.num_workers, f"{self.num_workers} workers to register")
@@ -204,8 +233,10 @@ class StandaloneCluster:
 
     def master_state(self) -> dict:
         """The master web UI's JSON (url, aliveworkers, workers, activeapps, ...)."""
-        with urllib.request.urlopen(self.master_webui_url + "/json/", timeout=5) as r:
-            return json.load(r)
+        def get() -> dict:
+            with urllib.request.urlopen(self.master_webui_url + "/json/", timeout=5) as r:
+                return json.load(r)
+        return self.master_host.call(get)
 
     def spark_conf(self) -> dict[str, str]:
         """Spark settings that fit this cluster: small executors, one per worker core."""
@@ -216,8 +247,8 @@ class StandaloneCluster:
             "spark.cores.max": str(self.num_workers * self.cores_per_worker),
             "spark.ui.enabled": "false",
             "spark.ui.showConsoleProgress": "false",
-            "spark.driver.host": "127.0.0.1",
-            "spark.driver.bindAddress": "127.0.0.1",
+            "spark.driver.host": self.driver_host,
+            "spark.driver.bindAddress": self.driver_host,
         }
 
     def session(self, app_name: str = "ember-test", **conf: str):
@@ -233,7 +264,8 @@ class StandaloneCluster:
 
     # ---- internals -------------------------------------------------------------------------
 
-    def _env(self) -> dict[str, str]:
+    def env(self, host: Host = LOOPBACK) -> dict[str, str]:
+        """The environment of a process of this cluster on `host` (it carries the marker)."""
         env = dict(os.environ)
         key, value = self.marker.split("=", 1)
         env.update({
@@ -242,7 +274,7 @@ class StandaloneCluster:
             "SPARK_CONF_DIR": str(self.base_dir / "conf"),  # empty: no stray site config
             "SPARK_LOG_DIR": str(self.base_dir / "logs"),
             "SPARK_WORKER_DIR": str(self.base_dir / "work"),
-            "SPARK_LOCAL_IP": "127.0.0.1",
+            "SPARK_LOCAL_IP": host.address,
             "SPARK_LOCAL_DIRS": str(self.base_dir / "work"),
             "SPARK_DAEMON_MEMORY": self.daemon_memory,
             # Master and workers do little work: the C1 JIT and the serial GC halve their start
@@ -256,11 +288,11 @@ class StandaloneCluster:
         env.pop("PYSPARK_DRIVER_PYTHON", None)
         return env  # PYTHONPATH passes through from this process
 
-    def _spawn(self, name: str, args: list[str]) -> None:
+    def _spawn(self, name: str, args: list[str], host: Host) -> None:
         log = self.base_dir / "logs" / f"{name}.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(
-                [str(SPARK_HOME / "bin" / "spark-class"), *args], env=self._env(),
+                [*host.prefix, str(SPARK_HOME / "bin" / "spark-class"), *args], env=self.env(host),
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 cwd=self.base_dir, preexec_fn=_die_with_parent)
         self._procs.append((name, proc, log))
