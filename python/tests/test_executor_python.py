@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -111,3 +112,46 @@ def test_another_ember_on_the_executors_is_caught(spark_sessions, tmp_path, monk
 
 def _never_runs(args, ctx):
     raise AssertionError("a node was launched although the executors' Ember is not this one")
+
+
+def test_the_check_has_a_deadline(spark_sessions, tmp_path):
+    """The check's job cannot run while the application's only task slot is busy: past its
+    deadline it is cancelled and DeadlineExceeded names it."""
+    import threading
+
+    from ember._spark_job import check_executor_python
+
+    spark_sessions.stop()
+    spark = spark_sessions.get("local[1]")
+    sc = spark.sparkContext
+    release, running = tmp_path / "release", tmp_path / "running"
+
+    def hold_the_slot(_):
+        import os
+        import time
+        open(str(running), "w").close()
+        end = time.monotonic() + 120
+        while not os.path.exists(str(release)) and time.monotonic() < end:
+            time.sleep(0.05)
+        yield 1
+
+    def busy():
+        sc.setJobGroup("ember-test-busy", "holds the only slot")
+        sc.parallelize([0], 1).mapPartitions(hold_the_slot).collect()
+
+    holder = threading.Thread(target=busy, daemon=True)
+    holder.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not running.exists():  # the slot is taken once the task runs
+            assert time.monotonic() < deadline, "the task holding the slot did not start within 120 s"
+            time.sleep(0.05)
+        with pytest.raises(ember.errors.DeadlineExceeded) as info:
+            check_executor_python(sc, 1, 2.0)
+        assert "the check that Spark's Python workers import Ember" in str(info.value)
+        assert "did not end within 2s" in str(info.value) and "spark.ember.executorCheckTimeout" in str(info.value)
+    finally:
+        release.write_text("")
+        holder.join(120)
+        spark_sessions.stop()
+    assert not holder.is_alive()
