@@ -13,7 +13,7 @@ from ember.input_mode import InputMode
 from ember.parallel import run_parallel
 
 __all__ = ["Cluster", "Context", "DataFeed", "InputMode", "errors", "EmberError", "ClusterError",
-           "NodeError", "run_parallel"]
+           "NodeError", "run_parallel", "pack", "PackResult", "PackError"]
 __version__ = "0.1.0"
 
 
@@ -23,4 +23,8 @@ def __getattr__(name):
         import importlib
 
         return importlib.import_module(f"ember.{name}")
+    if name in ("pack", "PackResult", "PackError"):  # ember pack: the environment for spark.archives (venv-pack)
+        from ember import _pack
+
+        return getattr(_pack, name)
     raise AttributeError(f"module 'ember' has no attribute {name!r}")

@@ -1,6 +1,10 @@
 """The ``ember`` command (a console script of the package).
 
     ember records count|head|verify|schema [options] <path>...
+    ember pack [-o ARCHIVE] [--force] [--prefix VENV] [--compress-level N] [--python-prefix DIR]
+
+``pack`` packs the current virtual environment for ``spark.archives`` (ember/_pack.py) and prints
+the Spark settings that ship it.
 
 ``records`` runs the C++ tool shipped in the package (``ember/bin/ember``, tools/ember_cli.cc) on
 local, ``hdfs://`` or ``webhdfs://`` paths.  This wrapper is the edge where configuration is read:
@@ -27,7 +31,13 @@ USAGE = """usage: ember records count|head|verify|schema [--compression=auto|non
   schema   features inferred from the first N (default 1000) records
 
 A path is a file, a directory (its files, skipping _* and .*) or a glob, local or hdfs://.
-fs.defaultFS and dfs.namenode.http-address are read from $HADOOP_CONF_DIR unless given."""
+fs.defaultFS and dfs.namenode.http-address are read from $HADOOP_CONF_DIR unless given.
+
+       ember pack [-o ARCHIVE] [--force] [--prefix VENV] [--compress-level N] [--python-prefix DIR]
+
+  pack     pack the current virtual environment (venv-pack) into ARCHIVE (default
+           ember-env.tar.gz) and print the Spark settings that ship it to the executors
+           (spark.archives=ARCHIVE#environment, PYSPARK_PYTHON=./environment/bin/python)"""
 
 
 def native_tool() -> Path:
@@ -80,11 +90,41 @@ def records_argv(args: List[str], conf: Dict[str, str]) -> List[str]:
     return ["records", *args[:1], *extra, *args[1:]]
 
 
+def pack_main(args: List[str]) -> int:
+    """``ember pack``: the archive, its size and time, then the Spark settings."""
+    import argparse
+
+    from ember._pack import DEFAULT_OUTPUT, PackError, pack
+
+    parser = argparse.ArgumentParser(prog="ember pack", description="Pack the current virtual environment "
+                                     "for spark.archives and print the Spark settings that ship it.")
+    parser.add_argument("-o", "--output", default=DEFAULT_OUTPUT, help="archive to write (.tar.gz, .tgz, .tar, .zip)")
+    parser.add_argument("--force", action="store_true", help="overwrite the archive if it exists")
+    parser.add_argument("--prefix", help="the virtual environment to pack (default: the current one)")
+    parser.add_argument("--compress-level", type=int, default=4, choices=range(10), metavar="0-9",
+                        help="gzip level (default 4; lower is faster and bigger)")
+    parser.add_argument("--python-prefix", help="where the base Python lives on the executors, if elsewhere")
+    opts = parser.parse_args(args)
+    print(f"ember pack: packing {opts.prefix or sys.prefix} into {opts.output} "
+          f"(a few minutes for a multi-GB environment)...", file=sys.stderr, flush=True)
+    try:
+        result = pack(opts.output, prefix=opts.prefix, force=opts.force, compress_level=opts.compress_level,
+                      python_prefix=opts.python_prefix)
+    except PackError as e:
+        print(f"ember pack: {e}", file=sys.stderr)
+        return 1
+    print(f"ember pack: {result.summary()}\n")
+    print(result.settings())
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         return 0 if argv else 2
+    if argv[0] == "pack":
+        return pack_main(argv[1:])
     if argv[0] != "records":
         print(f"ember: unknown command {argv[0]!r}\n{USAGE}", file=sys.stderr)
         return 2

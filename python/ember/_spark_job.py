@@ -82,30 +82,163 @@ _NO_EMBER = re.compile(r"ModuleNotFoundError: No module named 'ember(\._ember)?'
 
 
 def ember_import_hint(sc, summary: str) -> str:
-    """When `summary` says Spark's Python workers could not import Ember: which Python they
-    run, and the fix (a paragraph ending in a blank line); else ""."""
+    """When `summary` (a failed Spark job's text) says Spark's Python workers could not import
+    Ember: which Python they run and the fix (a paragraph ending in a blank line); else "".
+    The check before the first nodes (check_executor_python) catches this; this hint covers
+    executors that join later (e.g. dynamic allocation on a host without Ember)."""
     if not _NO_EMBER.search(summary):
         return ""
+    return executor_python_advice(sc, None, "see the Python error below") + "\n\n"
+
+
+def executor_python_advice(sc, seen: Optional[dict], why: str) -> str:
+    """The one message for "Spark's Python workers cannot import this Ember": which Python they
+    run (`seen`: what the check's task reported, or None), `why`, and the fix."""
     import os
     import sys
 
     python = getattr(sc, "pythonExec", None) or "python3"
     how = ("PYSPARK_PYTHON is unset, so it is python3 from the executors' PATH"
            if not os.environ.get("PYSPARK_PYTHON") else "from PYSPARK_PYTHON")
-    text = (f"Spark's Python workers cannot import Ember. They run `{python}` ({how}); this "
-            f"driver runs `{sys.executable}`, with Ember {_version()}. Fix: set PYSPARK_PYTHON "
-            f"(or spark.pyspark.python) to a Python that has this Ember installed on every executor, "
-            f"before the SparkSession starts, or ship this environment to the executors with "
-            f"spark.archives (Spark's \"Python package management\").")
+    runs = f"`{python}` ({how})"
+    if seen:
+        runs += f", which is {seen.get('python')} (Python {seen.get('version')}) on host {seen.get('host')}"
+    text = (f"Spark's Python workers cannot import Ember. They run {runs}; this driver runs "
+            f"`{sys.executable}`, with Ember {_version()}. Why: {why}. Fix: set PYSPARK_PYTHON "
+            f"(spark-submit: --conf spark.pyspark.python) to a Python that has this Ember installed "
+            f"on every executor, before the SparkSession starts; or ship this environment to the "
+            f"executors: `ember pack` makes the archive and prints the settings "
+            f"(spark.archives=<archive>#environment, PYSPARK_PYTHON=./environment/bin/python; "
+            f"docs/deploy.md).")
     if str(sc.master).startswith("local"):
-        text += (f" In local mode the driver's own interpreter is the one to use: "
-                 f"PYSPARK_PYTHON={sys.executable}.")
-    return text + "\n\n"
+        text += (f" In local mode the executors are this process's machine, and the driver's own "
+                 f"interpreter is the one to use: PYSPARK_PYTHON={sys.executable}.")
+    return text
 
 
 def _version() -> str:
     import ember
     return getattr(ember, "__version__", "?")
+
+
+def _ember_probe():
+    """The function of the check's tasks.  Defined inside a function so that cloudpickle ships
+    it by value: shipped by reference, unpickling it would import ember._spark_job, and a
+    Python without Ember would fail before it could say why.  Only the standard library."""
+
+    def probe(_rows):
+        import socket
+        import sys
+        import traceback
+
+        out = {"python": sys.executable, "version": sys.version.split()[0], "host": socket.gethostname()}
+        try:
+            import ember
+            out["ember_version"] = getattr(ember, "__version__", None)
+            out["ember_file"] = getattr(ember, "__file__", None)
+        except BaseException as e:  # noqa: BLE001 - the reason is the answer
+            out["error"] = "".join(traceback.format_exception_only(type(e), e)).strip()
+            yield out
+            return
+        try:
+            from ember import _ember
+            out["native_file"] = getattr(_ember, "__file__", None)
+            out["native_names"] = sorted(n for n in dir(_ember) if not n.startswith("_"))
+        except BaseException as e:  # noqa: BLE001 - the reason is the answer
+            out["native_error"] = "".join(traceback.format_exception_only(type(e), e)).strip()
+        yield out
+
+    return probe
+
+
+def _probe_problem(seen: dict, version: str, native_names: set) -> Optional[str]:
+    """Why the Ember a check task saw is not this driver's, or None."""
+    if seen.get("error"):
+        return seen["error"]
+    if seen.get("ember_version") != version:
+        return (f"it imports Ember {seen.get('ember_version')} from {seen.get('ember_file')}, "
+                f"not this driver's Ember {version}")
+    if seen.get("native_error"):
+        return f"its Ember {version} ({seen.get('ember_file')}) has no loadable native module: {seen['native_error']}"
+    missing = sorted(native_names - set(seen.get("native_names") or ()))
+    if missing:
+        return (f"its native module {seen.get('native_file')} is another build of Ember "
+                f"{version}: it lacks {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
+    return None
+
+
+_checked: set = set()   # (application id, pythonExec) whose executors passed the check
+_checked_lock = threading.Lock()
+
+
+def check_executor_python(sc, num_tasks: int, timeout: float) -> None:
+    """Returns once Spark's Python workers import this driver's Ember: the same version, and a
+    native module ember._ember that loads and has every name this driver's has.
+
+    Every entry point that launches nodes calls it first (Cluster.run, run_parallel; tune and
+    the ml stages through them).  It runs one Spark job of `num_tasks` tiny tasks (the slots the
+    nodes will use, so it looks at the executors they will likely run on), once per application
+    and executors' Python: later calls return at once.  Thread-safe; concurrent callers wait
+    for the one check.
+
+    Raises:
+        ClusterError: the executors' Python cannot import this Ember; the message says which
+            Python they run, why, and the fix.
+        DeadlineExceeded: the check's job did not end within `timeout` seconds (it is cancelled).
+    """
+    import ember
+    from ember import _ember
+
+    key = (sc.applicationId, getattr(sc, "pythonExec", None))
+    with _checked_lock:
+        if key in _checked:
+            return
+        version = getattr(ember, "__version__", "?")
+        native = {n for n in dir(_ember) if not n.startswith("_")}
+        seen_all = _run_probe(sc, max(1, int(num_tasks)), timeout)
+        bad = [(s, p) for s in seen_all if (p := _probe_problem(s, version, native)) is not None]
+        if bad:
+            seen, why = bad[0]
+            hosts = sorted({s.get("host") for s, _ in bad})
+            where = f" ({len(bad)} of {len(seen_all)} check tasks failed, on {', '.join(map(str, hosts))})"
+            raise ClusterError(executor_python_advice(sc, seen, why + where) + " No node was launched.")
+        _checked.add(key)
+
+
+def _run_probe(sc, n: int, timeout: float) -> list:
+    """What each of `n` tasks' Python reported (a list of dicts), within `timeout` seconds."""
+    import uuid
+
+    from pyspark import InheritableThread
+
+    group = f"ember-check-{uuid.uuid4().hex[:12]}"
+    outcome: dict = {}
+    done = threading.Event()
+
+    def job() -> None:
+        try:
+            sc.setJobGroup(group, "Ember: can the executors' Python import Ember?", interruptOnCancel=True)
+            outcome["seen"] = sc.parallelize(range(n), n).mapPartitions(_ember_probe()).collect()
+        except BaseException as e:  # noqa: BLE001 - raised below
+            outcome["error"] = e
+        finally:
+            done.set()
+
+    InheritableThread(job, daemon=True, name=group).start()
+    if not done.wait(timeout):
+        try:
+            sc.cancelJobGroup(group)
+        except Exception:  # noqa: BLE001 - the context may be gone
+            pass
+        raise DeadlineExceeded(
+            f"the check that Spark's Python workers import Ember ({n} tiny tasks, Spark job group "
+            f"{group}) did not end within {timeout:g}s; look at the Spark UI for why its tasks do "
+            f"not run, or raise spark.ember.executorCheckTimeout")
+    if "error" in outcome:
+        e = outcome["error"]
+        raise ClusterError(executor_python_advice(
+            sc, None, f"the check's Spark job failed: {spark_error_summary(e)}") + " No node was launched.") from e
+    return outcome["seen"]
 
 
 class NodesJob:

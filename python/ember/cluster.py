@@ -38,7 +38,8 @@ from ember import _ember, _feed_driver, _feeding, _hadoop, config
 from ember._console import Console
 from ember._launcher import NodeSpec
 from ember._names import TENSORBOARD_URL_KEY, WORKER_ROLES
-from ember._spark_job import NodesJob, check_slots, spark_context, spark_error_summary, task_slots
+from ember._spark_job import (NodesJob, check_executor_python, check_slots, spark_context, spark_error_summary,
+                              task_slots)
 from ember._watcher import Watcher
 from ember.errors import Aborted, ClusterError, DeadlineExceeded, NodeError
 from ember.input_mode import InputMode
@@ -205,7 +206,9 @@ class Cluster:
                 nodes, so it needs `num_executors - num_ps` task slots.
 
         Raises:
-            ClusterError: too few task slots, or the Spark job failed.
+            ClusterError: too few task slots, the executors' Python cannot import this Ember
+                (checked once per application; the message says which Python and the fix),
+                or the Spark job failed.
             NodeError: a node failed before every node registered.
             DeadlineExceeded: not every node registered within reservation_timeout;
                 the message names the missing nodes.
@@ -220,6 +223,7 @@ class Cluster:
         _ember.assign_role(layout, 0)  # validates the layout: InvalidArgument names the field
         driver_nodes = int(num_ps) if driver_ps_nodes else 0
         check_slots(sc, num_nodes - driver_nodes, config.get("slot_timeout", sc, slot_timeout))
+        check_executor_python(sc, num_nodes - driver_nodes, config.get("executor_check_timeout", sc))
         if max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
         cluster = cls(sc, num_nodes, layout, input_mode, log_dir)

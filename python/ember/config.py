@@ -27,6 +27,9 @@ coordinator_port           spark.ember.coordinator.port       0 (any free)      
                            EMBER_COORDINATOR_PORT
 connect_timeout            spark.ember.connectTimeout         30                seconds a node may take to connect to the
                            EMBER_CONNECT_TIMEOUT                                coordinator (connect + handshake)
+executor_check_timeout     spark.ember.executorCheckTimeout   120               seconds the check that the executors' Python
+                           EMBER_EXECUTOR_CHECK_TIMEOUT                         imports this Ember may take (one tiny Spark
+                                                                                job before the first nodes of an application)
 kill_grace_secs            spark.ember.killGraceSecs          3                 seconds a stopped node gets between SIGTERM
                            EMBER_KILL_GRACE_SECS                                and SIGKILL
 feed_ring_bytes            spark.ember.feed.ringBytes         67108864          InputMode.SPARK: size of each training node's
@@ -69,6 +72,8 @@ SETTINGS = {
                 int, "port the coordinator listens on (0 = any free port)"),
         Setting("connect_timeout", "spark.ember.connectTimeout", "EMBER_CONNECT_TIMEOUT", 30.0,
                 float, "seconds a node may take to connect to the coordinator"),
+        Setting("executor_check_timeout", "spark.ember.executorCheckTimeout", "EMBER_EXECUTOR_CHECK_TIMEOUT",
+                120.0, float, "seconds the check that the executors' Python imports this Ember may take"),
         Setting("feed_ring_bytes", "spark.ember.feed.ringBytes", "EMBER_FEED_RING_BYTES", 64 << 20, int,
                 "bytes of each training node's shared-memory feed ring"),
         Setting("feed_transport", "spark.ember.feed.transport", "EMBER_FEED_TRANSPORT", "auto", str,

@@ -384,7 +384,7 @@ def run_parallel(spark: Any, fn: Callable[[Any, Any], Any], args: Any = None, nu
         ClusterError: too few task slots for the runs.
     """
     from ember import config
-    from ember._spark_job import check_slots, spark_context, task_slots
+    from ember._spark_job import check_executor_python, check_slots, spark_context, task_slots
 
     sc = spark_context(spark)
     n = int(num_executors) if num_executors is not None else sc.defaultParallelism
@@ -396,6 +396,7 @@ def run_parallel(spark: Any, fn: Callable[[Any, Any], Any], args: Any = None, nu
     if have < n:
         raise ClusterError(f"run_parallel runs {n} runs at once, one Spark task slot each, but the Spark "
                            f"application has {have} (master {sc.master}); add executors or cores, or run fewer")
+    check_executor_python(sc, n, config.get("executor_check_timeout", sc))  # one error, not n failed runs
     runs = [Run(spark, fn, args, i, n) for i in range(n)]
     results: List[Optional[RunResult]] = [None] * n
 

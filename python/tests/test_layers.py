@@ -24,6 +24,7 @@ LAYERS = [
     {"parallel"},          # run_parallel: independent one-node clusters
     {"ml", "tune"},        # Spark ML stages; hyperparameter search over parallel runs
     {"compat"},            # ember.compat.tensorflowonspark: TFoS's API over all of the above
+    {"_pack"},             # ember pack: the virtual environment as an archive for spark.archives
     {"__init__", "_cli"},  # the package and the `ember` command
 ]
 LAYER = {name: i for i, layer in enumerate(LAYERS) for name in layer}
