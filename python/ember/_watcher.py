@@ -7,6 +7,7 @@ the driver raises (the node's own traceback, its host, whether it was lost).
 from __future__ import annotations
 
 import threading
+import time
 from typing import Callable, Optional
 
 from ember import _ember
@@ -14,17 +15,35 @@ from ember._console import Console
 from ember.errors import NodeError
 
 
+def is_consequence(error: NodeError) -> bool:
+    """Whether a node failed only because another node or the job did: its main_fun ended in
+    ember.errors.Aborted (a collective whose peer died or closed, a job the coordinator
+    aborted).  Such a failure is reported only when no node's own failure explains it."""
+    lines = [ln for ln in str(error.remote_traceback or "").splitlines() if ln.strip()]
+    return bool(lines) and lines[-1].lstrip().startswith(("ember.errors.Aborted:", "Aborted:"))
+
+
 class Watcher:
     """Shows a job's node events and keeps its first failure.  Thread-safe.
 
     `on_first_failure(label)` runs on the watcher's thread when the first node
     failure arrives, with the node's "role:index" (the driver stops the job then).
+
+    A failure that is only a consequence of another (`is_consequence`: a node's collective
+    saw its peer die) is held up to `root_cause_wait` seconds for the failure that caused
+    it, which is then the one reported: when a node is killed, the nodes waiting on it in an
+    allreduce fail at about the same moment, and the user must hear of the killed node.
     """
 
-    def __init__(self, server, console: Console, job_id: str, on_first_failure: Callable[[str], None]):
+    def __init__(self, server, console: Console, job_id: str, on_first_failure: Callable[[str], None],
+                 root_cause_wait: float = 2.0):
         self._server = server
         self._console = console
         self._on_first_failure = on_first_failure
+        self._root_cause_wait = root_cause_wait
+        self._held: Optional[NodeError] = None  # a consequence, waiting for its cause
+        self._held_label = ""
+        self._held_until = 0.0
         self._failure: Optional[NodeError] = None
         self._failure_cond = threading.Condition()
         self._stop = threading.Event()
@@ -51,13 +70,12 @@ class Watcher:
             self._failure_cond.wait_for(lambda: self._failure is not None, timeout=wait)
             if self._failure is not None:
                 return self._failure
-        failed = [n for n in self._server.nodes()
+        failed = [self.node_error(n.role.job_name, n.role.task_index, n.address.executor_id, n.error, info=n)
+                  for n in self._server.nodes()
                   if n.state in (_ember.NodeInfo.State.FAILED, _ember.NodeInfo.State.LOST)]
-        failed.sort(key=lambda n: n.state != _ember.NodeInfo.State.FAILED)  # own failures first
-        if failed:
-            n = failed[0]
-            return self.node_error(n.role.job_name, n.role.task_index, n.address.executor_id, n.error, info=n)
-        return None
+        # Causes before consequences, then own failures before lost nodes.
+        failed.sort(key=lambda e: (is_consequence(e), e.lost))
+        return failed[0] if failed else None
 
     def raise_failure_or(self, error_type, message: str) -> None:
         """Raises the job's node failure if there is one (waiting a second for its event),
@@ -85,6 +103,7 @@ class Watcher:
                     self._handle(event)
                 except Exception as e:  # noqa: BLE001 - one bad event must not stop the pump
                     self._console.info(f"could not show an event: {type(e).__name__}: {e}")
+            self._release_held()
             if not events and self._stop.is_set():
                 return
 
@@ -114,6 +133,21 @@ class Watcher:
         with self._failure_cond:
             if self._failure is not None:
                 return False
-            self._failure = error
+            if is_consequence(error) and self._root_cause_wait > 0:
+                if self._held is None:  # the first consequence; its cause may be on its way
+                    self._held, self._held_label = error, f"{ev.job_name}:{ev.task_index}"
+                    self._held_until = time.monotonic() + self._root_cause_wait
+                return False
+            self._failure, self._held = error, None
             self._failure_cond.notify_all()
             return True
+
+    def _release_held(self) -> None:
+        """A held consequence whose cause did not arrive in time becomes the failure."""
+        with self._failure_cond:
+            if self._held is None or (time.monotonic() < self._held_until and not self._stop.is_set()):
+                return
+            self._failure, self._held = self._held, None
+            label = self._held_label
+            self._failure_cond.notify_all()
+        self._on_first_failure(label)
