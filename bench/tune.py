@@ -134,8 +134,9 @@ def main(argv=None) -> None:
     ember_best = ranked[0].metric if ranked else float("nan")
     counts = {s: sum(1 for t in ended if t.status == s) for s in ("ok", "stopped", "failed")}
     ember_tph = len(ended) * 3600.0 / a.budget
-    C.log(f"ember ({a.sampler}, ASHA factor {a.reduction_factor:g}): {len(ended)} trials ended in {ember_secs:.0f}s (budget {a.budget:g}s; {counts}); best "
-          f"val_accuracy {ember_best:.4f} with {ranked[0].params if ranked else None}")
+    C.log(f"ember ({a.sampler}, ASHA factor {a.reduction_factor:g}): {len(ended)} trials ended in "
+          f"{ember_secs:.0f}s (budget {a.budget:g}s; {counts}); best val_accuracy {ember_best:.4f} with "
+          f"{ranked[0].params if ranked else None}")
 
     # --- hyperopt SparkTrials
     hp_space = {"lr": hp.loguniform("lr", math.log(1e-4), math.log(3e-1)), "units": hp.choice("units", [32, 64, 128]),
