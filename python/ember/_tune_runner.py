@@ -296,8 +296,8 @@ class Runner:
         the node's error."""
         server = self._run.cluster._server
         with self._lock:
-            if self._interrupted is not None:  # the search ended before this trial could start
-                return Outcome("pending", error=self._interrupted)
+            if self._interrupted is not None:  # the search's budget ended before the trial got here
+                return Outcome("stopped", error=self._interrupted)
             n = self._n
             self._n += 1
             self._current = index
@@ -333,8 +333,8 @@ class Runner:
 
     def interrupt(self, reason: str) -> None:
         """Ends the running trial's wait on the driver with status "stopped" (`reason`), and
-        makes ``run_trial`` start no trial after it ("pending"); the runner is ended
-        afterwards.  Thread-safe."""
+        makes ``run_trial`` run no trial after it (each "stopped" at once); the runner is
+        ended afterwards.  Thread-safe."""
         with self._lock:
             if self._interrupted is None:
                 self._interrupted = reason

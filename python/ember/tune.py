@@ -142,8 +142,8 @@ class Sampler:
     The search calls, under one lock: ``setup`` once; ``ask(i)`` for trial i's parameters
     when a slot is free (i = 0, 1, ... up to what setup returned); ``report(i, step, value)``
     for each value of the metric that trial i reports (step 0, 1, ...); ``tell(i, status,
-    value)`` when it ended ("ok", "stopped" by the scheduler or the time budget, "failed",
-    "pending"), with its final metric or None.
+    value)`` when it ended ("ok", "stopped" by the scheduler or the time budget, or
+    "failed"), with its final metric or None.
     """
 
     def setup(self, space: Dict[str, Any], num_samples: int, metric: str, mode: str, seed: int) -> int:
@@ -389,7 +389,8 @@ class Trial:
         index: its number, in the order trials were generated.
         params: its hyperparameters.
         status: "ok", "stopped" (by the scheduler or the time budget), "failed" or "pending"
-            (never started: the time budget ran out).
+            (never started: the time budget ran out before it was drawn; a trial drawn before
+            it, whose start the budget's end overtook, is "stopped").
         metric: the final value of the search's metric: the trial's returned dict's, else its
             last report's (None if it never reported it).
         progress: the last reported value of the scheduler's time attribute (e.g. epochs done).
