@@ -7,16 +7,19 @@ The trial: a dense Fashion-MNIST classifier (784 -> units relu -> 10) trained wi
 test images (the Debian package dataset-fashion-mnist).  Space: learning rate
 loguniform(1e-4, 3e-1), units choice(32, 64, 128), batch size choice(32, 64, 128).
 
-  ember        ember.tune.run: random search, ASHA (grace 1 epoch, reduction factor 3) fed by
-               each epoch's val_accuracy through ctx.report, ``parallelism`` trials at once,
-               each an Ember job of its own; time_budget_s stops the search.
+  ember        ember.tune.run: TPE (Optuna's TPESampler through ask/tell, 10 random start-up
+               trials; --sampler random for random search), ASHA (grace 1 epoch, reduction
+               factor 3) fed by each epoch's val_accuracy through ctx.report, ``parallelism``
+               trials at once in warm runners (one long-lived node process per slot takes trial
+               after trial); time_budget_s stops the search.
   sparktrials  hyperopt 0.3.0: fmin(tpe.suggest, SparkTrials(parallelism, timeout)); each trial
                is a Spark task running the objective (no early stopping in hyperopt).  It is
                installed by this script into bench/.hyperopt-site (pip --target, --no-deps, with
                the dependencies the main venv lacks), as bench/_common.py does for TFoS.
 
 trials/hour counts the trials that ended (finished, stopped early or failed) within the budget.
-The last line is:
+The last two lines are:
+  best_val_accuracy: ember=<v> sparktrials=<v>
   tune_trials_per_hour: ember=<v> sparktrials=<v> ratio=<v>
 
   .venv/bin/python bench/tune.py                       # 300 s budget each, local[2]
@@ -100,6 +103,8 @@ def main(argv=None) -> None:
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--train-rows", type=int, default=12000)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sampler", choices=["tpe", "random"], default="tpe", help="Ember's sampler")
+    p.add_argument("--reduction-factor", type=float, default=4.0, help="Ember's ASHA reduction factor")
     a = p.parse_args(argv)
 
     C.log(C.machine_info())
@@ -120,16 +125,18 @@ def main(argv=None) -> None:
              "batch": tune.choice([32, 64, 128]), "epochs": a.epochs, "train_rows": a.train_rows}
     t0 = time.monotonic()
     search = tune.run(spark, ember_trial, space, metric="val_accuracy", mode="max", num_samples=10_000,
-                      scheduler=tune.ASHA(time_attr="epoch", grace_period=1, reduction_factor=3, max_t=a.epochs),
-                      parallelism=a.parallelism, time_budget_s=a.budget, seed=a.seed)
+                      scheduler=tune.ASHA(time_attr="epoch", grace_period=1, reduction_factor=a.reduction_factor,
+                                          max_t=a.epochs),
+                      parallelism=a.parallelism, time_budget_s=a.budget, seed=a.seed, sampler=a.sampler)
     ember_secs = time.monotonic() - t0
     ended = [t for t in search.trials if t.status in ("ok", "stopped", "failed")]
     ranked = search.ranked(("ok", "stopped"))
     ember_best = ranked[0].metric if ranked else float("nan")
     counts = {s: sum(1 for t in ended if t.status == s) for s in ("ok", "stopped", "failed")}
     ember_tph = len(ended) * 3600.0 / a.budget
-    C.log(f"ember: {len(ended)} trials ended in {ember_secs:.0f}s (budget {a.budget:g}s; {counts}); best "
-          f"val_accuracy {ember_best:.4f} with {ranked[0].params if ranked else None}")
+    C.log(f"ember ({a.sampler}, ASHA factor {a.reduction_factor:g}): {len(ended)} trials ended in "
+          f"{ember_secs:.0f}s (budget {a.budget:g}s; {counts}); best val_accuracy {ember_best:.4f} with "
+          f"{ranked[0].params if ranked else None}")
 
     # --- hyperopt SparkTrials
     hp_space = {"lr": hp.loguniform("lr", math.log(1e-4), math.log(3e-1)), "units": hp.choice("units", [32, 64, 128]),

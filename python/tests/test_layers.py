@@ -22,6 +22,7 @@ LAYERS = [
     {"_spark_job", "_watcher"},
     {"cluster"},
     {"parallel"},          # run_parallel: independent one-node clusters
+    {"_tune_runner"},      # tune's warm trial runners: one-node parallel runs that take trial after trial
     {"ml", "tune"},        # Spark ML stages; hyperparameter search over parallel runs
     {"compat"},            # ember.compat.tensorflowonspark: TFoS's API over all of the above
     {"_pack"},             # ember pack: the virtual environment as an archive for spark.archives

@@ -1,8 +1,9 @@
-"""ember.tune: search spaces, ASHA, and a small Fashion-MNIST search whose diverging trial is
-stopped early."""
+"""ember.tune: search spaces, ASHA, a small Fashion-MNIST search whose diverging trial is
+stopped early, a TPE search in warm runners, failing and dying trials, the time budget."""
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import no_leftovers
 from ember import tune
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "fashion_mnist"
@@ -113,22 +115,105 @@ def test_fashion_mnist_search_stops_the_diverging_trial(spark):
 
 
 def _fails_for_odd(params, ctx):
+    if params["k"] == 3:
+        os._exit(7)  # the runner process dies: its trial fails, the runner is replaced
     if params["k"] % 2:
         raise RuntimeError(f"trial with k={params['k']} fails")
-    return {"score": float(params["k"])}
+    return {"score": float(params["k"]), "pid": os.getpid()}
 
 
 def test_failed_trials_are_recorded_and_the_budget_is_kept(spark):
-    search = tune.run(spark, _fails_for_odd, {"k": tune.grid([1, 2, 4])}, metric="score", mode="max", parallelism=2)
+    # One slot: the trials run in order, so which runner ran which trial is known.
+    search = tune.run(spark, _fails_for_odd, {"k": tune.grid([1, 2, 3, 4, 6])}, metric="score", mode="max",
+                      parallelism=1)
     status = {t.params["k"]: t.status for t in search.trials}
-    assert status == {1: "failed", 2: "ok", 4: "ok"}
-    failed = next(t for t in search.trials if t.status == "failed")
-    assert "RuntimeError: trial with k=1 fails" in failed.error
-    assert search.best_params == {"k": 4} and search.best_trial.metric == 4.0
+    assert status == {1: "failed", 2: "ok", 3: "failed", 4: "ok", 6: "ok"}
+    by_k = {t.params["k"]: t for t in search.trials}
+    assert "trial 0 failed" in by_k[1].error and "RuntimeError: trial with k=1 fails" in by_k[1].error
+    assert "trial 2: its runner process ended while it ran" in by_k[3].error and "exit code 7" in by_k[3].error
+    assert search.best_params == {"k": 6} and search.best_trial.metric == 6.0
+    # The runner went on after k=1 raised, died with k=3 and was replaced for k=4 and 6.
+    job = [by_k[k].job_id for k in (1, 2, 3, 4, 6)]
+    assert job[0] == job[1] == job[2] != job[3] == job[4]
+    assert by_k[2].value["pid"] != by_k[4].value["pid"] and by_k[4].value["pid"] == by_k[6].value["pid"]
+    for job_id in {t.job_id for t in search.trials}:
+        no_leftovers(job_id)
     with pytest.raises(ValueError, match="nodes_per_trial=9"):
         tune.run(spark, _fails_for_odd, {"k": 1}, metric="score", nodes_per_trial=9)
     late = tune.run(spark, _fails_for_odd, {"k": tune.grid([2, 4])}, metric="score", time_budget_s=0.0)
     assert [t.status for t in late.trials] == ["pending", "pending"]
+
+
+def _sleeps(params, ctx):
+    time.sleep(600)  # never reports: only the budget's end can stop it
+
+
+def test_the_budget_ends_a_running_trial_in_a_warm_runner(spark):
+    # Trial 0 is drawn at once, so the budget's end stops it ("stopped": while it sleeps in its
+    # runner, or before it gets there if the runner starts late); 1 and 2 are never drawn.
+    search = tune.run(spark, _sleeps, {"k": tune.grid([1, 2, 3])}, metric="score", parallelism=1, time_budget_s=2.0)
+    assert [t.status for t in search.trials] == ["stopped", "pending", "pending"]
+    assert "time budget of 2s ran out" in search.trials[0].error
+    assert search.seconds < 60  # the trial's own wait would have lasted 600 s
+    no_leftovers(search.trials[0].job_id)
+
+
+def tpe_trial(params, ctx):
+    """A tiny dense classifier on 2,000 training images, 3 epochs; reports val_accuracy each epoch."""
+    sys.path.insert(0, params["examples"])
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import data
+    import keras
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)  # a no-op in a warm runner's next trials
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    keras.utils.set_random_seed(1)
+    x, y = data.load_split("train")
+    xv, yv = data.load_split("test")
+    x, y = x[:2000].reshape(-1, 784) / 255.0, y[:2000]
+    xv, yv = xv[:1000].reshape(-1, 784) / 255.0, yv[:1000]
+    model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(params["units"], activation="relu"),
+                              keras.layers.Dense(10, activation="softmax")])
+    model.compile(optimizer=keras.optimizers.Adam(params["lr"]), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    for epoch in range(3):
+        model.fit(x, y, epochs=1, batch_size=64, verbose=0)
+        acc = float(model.evaluate(xv, yv, verbose=0, batch_size=1000)[1])
+        ctx.report(epoch=epoch + 1, val_accuracy=acc)
+    return {"val_accuracy": acc, "pid": os.getpid()}
+
+
+@needs_dataset
+def test_tpe_search_in_warm_runners(spark):
+    from optuna.trial import TrialState
+
+    sampler = tune.TPE(n_startup_trials=3)
+    space = {"lr": tune.loguniform(1e-4, 3e-1), "units": tune.choice([16, 32, 64]), "examples": str(EXAMPLES)}
+    search = tune.run(spark, tpe_trial, space, metric="val_accuracy", mode="max", num_samples=5, parallelism=2,
+                      sampler=sampler, scheduler=tune.ASHA(time_attr="epoch", grace_period=1, reduction_factor=2,
+                                                           max_t=3))
+    trials = search.trials
+    assert len(trials) == 5 and all(t.status in ("ok", "stopped") for t in trials), [(t.status, t.error) for t in trials]
+    # Every trial went through Optuna's ask/tell: finished ones COMPLETE with their metric, the
+    # ones ASHA stopped PRUNED with the values they reported (what TPE ranks them by).
+    optuna_trials = sampler._study.get_trials(deepcopy=False)
+    assert len(optuna_trials) == 5
+    assert sorted(ot.state == TrialState.COMPLETE for ot in optuna_trials) == \
+        sorted(t.status == "ok" for t in trials)
+    for t, ot in zip(trials, optuna_trials):
+        assert ot.params["units"] == [16, 32, 64].index(t.params["units"]) and ot.params["lr"] == t.params["lr"]
+        assert list(ot.intermediate_values.values()) == [r["val_accuracy"] for r in t.reports]
+        if t.status == "ok":
+            assert ot.value == t.metric and t.progress == 3
+        else:
+            assert "ASHA" in t.error and t.progress < 3
+    # Warm runners: 5 trials ran in the 2 runners' processes, each a job of its own.
+    pids = {t.value["pid"] for t in trials if t.status == "ok"}
+    assert len({t.job_id for t in trials}) == 2 and len(pids) <= 2
+    assert search.best_trial.metric > 0.6
+    for job_id in {t.job_id for t in trials}:
+        no_leftovers(job_id)
 
 
 def _two_node_trial(params, ctx):
