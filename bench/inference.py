@@ -206,7 +206,9 @@ def _tfos(spark, model, warm, df, a) -> float:
 
     export_dir = tempfile.mkdtemp(prefix="bench-inference-tfos-")
     model.export(export_dir, verbose=False)
-    tfm = (pipeline.TFModel({}).setExportDir(export_dir).setInputMapping({"features": "x"})
+    # TFoS's TF2 path looks the signature up by key and has no default for it.
+    tfm = (pipeline.TFModel({}).setExportDir(export_dir).setSignatureDefKey("serving_default")
+           .setTagSet("serve").setInputMapping({"features": "x"})
            .setOutputMapping({"output_0": "prediction"}).setBatchSize(a.batch))
     timed("tfos warm-up", lambda: tfm.transform(warm), a.warmup_rows, 1)
     return timed("tfos", lambda: tfm.transform(df), a.rows, a.repeats)
