@@ -321,7 +321,10 @@ struct RowRange {
 // Reads a node's ring: decodes every message, keeps partition sessions, the
 // equal-rows bound of every epoch and the exactly-one-result rule.
 //
-// Not thread-safe: one thread uses a Consumer (as TFoS's DataFeed).
+// Thread-compatible, with one exception: one thread at a time reads (every
+// method but Terminate), and Terminate() may be called from any thread at
+// any time, also while another thread is inside a read (TFoS programs read
+// in tf.data's generator thread while the main thread terminates the feed).
 class Consumer {
  public:
   // Opens the node's ring `ring_name` (made by the node's launcher).
@@ -367,7 +370,8 @@ class Consumer {
   // the end of the feed.  Hands nothing out.
   Result<std::optional<RowRange>> PeekRow();
 
-  // True once terminated, or the feed ended and every row was read.
+  // True once terminated (at once after Terminate() on any thread), or the
+  // feed ended and every row was read.
   bool ShouldStop() const;
 
   // Inference: how the next `rows` results divide over the partitions
@@ -381,8 +385,16 @@ class Consumer {
   // that fed the partition is gone, the answers are dropped quietly.
   Status SendResults(std::span<const uint8_t> ipc, int64_t rows);
 
-  // Stops the feed early (TFoS DataFeed.terminate): queued data is dropped
-  // and producers stop quietly.  Idempotent.
+  // Stops the feed early (TFoS DataFeed.terminate): queued data is dropped and
+  // producers stop quietly (their writes, and the driver's AwaitEpoch, see
+  // Cancelled / kTerminated).  Any thread, without waiting for a read in
+  // progress on another: unless that read already has all it asked for, it
+  // ends as at the end of the feed, woken if it was blocked on the empty
+  // ring (Next: the rows it had taken, maybe none; NextEpochBatch(es): no
+  // rows; BeginEpoch, PeekRow: std::nullopt), and every later read does so
+  // at once.  Terminate itself only flags the Consumer and terminates the
+  // ring; the reading thread drops its queued messages on its next read.
+  // Rows already handed out stay valid.  Idempotent.
   void Terminate();
   // Releases the ring and result rings.  Idempotent.
   void Close();

@@ -34,7 +34,8 @@ _RUN_BATCHES = 64    # epoch_batches asks the core for up to this many batches p
 class DataFeed:
     """Reads what ``cluster.train()`` / ``cluster.inference()`` feed to this node.
 
-    Not thread-safe: use one DataFeed from one thread.
+    Not thread-safe: use one DataFeed from one thread, except ``terminate()``, which any
+    thread may call, also while another is reading (it ends that read as the end of the feed).
 
     Args:
         ring: the node's feed ring: its name, or an ``ember._ember.ShmRing`` opened on it.
@@ -220,7 +221,9 @@ class DataFeed:
 
     def terminate(self) -> None:
         """Stops the feed early (TFoS ``DataFeed.terminate``): queued data is dropped and
-        feeding tasks skip the rest of their partitions quietly."""
+        feeding tasks skip the rest of their partitions quietly.  Safe from any thread: a read
+        in progress on another thread (one waiting on an empty feed too) ends as at the end of
+        the feed, and so does every later read."""
         self._consumer.terminate()
 
     # ------------------------------------------------------------- iteration

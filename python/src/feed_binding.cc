@@ -182,7 +182,8 @@ void BindShmRing(nb::module_& m) {
           },
           "timeout"_a,
           "Consumer: (kind, payload) of the next message; payload is a read-only uint8 numpy array\n"
-          "that owns its bytes.  DeadlineExceeded if none arrives within `timeout` seconds.")
+          "that owns its bytes.  DeadlineExceeded if none arrives within `timeout` seconds;\n"
+          "Cancelled once the ring is terminated (a read waiting on another thread too).")
       .def(
           "lock_session",
           [](shm::Ring& self, double idle_timeout) { ThrowIfError(self.LockSession(SecondsToDuration(idle_timeout))); },
@@ -197,7 +198,8 @@ void BindShmRing(nb::module_& m) {
       .def("abort", &shm::Ring::Abort, "reason"_a, Release(),
            "Consumer: fails blocked and future writes with Aborted(`reason`).")
       .def("terminate", &shm::Ring::Terminate, Release(),
-           "Consumer: drops queued data; producers' writes then raise Cancelled (stop quietly).")
+           "Consumer: drops queued data; producers' writes (and reads of the ring) then raise\n"
+           "Cancelled: feeding tasks stop quietly.  Any thread, also while another reads.")
       .def("close", &shm::Ring::Close, Release(),
            "Releases the ring (a consumer also aborts and unlinks it).  Idempotent; safe while other\n"
            "threads use the ring.");

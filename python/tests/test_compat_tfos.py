@@ -12,7 +12,9 @@ their exported models are served by a TFoS-style inference program through
 from __future__ import annotations
 
 import os
+import secrets
 import sys
+import threading
 import types
 from argparse import Namespace
 from pathlib import Path
@@ -186,6 +188,36 @@ def test_node_context_offers_tfos_attributes_and_ember_extras():
         ctx.mgr.get_queue("input")
     with pytest.raises(AttributeError):
         ctx.no_such_attribute
+
+
+def test_terminate_on_the_main_thread_ends_a_read_blocked_in_the_generator_thread():
+    """TFoS's pattern: tf.data's generator thread waits in next_batch on an empty feed while
+    the main thread calls terminate().  terminate() does not wait for that read (whose read
+    timeout is 60 s: had it waited, the read would raise DeadlineExceeded and fail the test),
+    and the read ends as the end of the feed."""
+    from ember import _ember
+    from ember.feed import DataFeed as NodeFeed
+    ring = _ember.ShmRing.create(f"/ember-test-{secrets.token_hex(6)}", 1 << 20)
+    try:
+        ember_ctx = FakeEmberCtx()
+        ember_ctx.get_data_feed = lambda train_mode=True, input_mapping=None: NodeFeed(
+            ring, "worker:1", train_mode, input_mapping, timeout=60)
+        feed = TFNode.DataFeed(TFNode.TFNodeContext(ember_ctx).mgr)
+        got, entered = [], threading.Event()
+
+        def generator():
+            entered.set()
+            got.append(feed.next_batch(4))
+
+        reader = threading.Thread(target=generator, daemon=True)
+        reader.start()
+        assert entered.wait(60)
+        feed.terminate()
+        reader.join(60)
+        assert not reader.is_alive(), "terminate() did not end the read in the generator thread"
+        assert got == [[]] and feed.should_stop() and feed.done_feeding
+    finally:
+        ring.close()  # ends a read still blocked (Aborted), so no thread outlives the test
 
 
 def test_hdfs_path_follows_tfos():

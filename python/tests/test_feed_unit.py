@@ -155,6 +155,26 @@ def test_next_batch_matches_tfos(ring):
     assert feed.should_stop()
 
 
+def test_terminate_from_another_thread_ends_a_read_waiting_for_data(ring):
+    """ember.keras.StopFeedCallback terminates on Keras's thread while tf.data's generator
+    thread may wait on the empty feed: the read ends as the end of the feed (its timeout is
+    60 s, so a read terminate() did not end fails the test), and so does every later one."""
+    feed = DataFeed(ring, node="worker:0", timeout=60)
+    got, entered = [], threading.Event()
+
+    def reader():
+        entered.set()
+        got.append(list(feed.epoch_batches(4)))
+
+    t = threading.Thread(target=reader, daemon=True)
+    t.start()
+    assert entered.wait(60)
+    feed.terminate()
+    t.join(60)
+    assert not t.is_alive() and got == [[]]
+    assert feed.should_stop() and feed.next_batch(3) == [] and list(feed.epoch_batches(4)) == []
+
+
 def test_epoch_batches_yield_equal_full_batches_and_drop_the_remainder(ring):
     def produce():
         for epoch in range(2):

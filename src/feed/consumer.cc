@@ -1,6 +1,7 @@
 // Consumer: the node's end of the feed.  See ember/feed.h for the contract
 // and feed/epoch.h for the equal-rows bound.
 #include <algorithm>
+#include <atomic>
 #include <deque>
 #include <map>
 #include <set>
@@ -58,7 +59,13 @@ class Consumer::Impl {
   std::deque<std::shared_ptr<Session>> open_sessions;  // inference, awaiting answers, in order
   std::map<uint32_t, EpochBound> epochs;
   bool end_of_feed = false;
-  bool terminated = false;
+  // Terminate() may come from any thread while the reading thread is inside a
+  // call (TFoS: tf.data's generator thread reads, the user's thread calls
+  // DataFeed.terminate()).  It only sets this flag and terminates the ring,
+  // which wakes a read blocked there; the reading thread owns everything
+  // else, and acts on the flag in Terminated().
+  std::atomic<bool> terminate_requested{false};
+  bool terminated = false;  // the reading thread's: the flag seen and acted on
   std::set<uint32_t> finished_epochs;       // claimed by BeginEpoch: their remainder is dropped
   std::optional<uint32_t> current_epoch;    // the one NextEpochBatch hands out now
   int64_t epoch_taken = 0;
@@ -66,6 +73,16 @@ class Consumer::Impl {
   uint32_t mark = 0;  // the training epoch begun + 1, as published in the ring (Ring::SetMark)
 
   std::string Node() const { return "node " + options.node; }
+
+  // The reading thread: true once Terminate() was called (on any thread); the
+  // first time, drops what was queued (the leases go back to the ring).
+  bool Terminated() {
+    if (!terminated && terminate_requested.load(std::memory_order_acquire)) {
+      terminated = true;
+      events.clear();
+    }
+    return terminated;
+  }
 
   bool Stale(const Event& e) const { return finished_epochs.count(e.epoch) && current_epoch != e.epoch; }
 
@@ -93,7 +110,7 @@ class Consumer::Impl {
 };
 
 Result<bool> Consumer::Impl::ReadMessage() {
-  if (end_of_feed || terminated) return false;
+  if (end_of_feed || Terminated()) return false;
   if (ring->pinned_bytes() > ring->capacity() / kPinnedShare) {
     EMBER_RETURN_NOT_OK(ring->RevokeLeases().WithContext(Node()));
   }
@@ -104,6 +121,11 @@ Result<bool> Consumer::Impl::ReadMessage() {
                                     FormatDuration(options.read_timeout) +
                                     ". Call cluster.train()/cluster.inference() on the driver, or pass a larger "
                                     "timeout to ctx.get_data_feed()");
+  }
+  if (st.code() == StatusCode::kCancelled) {  // the ring was terminated (by Terminate() on another thread)
+    terminate_requested.store(true, std::memory_order_release);
+    Terminated();
+    return false;
   }
   if (!st.ok()) return st.WithContext(Node());
   const uint32_t kind = lease->kind();
@@ -201,6 +223,7 @@ Result<std::vector<RowRange>> Consumer::Impl::Take(int64_t n, bool stop_at_parti
   std::vector<RowRange> out;
   int64_t count = 0;
   while (count < n) {
+    if (Terminated()) break;  // what this call took stays handed out; the next call gets nothing
     if (events.empty()) {
       EMBER_ASSIGN_OR_RAISE(bool more, ReadMessage());
       if (!more) break;
@@ -246,6 +269,7 @@ Result<std::vector<RowRange>> Consumer::Impl::Take(int64_t n, bool stop_at_parti
 Result<std::optional<uint32_t>> Consumer::Impl::NextEpoch(std::optional<EpochKind> kind) {
   current_epoch.reset();
   for (;;) {
+    if (Terminated()) return std::optional<uint32_t>();
     while (!events.empty() && Stale(events.front())) events.pop_front();
     std::optional<uint32_t> next;
     for (const Event& e : events) {
@@ -266,7 +290,6 @@ Result<std::optional<uint32_t>> Consumer::Impl::NextEpoch(std::optional<EpochKin
       }
       return next;
     }
-    if (terminated) return std::optional<uint32_t>();
     EMBER_ASSIGN_OR_RAISE(bool more, ReadMessage());
     if (!more) return std::optional<uint32_t>();
   }
@@ -390,7 +413,7 @@ Result<std::vector<RowRange>> Consumer::NextEpochBatches(int64_t batch_size, int
   if (max_batches <= 0) {
     return Status::InvalidArgument("max_batches must be positive, got " + std::to_string(max_batches));
   }
-  if (!s.current_epoch) return std::vector<RowRange>();
+  if (s.Terminated() || !s.current_epoch) return std::vector<RowRange>();
   const uint32_t epoch = *s.current_epoch;
   EpochBound& info = s.epochs[epoch];
   while (!info.complete() && info.usable() - s.epoch_taken < batch_size) {
@@ -408,7 +431,7 @@ Result<std::vector<RowRange>> Consumer::NextEpochBatches(int64_t batch_size, int
   int64_t got = 0;
   for (const RowRange& r : out) got += r.rows;
   if (got < want) {
-    if (s.terminated) return std::vector<RowRange>();
+    if (s.Terminated()) return std::vector<RowRange>();
     return Status::Internal(s.Node() + ": epoch " + std::to_string(epoch) + " holds " + std::to_string(left) +
                             " unread rows by its markers but only " + std::to_string(got) +
                             " arrived (a feed protocol error; please report it)");
@@ -436,7 +459,6 @@ Result<std::optional<RowRange>> Consumer::PeekRow() {
         return std::optional<RowRange>(std::move(r));
       }
     }
-    if (s.terminated) return std::optional<RowRange>();
     EMBER_ASSIGN_OR_RAISE(bool more, s.ReadMessage());
     if (!more) return std::optional<RowRange>();
   }
@@ -444,7 +466,7 @@ Result<std::optional<RowRange>> Consumer::PeekRow() {
 
 bool Consumer::ShouldStop() const {
   const Impl& s = *impl_;
-  if (s.terminated) return true;
+  if (s.terminate_requested.load(std::memory_order_acquire)) return true;  // set before `terminated`
   if (!s.end_of_feed) return false;
   return std::none_of(s.events.begin(), s.events.end(), [&](const Event& e) { return e.is_rows && !s.Stale(e); });
 }
@@ -493,10 +515,11 @@ Status Consumer::SendResults(std::span<const uint8_t> ipc, int64_t rows) {
   return s.MaybeFinish(session);
 }
 
+// Any thread, while another reads: touches only the flag and the ring (both
+// thread-safe); the reading thread drops its own state (Impl::Terminated).
 void Consumer::Terminate() {
-  impl_->terminated = true;
-  impl_->events.clear();
-  if (impl_->ring) impl_->ring->Terminate();
+  impl_->terminate_requested.store(true, std::memory_order_release);
+  impl_->ring->Terminate();  // producers stop; a read blocked on the empty ring ends (Cancelled)
 }
 
 void Consumer::Close() {

@@ -186,6 +186,9 @@ Ring::~Ring() { Close(); }
 size_t Ring::capacity() const { return capacity_; }
 
 Status Ring::ClosedStatus() const { return Status::Aborted("feed ring " + name_ + " is closed"); }
+Status Ring::TerminatedStatus() const {
+  return Status::Cancelled("feed ring " + name_ + ": the node terminated its feed");
+}
 
 Result<std::unique_ptr<Ring>> Ring::Create(const std::string& name, size_t capacity) {
   capacity = Align8(capacity);
@@ -280,7 +283,7 @@ Status Ring::WriteParts(uint32_t kind, std::span<const std::span<const uint8_t>>
   for (;;) {
     if (closing_) return ClosedStatus();
     if (h->aborted) return Status::Aborted("feed ring " + name_ + ": " + h->abort_reason);
-    if (h->terminated) return Status::Cancelled("feed ring " + name_ + ": the node terminated its feed");
+    if (h->terminated) return TerminatedStatus();
     const uint64_t pos = h->head % cap;
     const uint64_t to_end = cap - pos;
     // A record never straddles the end: if it does not fit, a wrap marker
@@ -337,7 +340,7 @@ Status Ring::LockSession(Duration idle_timeout) {
       RobustLock lock(&h->mu);
       if (closing_) return ClosedStatus();
       if (h->aborted) return Status::Aborted("feed ring " + name_ + ": " + h->abort_reason);
-      if (h->terminated) return Status::Cancelled("feed ring " + name_ + ": the node terminated its feed");
+      if (h->terminated) return TerminatedStatus();
     }
     int rc = pthread_mutex_trylock(&h->session_mu);
     if (rc == EOWNERDEAD) {  // the previous holder died mid-session
@@ -387,6 +390,7 @@ Status Ring::Read(uint32_t* kind, std::vector<uint8_t>* payload, Deadline deadli
   for (;;) {
     if (closing_) return ClosedStatus();
     if (h->aborted) return Status::Aborted("feed ring " + name_ + ": " + h->abort_reason);
+    if (h->terminated) return TerminatedStatus();  // Terminate() dropped what was queued
     if (h->head != h->read) {
       uint64_t pos = h->read % cap;
       uint32_t len;
@@ -432,6 +436,7 @@ Status Ring::ReadLease(std::shared_ptr<const RingLease>* out, Deadline deadline)
   for (;;) {
     if (closing_) return ClosedStatus();
     if (h->aborted) return Status::Aborted("feed ring " + name_ + ": " + h->abort_reason);
+    if (h->terminated) return TerminatedStatus();  // Terminate() dropped what was queued
     if (h->head != h->read) {
       const uint64_t pos = h->read % cap;
       uint32_t len;
@@ -551,7 +556,7 @@ Status Ring::Health() {
   RingHeader* h = header_;
   RobustLock lock(&h->mu);
   if (h->aborted) return Status::Aborted("feed ring " + name_ + ": " + h->abort_reason);
-  if (h->terminated) return Status::Cancelled("feed ring " + name_ + ": the node terminated its feed");
+  if (h->terminated) return TerminatedStatus();
   if (!ProcessAlive(h->consumer_pid)) {
     return Status::Aborted("feed ring " + name_ + ": the node process (pid " + std::to_string(h->consumer_pid) +
                            ") that reads it has exited");
@@ -583,7 +588,11 @@ void Ring::Terminate() {
   header_->terminated = 1;
   header_->read = header_->head;  // drop what is queued
   UpdateTailLocked();
+  // Producers and a consumer blocked in Read/ReadLease (on this thread or another: the
+  // flag is set under mu, which every wait re-checks before it sleeps) wake and return
+  // Cancelled.
   pthread_cond_broadcast(&header_->not_full);
+  pthread_cond_broadcast(&header_->not_empty);
 }
 
 void Ring::Close() {

@@ -11,6 +11,9 @@
 // on the other side has died, so nothing waits forever.
 //
 // Thread-safe: any number of producer threads/processes; one consumer.
+// Terminate() and Abort() may come from any thread, also while the consumer
+// is blocked in Read/ReadLease on another: everything is under the ring's
+// mutex, and the blocked read wakes.
 // Close() is safe while other threads use the ring: it wakes their blocked
 // calls, which return Aborted ("... is closed") within moments, waits for
 // every call on this object to leave, and only then unmaps the segment.
@@ -124,8 +127,10 @@ class Ring {
 
   // Consumer: takes the next message, blocking while the ring is empty.
   // `payload` is resized and overwritten.  DeadlineExceeded if nothing
-  // arrived before `deadline`; Aborted after Abort().  Where a stream of
-  // messages ends is said by message kinds (the feed protocol), not here.
+  // arrived before `deadline`; Aborted after Abort(); Cancelled after
+  // Terminate() (a read blocked on an empty ring wakes and returns it).
+  // Where a stream of messages ends is said by message kinds (the feed
+  // protocol), not here.
   Status Read(uint32_t* kind, std::vector<uint8_t>* payload, Deadline deadline);
   // Consumer: as Read, without copying: the message stays in the ring, its
   // bytes not reusable by producers, until the lease is destroyed (see the
@@ -162,8 +167,9 @@ class Ring {
 
   // Consumer: the node wants no more data (TFoS DataFeed.terminate()): the
   // ring is emptied, and blocked and future Write()s and LockSession()s
-  // return Cancelled, which feeding tasks treat as "stop quietly".
-  // Idempotent.
+  // return Cancelled, which feeding tasks treat as "stop quietly"; so do
+  // blocked and future Read()s and ReadLease()s (leases already handed out
+  // stay valid).  Any thread, also while another reads.  Idempotent.
   void Terminate();
 
   // Wakes and waits out calls in flight on other threads (see the class
@@ -181,6 +187,7 @@ class Ring {
 
   Ring(std::string name, SharedMemory segment, Mapping mapping);
   Status ClosedStatus() const;
+  Status TerminatedStatus() const;  // Cancelled: what producers read as "stop quietly"
   // With h->mu held: tail after a read or a release.
   void UpdateTailLocked();
   // With h->mu held: RevokeLeases().

@@ -207,7 +207,36 @@ TEST(Ring, TerminateCancelsProducersQuietly) {
   EXPECT_EQ((*producer)->Health().code(), StatusCode::kCancelled);
   uint32_t kind;
   std::vector<uint8_t> payload;
-  EXPECT_EQ((*ring)->Read(&kind, &payload, Deadline::After(Duration(20))).code(), StatusCode::kDeadlineExceeded);
+  EXPECT_EQ((*ring)->Read(&kind, &payload, Deadline::After(Duration(20))).code(), StatusCode::kCancelled);
+}
+
+// Terminate() on one thread while the consumer reads on another (a tf.data
+// generator thread reading, the user's thread calling DataFeed.terminate()):
+// the read ends with Cancelled whichever comes first, never with the
+// deadline; a lease taken before stays readable.
+TEST(Ring, TerminateFromAnotherThreadEndsABlockedRead) {
+  auto ring = Ring::Create(UniqueName(), 1 << 16);
+  ASSERT_TRUE(ring.ok());
+  auto producer = Ring::Open((*ring)->name());
+  ASSERT_TRUE(producer.ok());
+  ASSERT_TRUE((*producer)->Write(7, Bytes(3, 100), Soon()).ok());
+  std::shared_ptr<const RingLease> kept;
+  ASSERT_TRUE((*ring)->ReadLease(&kept, Soon()).ok());
+  Status lease_st, read_st;
+  std::thread reader([&] {
+    std::shared_ptr<const RingLease> lease;
+    lease_st = (*ring)->ReadLease(&lease, Deadline::After(Duration(120000)));  // the empty ring: blocks
+    uint32_t kind;
+    std::vector<uint8_t> payload;
+    read_st = (*ring)->Read(&kind, &payload, Deadline::After(Duration(120000)));
+  });
+  (*ring)->Terminate();
+  reader.join();
+  EXPECT_EQ(lease_st.code(), StatusCode::kCancelled) << lease_st.ToString();
+  EXPECT_NE(lease_st.message().find("terminated"), std::string::npos) << lease_st.ToString();
+  EXPECT_EQ(read_st.code(), StatusCode::kCancelled) << read_st.ToString();
+  EXPECT_EQ(std::vector<uint8_t>(kept->payload().begin(), kept->payload().end()), Bytes(3, 100));
+  EXPECT_EQ((*producer)->Write(7, Bytes(3, 10), Soon()).code(), StatusCode::kCancelled);
 }
 
 TEST(Ring, CreateOpenErrorsNameTheRing) {

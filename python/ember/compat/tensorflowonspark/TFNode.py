@@ -197,10 +197,10 @@ class DataFeed:
         self.input_tensors = ([tensor for _, tensor in sorted(input_mapping.items())]
                               if input_mapping is not None else None)
         self._done = False
-        # TFoS's queues were thread-safe and its programs read the feed in tf.data's generator
-        # thread while the main thread calls terminate(); Ember's feed is used by one thread
-        # at a time, so the calls take turns.  A read always ends (data, the end of the feed at
-        # shutdown, or the read timeout), so terminate() never waits without a deadline.
+        # TFoS's queues were thread-safe: a program may read in tf.data's generator thread and
+        # answer (batch_results) or ask should_stop() on another, so those calls take turns.
+        # terminate() takes no turn: the core's Consumer::Terminate is safe from any thread and
+        # ends a read in progress (one blocked on an empty feed too) as the end of the feed.
         self._lock = threading.RLock()
         self._feed = mgr._ctx.get_data_feed(train_mode=self.train_mode, input_mapping=input_mapping)
 
@@ -230,6 +230,8 @@ class DataFeed:
     def should_stop(self) -> bool:
         """True once the feed ended (``cluster.shutdown()``) and every row was read, or after
         ``terminate()``."""
+        if self._done:  # after terminate(): at once, without waiting for a read on another thread
+            return True
         with self._lock:
             return self._done or self._feed.should_stop()
 
@@ -245,9 +247,8 @@ class DataFeed:
         node terminated, where TFoS still sent every partition to be ignored)."""
         logger.info("terminate() invoked")
         self.mgr.set("state", "terminating")
-        with self._lock:
-            self._feed.terminate()
-            self._done = True
+        self._feed.terminate()
+        self._done = True
 
 
 class TFNodeContext:
