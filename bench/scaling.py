@@ -281,11 +281,10 @@ def fit_feed(c: dict):
     import numpy as np
     rows, t = [], []
     n = c["nodes"]
-    if True:
-        for e in c.get("feed", []):
-            rpn = e["rows"] / n
-            rows.append([1.0, rpn, rpn / e["batch"]])
-            t.append(e["secs"])
+    for e in c.get("feed", []):
+        rpn = e["rows"] / n
+        rows.append([1.0, rpn, rpn / e["batch"]])
+        t.append(e["secs"])
     if len(t) < 3:
         return None
     a, t = np.array(rows), np.array(t)
@@ -340,12 +339,11 @@ def report(points: List[dict], clusters: List[dict]) -> Tuple[dict, List[str]]:
                          f"batches/node x {c_batch * 1e6:.1f} us")
             lines.append(f"   {'nodes':>5} {'rows':>7} {'batch':>5} {'measured s':>10} {'predicted s':>11} "
                          f"{'rel err':>8} {'rows/s/node':>11}")
-            if True:
-                for e in c.get("feed", []):
-                    rpn = e["rows"] / n
-                    pred = t0 + rpn * c_row + rpn / e["batch"] * c_batch
-                    lines.append(f"   {n:>5} {e['rows']:>7} {e['batch']:>5} {e['secs']:10.2f} {pred:11.2f} "
-                                 f"{(pred - e['secs']) / e['secs'] * 100:7.1f}% {rpn / e['secs']:11.0f}")
+            for e in c.get("feed", []):
+                rpn = e["rows"] / n
+                pred = t0 + rpn * c_row + rpn / e["batch"] * c_batch
+                lines.append(f"   {n:>5} {e['rows']:>7} {e['batch']:>5} {e['secs']:10.2f} {pred:11.2f} "
+                             f"{(pred - e['secs']) / e['secs'] * 100:7.1f}% {rpn / e['secs']:11.0f}")
     lines += projection(fits, clusters, feed_fit)
     return {"fits": fits, "worst": worst, "feed_fit": feed_fit}, lines
 
@@ -380,7 +378,8 @@ def projection(fits: dict, clusters: List[dict], feed_fit) -> List[str]:
             s1, s2 = median(c1["startup_secs"]), median(c2["startup_secs"])
             per = (s2 - s1) / (n2 - n1)
             out.append(f"-- start-up: {s1:.2f}s at {n1} node(s), {s2:.2f}s at {n2}: {per:+.2f} s per node "
-                       f"(linear: {s1 + per * (n - n1):.1f} s at {n})")
+                       + (f"(linear: {s1 + per * (n - n1):.1f} s at {n})" if per > 0 else
+                          "(no growth measurable over 1-2 nodes: nothing to extrapolate)"))
         det = [median(c["detect_secs"]) for c in clusters if c.get("detect_secs")]
         if det:
             out.append(f"-- dead node detected in {min(det):.2f}-{max(det):.2f} s on 1-2 hosts (from the node's exit, "
@@ -404,7 +403,12 @@ def main() -> int:
     p.add_argument("--cluster-hosts", default="1,2", help="worker host counts for the cluster part")
     p.add_argument("--feed-repeats", type=int, default=1)
     p.add_argument("--json", help="write every measurement here")
+    p.add_argument("--report", metavar="JSON", help="measure nothing: print the fits and projection of a --json file")
     args = p.parse_args()
+    if args.report:
+        d = json.loads(Path(args.report).read_text())
+        print("\n".join(report(d["allreduce"], d["clusters"])[1]))
+        return 0
 
     from netns_cluster import netns_unavailable_reason
     import signal
