@@ -51,6 +51,7 @@ HOSTS3 = ("h1", "h2", "h3")
 ROW_BYTES = 784
 FEED_ROWS = (50_000, 250_000)
 FEED_BATCHES = (100, 1000)
+BIG_ROW_BYTES, BIG_ROWS, BIG_BATCH = 110_000, 3_000, 32  # ImageNet-JPEG-sized rows
 
 
 # ----------------------------------------------------------------------------- allreduce points
@@ -148,6 +149,17 @@ def dying_node(args, ctx):
         comm.allreduce(np.ones(1000, np.float32))
 
 
+def big_rows(batches):
+    """mapInArrow function: ids -> (image binary(BIG_ROW_BYTES), label int), same bytes in every row."""
+    import numpy as np
+    import pyarrow as pa
+    payload = np.random.default_rng(7).integers(0, 256, BIG_ROW_BYTES, dtype=np.uint8).tobytes()
+    for b in batches:
+        n = b.num_rows
+        image = pa.array([payload] * n, pa.binary())
+        yield pa.RecordBatch.from_arrays([image, pa.array(np.zeros(n, np.int32))], names=["image", "label"])
+
+
 def feed_node(args, ctx):
     """Reads one epoch per entry of args['batches'] (that batch size), counting rows; writes
     {epoch: [rows, first_row_wall, last_row_wall]} for this node."""
@@ -210,26 +222,30 @@ def driver_main(inp: str, out: str) -> None:
         res["detect_secs"] = detects
         save()
         # (4) feed.
-        dfs = {r: synthetic_df(spark, r, 4 * n) for r in conf["feed_rows"]}
+        dfs = {(ROW_BYTES, r): synthetic_df(spark, r, 4 * n) for r in conf["feed_rows"]}
+        big = (BIG_ROW_BYTES, conf["big_rows"])
+        dfs[big] = (spark.range(0, big[1], 1, 4 * n).mapInArrow(big_rows, "image binary, label int").cache())
+        dfs[big].count()
         # The first epoch (untimed, smallest DataFrame) warms the feeding path up.
-        plan = [(min(conf["feed_rows"]), conf["feed_batches"][0])]
-        plan += [(r, b) for r in conf["feed_rows"] for b in conf["feed_batches"]] * conf["feed_repeats"]
+        plan = [(ROW_BYTES, min(conf["feed_rows"]), conf["feed_batches"][0])]
+        plan += ([(ROW_BYTES, r, b) for r in conf["feed_rows"] for b in conf["feed_batches"]]
+                 + [(*big, BIG_BATCH)]) * conf["feed_repeats"]
         fed = work / "feed"
         fed.mkdir()
-        cluster = ember.Cluster.run(spark, feed_node, {"batches": [b for _, b in plan], "out": str(fed)},
+        cluster = ember.Cluster.run(spark, feed_node, {"batches": [b for *_, b in plan], "out": str(fed)},
                                     num_executors=n, input_mode=ember.InputMode.SPARK, reservation_timeout=120)
         calls = []
-        for r, b in plan:
+        for size, r, b in plan:
             t0 = time.time()
-            cluster.train(dfs[r], num_epochs=1, feed_timeout=300)
-            calls.append([r, b, t0, time.time()])
+            cluster.train(dfs[(size, r)], num_epochs=1, feed_timeout=300)
+            calls.append([size, r, b, t0, time.time()])
         cluster.shutdown(timeout=120)
         nodes = [json.loads((fed / f"feed-{i}.json").read_text()) for i in range(n)]
         epochs = []
-        for k, (r, b, t0, t1) in enumerate(calls):
+        for k, (size, r, b, t0, t1) in enumerate(calls):
             per_node = [nd[k] for nd in nodes]
             end = max([t1] + [p[2] for p in per_node if p[2]])
-            epochs.append({"rows": r, "batch": b, "rows_per_node": [p[0] for p in per_node],
+            epochs.append({"row_bytes": size, "rows": r, "batch": b, "rows_per_node": [p[0] for p in per_node],
                            "secs": end - t0, "first_row_secs": min(p[1] for p in per_node if p[1]) - t0})
         res["feed_warmup"] = epochs[0]
         res["feed"] = epochs[1:]
@@ -256,7 +272,7 @@ def cluster_points(hosts_list: List[Tuple[str, ...]], repeats: int, feed_rows, f
             log(f"standalone cluster on {len(hosts)} worker host(s) up in {up:.1f}s")
             r = nc.run_driver(Path(__file__), {"nodes": len(hosts), "work": str(d), "repeats": repeats,
                                                "feed_rows": list(feed_rows), "feed_batches": list(feed_batches),
-                                               "feed_repeats": feed_repeats},
+                                               "feed_repeats": feed_repeats, "big_rows": BIG_ROWS},
                               timeout=900, spark_conf={"spark.driver.extraJavaOptions": fast_jvm,
                                                        "spark.executor.extraJavaOptions": fast_jvm,
                                                        "spark.executor.memory": "1500m"})
@@ -266,12 +282,24 @@ def cluster_points(hosts_list: List[Tuple[str, ...]], repeats: int, feed_rows, f
         r["load"] = os.getloadavg()[0]
         log(f"{len(hosts)} host(s): " + json.dumps({k: v for k, v in r.items() if k != 'feed'}))
         for e in r.get("feed", []):
-            log(f"  feed {e['rows']} rows batch {e['batch']}: {e['secs']:.2f}s, "
+            log(f"  feed {e['rows']} rows of {e.get('row_bytes', ROW_BYTES)} B batch {e['batch']}: {e['secs']:.2f}s, "
                 f"{e['rows'] / len(hosts) / e['secs']:.0f} rows/s per node (per node {e['rows_per_node']})")
         if "error" in r:
             log(f"driver program failed on {len(hosts)} host(s):\n{r['error']}")
         out.append(r)
     return out
+
+
+def small_epochs(c: dict) -> List[dict]:
+    return [e for e in c.get("feed", []) if e.get("row_bytes", ROW_BYTES) == ROW_BYTES]
+
+
+def big_rate(c: dict, t0: float) -> Tuple[float, float]:
+    """Median rows/s per node of the big-row epochs: as measured, and without the fit's t0."""
+    es = [e for e in c.get("feed", []) if e.get("row_bytes", ROW_BYTES) == BIG_ROW_BYTES]
+    n = c["nodes"]
+    return (median([e["rows"] / n / e["secs"] for e in es]),
+            median([e["rows"] / n / (e["secs"] - t0) for e in es if e["secs"] > t0]))
 
 
 def fit_feed(c: dict):
@@ -281,7 +309,7 @@ def fit_feed(c: dict):
     import numpy as np
     rows, t = [], []
     n = c["nodes"]
-    for e in c.get("feed", []):
+    for e in small_epochs(c):
         rpn = e["rows"] / n
         rows.append([1.0, rpn, rpn / e["batch"]])
         t.append(e["secs"])
@@ -339,16 +367,23 @@ def report(points: List[dict], clusters: List[dict]) -> Tuple[dict, List[str]]:
                          f"batches/node x {c_batch * 1e6:.1f} us")
             lines.append(f"   {'nodes':>5} {'rows':>7} {'batch':>5} {'measured s':>10} {'predicted s':>11} "
                          f"{'rel err':>8} {'rows/s/node':>11}")
-            for e in c.get("feed", []):
+            for e in small_epochs(c):
                 rpn = e["rows"] / n
                 pred = t0 + rpn * c_row + rpn / e["batch"] * c_batch
                 lines.append(f"   {n:>5} {e['rows']:>7} {e['batch']:>5} {e['secs']:10.2f} {pred:11.2f} "
                              f"{(pred - e['secs']) / e['secs'] * 100:7.1f}% {rpn / e['secs']:11.0f}")
-    lines += projection(fits, clusters, feed_fit)
+            raw, net = big_rate(c, t0)
+            if raw == raw:
+                secs = [round(e["secs"], 2) for e in c["feed"] if e.get("row_bytes") == BIG_ROW_BYTES]
+                lines.append(f"   {BIG_ROW_BYTES} B rows ({BIG_ROWS} rows, batch {BIG_BATCH}): {secs} s per epoch, "
+                             f"{raw:,.0f} rows/s per node ({raw * BIG_ROW_BYTES / 1e6:.0f} MB/s), "
+                             f"{net:,.0f} rows/s ({net * BIG_ROW_BYTES / 1e6:.0f} MB/s) without t0")
+    big = big_rate(clusters[0], feed_fit[0]) if clusters and feed_fit else (float("nan"),) * 2
+    lines += projection(fits, clusters, feed_fit, big[1])
     return {"fits": fits, "worst": worst, "feed_fit": feed_fit}, lines
 
 
-def projection(fits: dict, clusters: List[dict], feed_fit) -> List[str]:
+def projection(fits: dict, clusters: List[dict], feed_fit, big_bytes_rate: float = float("nan")) -> List[str]:
     n = 100
     grad = 25.6e6 * 4  # ResNet-50's float32 gradients
     out = ["", f"== projection to {n} nodes (EXTRAPOLATED from the fits above; one node per host)"]
@@ -368,8 +403,11 @@ def projection(fits: dict, clusters: List[dict], feed_fit) -> List[str]:
             if feed_fit and row == 784 and feed_fit[1] > 0:
                 cap = (f"; the 1-node fit's per-row cost caps it at "
                        f"{1 / (feed_fit[1] + max(feed_fit[2], 0) / 100):,.0f} rows/s (batch 100)")
+            elif big_bytes_rate == big_bytes_rate:
+                cap = (f"; the 1-node {BIG_ROW_BYTES} B-row feed ({big_bytes_rate * BIG_ROW_BYTES / 1e6:.0f} MB/s "
+                       f"without t0) caps it at {big_bytes_rate * BIG_ROW_BYTES / row:,.0f} rows/s")
             elif feed_fit:
-                cap = "; the per-byte cost of such rows was not measured (784 B rows only)"
+                cap = "; the per-byte cost of such rows was not measured"
             out.append(f"   feed {name} rows: the link caps one node at {link / row:,.0f} rows/s{cap}")
     if clusters:
         by_n = {c["nodes"]: c for c in clusters if c.get("startup_secs")}
