@@ -13,7 +13,7 @@ Measured:
   2. Cluster.run start-up (call to return, every node registered) and shutdown,
   3. time to detect a dead node (the last node SIGKILLs itself; from its kill to the driver's
      shutdown() raising),
-  4. InputMode.SPARK feed rows/s per node (784-byte rows, cached DataFrame),
+  4. InputMode.SPARK feed rows/s per node (784-byte rows, cached DataFrame; and 110 KB rows),
      (2)-(4) on a Spark standalone cluster whose master and driver run on host "drv" and one
      worker per host on 1 and 2 worker hosts (unshaped veths).
 
@@ -22,8 +22,8 @@ Fits (least squares on relative error, so that 4 B and 64 MiB points weigh alike
   feed epoch      T = t0 + rows_per_node·c_row + batches_per_node·c_batch
 prints measured vs predicted with the relative error of every point, and a 100-node projection.
 
-  .venv/bin/python bench/scaling.py                 # everything (~15 min on a loaded 2-core box)
-  .venv/bin/python bench/scaling.py --skip-cluster  # allreduce points and fit only (~5 min)
+  .venv/bin/python bench/scaling.py                 # everything (~3 min on a loaded 2-core box)
+  .venv/bin/python bench/scaling.py --skip-cluster  # allreduce points and fit only (~1.5 min)
 """
 from __future__ import annotations
 
