@@ -82,8 +82,7 @@ def allreduce_points(binary: Path, shapes: List[str], host_counts: List[int], si
                 if n == 1 and shape != "veth":
                     continue  # one rank sends nothing: the link's shaping cannot matter
                 hosts = [net.hosts[h] for h in HOSTS3[:n]]
-                # One rank sends nothing; Transport::kTcp with one rank crashes (no ring is made,
-                # then dereferenced: src/collective/communicator.cc), so it runs as kAuto.
+                # One rank sends nothing: kAuto, the single-rank path (kTcp with one rank takes it too).
                 tcp = ["--tcp"] if n > 1 else []
                 h = Harness(f"ember_tcp_{shape}_{n}", [str(binary), "--ranks", str(n), *tcp,
                                                       "--netns", ",".join(x.netns for x in hosts),

@@ -293,7 +293,7 @@ Status CommunicatorImpl::Setup(std::shared_ptr<Store> store, Deadline deadline) 
   }
 
   std::vector<int> ring_members;
-  if (tcp_only) {
+  if (tcp_only && size() > 1) {  // one rank alone has no ring: the single-rank paths serve it
     ring_over_all_ = true;
     for (int r = 0; r < size(); ++r) ring_members.push_back(r);
   } else if (hosts_.size() > 1 && local_rank_ == 0) {
