@@ -162,7 +162,35 @@ def case_node_killed(spark, work: Path) -> dict:
     return {"cluster_spec": spec, "error": error, "detect_secs": secs}
 
 
-CASES = {"keras": case_keras, "spark_mode": case_spark_mode, "node_killed": case_node_killed}
+def case_archive(spark, work: Path) -> dict:
+    """Run by a second driver program whose executors run ./environment/bin/python from
+    spark.archives (the node venv packed by `ember pack`): each node reports where its Ember
+    came from."""
+    import ember
+    from conftest import no_leftovers
+
+    out = work / "archive"
+    out.mkdir()
+
+    def where_is_ember(args, ctx):  # nested: shipped by value (the archive has no pytest)
+        import json
+        import sys
+
+        import ember
+        from ember import _ember
+
+        with open(f"{args['out']}/{ctx.task_index}.json", "w") as f:
+            json.dump({"ember": ember.__file__, "native": _ember.__file__, "prefix": sys.prefix,
+                       "own": ctx.cluster_spec["worker"][ctx.task_index]}, f)
+
+    cluster = ember.Cluster.run(spark, where_is_ember, {"out": str(out)}, num_executors=2, reservation_timeout=120)
+    cluster.shutdown(timeout=120)
+    no_leftovers(cluster.job_id)
+    return {"reports": [json.loads((out / f"{i}.json").read_text()) for i in range(2)]}
+
+
+CASES = {"keras": case_keras, "spark_mode": case_spark_mode, "node_killed": case_node_killed,
+         "archive": case_archive}
 
 
 def driver_main(inp: str, out: str) -> None:
@@ -171,6 +199,8 @@ def driver_main(inp: str, out: str) -> None:
     from pyspark.sql import SparkSession
 
     conf = json.loads(Path(inp).read_text())
+    if conf.get("pyspark_python"):  # what the executors run (PySpark reads only the environment)
+        os.environ["PYSPARK_PYTHON"] = conf["pyspark_python"]
     builder = SparkSession.builder.appName("ember-multihost")
     for key, value in conf["spark_conf"].items():
         builder = builder.config(key, value)
@@ -241,9 +271,13 @@ def test_hosts_reach_each_other_only_through_the_bridge():
 
 @pytest.fixture(scope="module")
 def multihost(tmp_path_factory, spark_sessions):
-    """Starts the namespaced cluster, runs every case in one driver program, tears everything
-    down, and hands the tests the results, the hosts' addresses and what was left over."""
+    """Starts the namespaced cluster, runs the cases in one driver program (and the archive
+    case in a second one, whose executors run the packed environment), tears everything down,
+    and hands the tests the results, the hosts' addresses and what was left over."""
+    import subprocess
+
     from netns_cluster import NetnsCluster, NetnsUnavailable
+    from node_env import make_node_venv, pack_command
 
     spark_sessions.stop()  # not needed here, but frees the memory of this process's context
     work = tmp_path_factory.mktemp("multihost")
@@ -252,9 +286,21 @@ def multihost(tmp_path_factory, spark_sessions):
     try:
         with nc:
             started = time.monotonic() - t0
-            results = nc.run_driver(Path(__file__), {"work": str(work), "cases": list(CASES),
+            cases = [c for c in CASES if c != "archive"]
+            results = nc.run_driver(Path(__file__), {"work": str(work), "cases": cases,
                                                      "executors": len(HOSTS), "executors_timeout": 120},
                                     timeout=480, spark_conf=FAST_JVM)
+            # The environment-shipping path: a second application whose executors get Ember
+            # only from the archive, served by the driver's host to the workers' hosts.
+            archive = work / "env.tar.gz"
+            proc = subprocess.run(pack_command(make_node_venv(work / "node-venv"), archive),
+                                  capture_output=True, text=True, timeout=300)
+            assert proc.returncode == 0, proc.stderr
+            results.update(nc.run_driver(
+                Path(__file__), {"work": str(work), "cases": ["archive"], "executors": len(HOSTS),
+                                 "executors_timeout": 120, "pyspark_python": "./environment/bin/python"},
+                timeout=300, spark_conf={**FAST_JVM, "spark.archives": f"{archive}#environment"}))
+            archive.unlink()
     except NetnsUnavailable as e:
         pytest.skip(f"no multi-host cluster: {e}")
     results.update(
@@ -330,6 +376,19 @@ def test_node_killed_on_one_host_fails_the_job_naming_node_and_host(multihost):
     assert "worker:1" in error and killed_host in error and "SIGKILL" in error, error
     # Detected from the node's exit, not by a timeout (the allreduce's is 60 s).
     assert case["detect_secs"] < 45, case
+
+
+def test_executors_on_other_hosts_get_ember_only_from_the_archive(multihost):
+    """`ember pack`'s archive shipped with spark.archives: on both worker hosts the nodes'
+    Ember (package and native module) is the unpacked archive's, in the executor's directory."""
+    case = _case(multihost, "archive")
+    reports = case["reports"]
+    assert {r["own"].rsplit(":", 1)[0] for r in reports} == _worker_hosts(multihost), reports
+    for r in reports:
+        env_dir = Path(r["prefix"])
+        assert env_dir.name == "environment", r  # unpacked by Spark in the executor's work dir
+        assert r["ember"].startswith(str(env_dir) + "/") and r["ember"].endswith("ember/__init__.py"), r
+        assert r["native"].startswith(str(env_dir) + "/"), r
 
 
 def test_nothing_is_left_after_teardown(multihost):

@@ -5,19 +5,11 @@ interpreter this venv was made from) has no Ember: they run ``./environment/bin/
 archive, and the driver's PYSPARK_PYTHON is that relative path, which names no Python here.  The
 nodes report where their ``ember`` came from: the unpacked archive in the executor's directory.
 
-The environment packed is purpose-made: the 2.4 GB dev venv (TensorFlow) takes minutes to pack
-(docs/deploy.md has the figure).  It is a real venv (``python -m venv`` from the same base
-Python) into which the distributions a node needs (ember, numpy, pyarrow) are installed file by
-file from this venv, as their RECORDs list them: the same files pip installed here, hard-linked
-where the file system allows.  Ember is thereby installed editable, exactly as in the dev venv,
-so the test also covers how pack ships an editable Ember.  pyspark itself comes, as on any
-cluster, from Spark (its python/lib/pyspark.zip on the workers' PYTHONPATH).
+The environment packed is the small node venv of node_env.py.
 """
 from __future__ import annotations
 
-import importlib.metadata
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -29,40 +21,17 @@ import pytest
 import ember
 from conftest import no_leftovers
 from ember._pack import PackError
+from node_env import make_node_venv, pack_command
 from spark_cluster import StandaloneCluster
 
 pytestmark = pytest.mark.timeout(420)
-
-NODE_DISTRIBUTIONS = ("ember", "numpy", "pyarrow")  # what `import ember` needs on a node
-
-
-def _install_from_this_venv(dist_name: str, site: Path) -> None:
-    """Installs distribution `dist_name` into `site` with the files this venv has for it."""
-    dist = importlib.metadata.distribution(dist_name)
-    for rel in dist.files or []:
-        src = Path(dist.locate_file(rel))
-        if ".." in rel.parts or not src.is_file():  # console scripts in bin/; RECORD-only entries
-            continue
-        dst = site / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(src, dst)
-        except OSError:  # another file system
-            shutil.copy2(src, dst)
 
 
 @pytest.fixture(scope="module")
 def node_venv(tmp_path_factory):
     if sys.prefix == sys.base_prefix:
         pytest.skip("the tests do not run in a virtual environment")
-    base_python = Path(sys.base_prefix) / "bin" / "python3"
-    venv = tmp_path_factory.mktemp("node-venv") / "env"
-    subprocess.run([str(base_python), "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                               capture_output=True, text=True, check=True, timeout=60).stdout.strip())
-    for name in NODE_DISTRIBUTIONS:
-        _install_from_this_venv(name, site)
-    return venv
+    return make_node_venv(tmp_path_factory.mktemp("node-venv") / "env")
 
 
 def test_pack_refuses_what_it_cannot_ship(node_venv, tmp_path, monkeypatch):
@@ -94,11 +63,9 @@ def test_pack_refuses_what_it_cannot_ship(node_venv, tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def packed(node_venv, tmp_path_factory):
-    """`ember pack` of the node venv: (the command, its completed process, the archive).  Level 0:
-    gzip framing without compression, 2 s instead of 5 s for ~300 MiB on the local disk."""
+    """`ember pack` of the node venv: (the command, its completed process, the archive)."""
     archive = tmp_path_factory.mktemp("packed") / "env.tar.gz"
-    cli = [sys.executable, "-m", "ember._cli", "pack", "--prefix", str(node_venv), "-o", str(archive),
-           "--compress-level", "0"]
+    cli = pack_command(node_venv, archive)
     yield cli, subprocess.run(cli, capture_output=True, text=True, timeout=300), archive
     archive.unlink(missing_ok=True)  # ~300 MiB: not left for pytest's kept temporary directories
 
