@@ -82,6 +82,13 @@ class ReadOnlyMemoryRegion {
   // Valid while this object lives; empty for an empty file.
   virtual std::span<const uint8_t> data() const = 0;
   virtual const std::string& uri() const = 0;
+  // A hint that [offset, offset + n) is read soon: a mapped file maps those
+  // pages now, on the calling thread, so whoever touches them first takes
+  // no page faults.  Does nothing where there is nothing to prepare.
+  virtual void WillRead(size_t offset, size_t n) const {
+    (void)offset;
+    (void)n;
+  }
 };
 
 struct FileInfo {

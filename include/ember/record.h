@@ -51,6 +51,11 @@ struct ReaderOptions {
   // header checks out; end quietly at a truncated last record.  What was
   // skipped is counted in ReaderStats.
   bool skip_corrupt = false;
+  // False: Next() checks only the header's CRC; the caller checks each
+  // record's data CRC itself (the 4 masked bytes after the record's view).
+  // Only for a mapped region with skip_corrupt off, where that footer stays
+  // readable (ExampleDataset's decoding workers check it next to the decode).
+  bool check_data_crc = true;
   // A header's length above this is corruption, even with a good CRC (it
   // bounds memory on hostile input).
   uint64_t max_record_bytes = uint64_t{1} << 31;

@@ -1,5 +1,7 @@
 #include "ember/dataset.h"
 
+#include <endian.h>
+
 #include <algorithm>
 #include <cstring>
 #include <deque>
@@ -7,6 +9,7 @@
 #include <thread>
 #include <utility>
 
+#include "common/crc32c.h"
 #include "common/mutex.h"
 
 namespace ember::record {
@@ -25,8 +28,16 @@ namespace ember::record {
 //
 // Lock order: gather_mu_ before mu_.
 namespace {
+// A mapped record's masked data CRC: the 4 bytes after its data.
+bool DataCrcOk(const uint8_t* data, size_t n) {
+  uint32_t masked;
+  std::memcpy(&masked, data + n, 4);
+  return crc32c::Unmask(le32toh(masked)) == crc32c::Value(data, n);
+}
+
 constexpr size_t kGroupBytes = 1 << 20;  // records gathered per group, about
 constexpr size_t kGroupBatches = 64;     // batches per group, at most
+constexpr size_t kAheadBytes = 4 << 20;  // of a mapped file, mapped ahead of the gathering
 }  // namespace
 
 class ExampleDataset::Impl {
@@ -150,6 +161,7 @@ class ExampleDataset::Impl {
     size_t first_row = 0;
     Status gathered;
     bool stopped = false;  // this group ends the sequence (an error or the end)
+    Ahead ahead;           // pages this worker maps for the gatherings to come
     {
       MutexLock gather(&gather_mu_);
       g.seq = next_seq_++;
@@ -165,6 +177,7 @@ class ExampleDataset::Impl {
         stopped = !gathered.ok() || worker.pieces.size() % batch != 0 || worker.pieces.empty();
         gather_stopped_ = stopped;
         rows_gathered_ += worker.pieces.size();
+        ahead = NextAhead();
         MutexLock lock(&mu_);
         stats_.records = static_cast<uint64_t>(records_);
         stats_.files = files_;
@@ -175,11 +188,28 @@ class ExampleDataset::Impl {
         }
       }
     }
+    if (ahead.region != nullptr) ahead.region->WillRead(ahead.offset, ahead.bytes);
     // A failed gathering keeps its whole batches: the error takes the place
     // of the batch it interrupted, as it would have without groups.
     Decode(&worker, first_row, options_.drop_remainder || !gathered.ok(), &g.batches);
     if (stopped) g.batches.push_back(Batch{gathered, {}});  // the error, or the end
     return g;
+  }
+
+  // Pages of the mapped file ahead of the gathering: mapped by a worker
+  // outside every lock (FileSystem's WillRead), so the gathering, which is
+  // serial, takes no page faults.
+  struct Ahead {
+    std::shared_ptr<const fs::ReadOnlyMemoryRegion> region;
+    size_t offset = 0, bytes = 0;
+  };
+  Ahead NextAhead() EXCLUSIVE_LOCKS_REQUIRED(gather_mu_) {
+    if (region_ == nullptr || reader_ == nullptr) return {};
+    const size_t at = static_cast<size_t>(reader_->last_offset());
+    if (mapped_ahead_to_ >= at + kAheadBytes) return {};
+    const size_t from = std::max(mapped_ahead_to_, at + kGroupBytes);
+    mapped_ahead_to_ = at + 2 * kAheadBytes;
+    return Ahead{region_, from, mapped_ahead_to_ - from};
   }
 
   // Whole batches of this shard's records, in place or into the arena,
@@ -231,7 +261,17 @@ class ExampleDataset::Impl {
     for (size_t i = 0; i < end; ++i) {
       const Piece& p = worker->pieces[i];
       const uint8_t* bytes = p.mapped != nullptr ? p.mapped : worker->arena.data() + p.offset;
-      Status st = worker->decoder.Add(std::string_view(reinterpret_cast<const char*>(bytes), p.size));
+      Status st;
+      if (p.mapped != nullptr && !options_.reader.skip_corrupt && !DataCrcOk(p.mapped, p.size)) {
+        // As the reader words it, with the record's offset.
+        const auto& [uri, offset] = worker->origins[i];
+        worker->decoder.Finish();
+        out->push_back(Batch{Status::Corruption(worker->uris[uri] + ": bad data CRC (record of " +
+                                                std::to_string(p.size) + " bytes) at offset " + std::to_string(offset)),
+                             {}});
+        break;
+      }
+      st = worker->decoder.Add(std::string_view(reinterpret_cast<const char*>(bytes), p.size));
       if (!st.ok()) {
         worker->decoder.Finish();  // drops the rows of this batch
         const auto& [uri, offset] = worker->origins[i];
@@ -255,11 +295,17 @@ class ExampleDataset::Impl {
         const Compression c = options_.reader.compression == Compression::kAuto ? CompressionFromPath(path)
                                                                                 : options_.reader.compression;
         region_.reset();
+        mapped_ahead_to_ = 0;
         if (c == Compression::kNone && options_.map_files) {
           EMBER_ASSIGN_OR_RAISE(region_, fs_->MapReadOnly(path));
         }
         if (region_ != nullptr) {
-          EMBER_ASSIGN_OR_RAISE(reader_, RecordReader::Open(region_, options_.reader));
+          // Data CRCs are checked by the decoding worker, record by record
+          // next to its decode (the bytes are then in that core's cache once);
+          // the gathering, which is serial, checks headers only.
+          ReaderOptions reader = options_.reader;
+          reader.check_data_crc = reader.skip_corrupt;
+          EMBER_ASSIGN_OR_RAISE(reader_, RecordReader::Open(region_, reader));
         } else {
           EMBER_ASSIGN_OR_RAISE(auto file, fs_->NewSequentialFile(path));
           EMBER_ASSIGN_OR_RAISE(reader_, RecordReader::Open(std::move(file), options_.reader));
@@ -291,6 +337,7 @@ class ExampleDataset::Impl {
   Mutex gather_mu_;
   std::unique_ptr<RecordReader> reader_ GUARDED_BY(gather_mu_);
   std::shared_ptr<const fs::ReadOnlyMemoryRegion> region_ GUARDED_BY(gather_mu_);  // reader_'s, if mapped
+  size_t mapped_ahead_to_ GUARDED_BY(gather_mu_) = 0;  // region_'s offset a worker mapped up to
   size_t next_path_ GUARDED_BY(gather_mu_) = 0;
   int64_t records_ GUARDED_BY(gather_mu_) = 0;
   uint64_t files_ GUARDED_BY(gather_mu_) = 0;

@@ -174,19 +174,28 @@ TEST_P(DatasetTest, ManyBatchesKeepFileOrder) {
 
 // A corrupt record fails the batch holding it, after every batch before it
 // was handed out whole, and names the file and the record's offset.
-TEST_P(DatasetTest, CorruptRecordFailsAfterTheBatchesBeforeIt) {
-  WriteExamples(*fs_, "/x/a", 0, 50);
-  auto file = fs_->NewRandomAccessFile("/x/a");
-  ASSERT_TRUE(file.ok());
+// Writes 50 examples to `path` with record 30's data CRC broken; returns
+// the size of one record (all have the same size here).
+size_t WriteWithCorruptRecord30(fs::FileSystem& fs, const std::string& path) {
+  WriteExamples(fs, path, 0, 50);
+  auto file = fs.NewRandomAccessFile(path);
+  EXPECT_TRUE(file.ok());
   const uint64_t size = *(*file)->Size();
   std::string bytes(size, '\0');
-  ASSERT_EQ(*(*file)->ReadAt(0, {reinterpret_cast<uint8_t*>(bytes.data()), bytes.size()}), size);
-  const size_t record = size / 50;  // every record has the same size here
+  EXPECT_EQ(*(*file)->ReadAt(0, {reinterpret_cast<uint8_t*>(bytes.data()), bytes.size()}), size);
+  const size_t record = size / 50;
   bytes[30 * record + 20] ^= 0x40;  // inside record 30's data: its CRC fails
-  auto out = fs_->NewWritableFile("/x/a");
-  ASSERT_TRUE(out.ok());
-  ASSERT_TRUE((*out)->Append({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()}).ok());
-  ASSERT_TRUE((*out)->Close().ok());
+  auto out = fs.NewWritableFile(path);
+  EXPECT_TRUE(out.ok());
+  EXPECT_TRUE((*out)->Append({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()}).ok());
+  EXPECT_TRUE((*out)->Close().ok());
+  return record;
+}
+
+// A mapped file's data CRCs are checked by the decoding workers, a streamed
+// file's by the reader: the error reads the same either way.
+TEST_P(DatasetTest, CorruptRecordFailsAfterTheBatchesBeforeIt) {
+  const size_t record = WriteWithCorruptRecord30(*fs_, "/x/a");
   auto ds = ExampleDataset::Open(fs_, {"/x/a"}, Options(4));
   ASSERT_TRUE(ds.ok());
   std::vector<int64_t> ids;
@@ -206,7 +215,23 @@ TEST_P(DatasetTest, CorruptRecordFailsAfterTheBatchesBeforeIt) {
   EXPECT_EQ(failure.code(), StatusCode::kCorruption) << failure.ToString();
   EXPECT_NE(failure.message().find("/x/a"), std::string::npos) << failure.ToString();
   EXPECT_NE(failure.message().find("offset " + std::to_string(30 * record)), std::string::npos) << failure.ToString();
+  EXPECT_NE(failure.message().find("bad data CRC"), std::string::npos) << failure.ToString();
   EXPECT_FALSE((*ds)->Next().ok());  // the error sticks
+}
+
+TEST_P(DatasetTest, SkipCorruptDropsTheBadRecordAndCountsIt) {
+  WriteWithCorruptRecord30(*fs_, "/x/a");
+  DatasetOptions o = Options(4);
+  o.reader.skip_corrupt = true;
+  auto ds = ExampleDataset::Open(fs_, {"/x/a"}, o);
+  ASSERT_TRUE(ds.ok());
+  std::vector<size_t> sizes;
+  std::vector<int64_t> ids = Drain(**ds, &sizes);
+  std::vector<int64_t> want(50);
+  std::iota(want.begin(), want.end(), 0);
+  want.erase(want.begin() + 30);
+  EXPECT_EQ(ids, want);
+  EXPECT_EQ((*ds)->stats().skipped_records, 1u);
 }
 
 // Workers that claim a group after the last one was gathered end it with

@@ -35,6 +35,10 @@ uint32_t LoadU32(const uint8_t* p) {
   return le32toh(v);
 }
 
+// Records ahead whose header framing prefetches.  On bench/records_threads.py's
+// file: none read at 0.82x the speed of 4 ahead; 12 to 24 alike, 5-10 % past 4.
+constexpr size_t kPrefetchRecords = 16;
+
 bool HeaderOk(const uint8_t* p) { return crc32c::Unmask(LoadU32(p + 8)) == crc32c::Value(p, 8); }
 
 bool EndsWith(std::string_view s, std::string_view suffix) {
@@ -96,7 +100,8 @@ class RecordReader::Impl {
 
   // In place over a mapped file: the whole stream is there from the start.
   Impl(std::shared_ptr<const fs::ReadOnlyMemoryRegion> region, const ReaderOptions& options)
-      : region_(std::move(region)), options_(options), compression_(Compression::kNone) {
+      : region_(std::move(region)), options_(options), compression_(Compression::kNone),
+        check_data_crc_(options.check_data_crc || options.skip_corrupt) {
     base_ = region_->data().data();
     end_ = region_->data().size();
     source_done_ = true;
@@ -159,8 +164,12 @@ class RecordReader::Impl {
                                   " bytes after the record's start");
       }
       const uint8_t* data = base_ + pos_ + kHeaderBytes;
-      const uint32_t want = crc32c::Unmask(LoadU32(data + length));
-      if (crc32c::Value(data, length) != want) {
+      // Framing touches one line per record, the next header: a miss to
+      // memory each time, in the reading's serial part.  Records of a file
+      // tend to have one size, so the header a few records on is most
+      // likely there; fetching it now hides the miss.
+      if (const size_t ahead = pos_ + kPrefetchRecords * total; ahead < end_) __builtin_prefetch(base_ + ahead);
+      if (check_data_crc_ && crc32c::Value(data, length) != crc32c::Unmask(LoadU32(data + length))) {
         if (!options_.skip_corrupt) return Corrupt(start, "bad data CRC (record of " + std::to_string(length) + " bytes)");
         ++stats_.skipped_records;
         stats_.skipped_bytes += total;
@@ -246,6 +255,9 @@ class RecordReader::Impl {
   std::unique_ptr<fs::SequentialFile> file_;  // streamed, or
   std::shared_ptr<const fs::ReadOnlyMemoryRegion> region_;  // mapped
   ReaderOptions options_;
+  // A streamed record's footer is gone after the next read: only a mapped
+  // region leaves the data CRC to the caller (and never when skipping).
+  bool check_data_crc_ = true;
   Compression compression_;
   std::unique_ptr<ByteSource> source_;
   std::vector<uint8_t> buffer_;
