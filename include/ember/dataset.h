@@ -47,6 +47,9 @@ struct DatasetOptions {
   // (FileSystem::MapReadOnly: local files), else as streams.  Mapped input
   // must not be truncated while it is read (see MapReadOnly).
   bool map_files = true;
+  // Mappings kept from one pass to the next (a dataset per epoch over the
+  // same files shares one); null maps each file anew.
+  std::shared_ptr<fs::MappingCache> mapping_cache;
   ReaderOptions reader;  // compression, skip_corrupt, buffer size
 };
 

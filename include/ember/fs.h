@@ -18,8 +18,11 @@
 
 #include <chrono>
 #include <cstdint>
+#include <list>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -139,6 +142,50 @@ class FileSystem {
   virtual std::string scheme() const = 0;
   // The URI of `path` in this file system ("hdfs://nn:8020/x"), for messages.
   virtual std::string Uri(const std::string& path) const = 0;
+};
+
+// Mapped files kept between passes over the same files (a dataset's
+// epochs): a pass that finds its file here maps nothing again, and the pages
+// the last pass touched are still in the page tables, so the kernel's
+// mapping work is paid once (the read went 1.26x as fast; docs/benchmarks.md,
+// issue 8).  An entry is reused only while Stat() gives the size and
+// modification time it was mapped with; otherwise the file is mapped anew.
+// Files are kept until `max_bytes` are mapped; past that a file is mapped
+// for its caller alone (no eviction: a pass over more files than fit would
+// evict each before its next use, where keeping the first ones gives those
+// a hit every pass).  A region handed out stays valid for as long as its
+// holder keeps it.  Thread-safe.
+//
+// Kept mappings count in the process's resident size (RSS) as far as their
+// pages were read, between passes too: a memory monitor that counts RSS
+// (YARN's pmem check) sees them, though the kernel can reclaim those pages
+// as any page cache.  They also hold their files: a file deleted while kept
+// keeps its disk space until the cache lets go of it (at the next Map of a
+// changed file, or with the cache).
+class MappingCache {
+ public:
+  explicit MappingCache(uint64_t max_bytes = uint64_t{4} << 30) : max_bytes_(max_bytes) {}
+
+  // `path` of `fs` mapped (FileSystem::MapReadOnly), or nullptr where `fs`
+  // does not map files.
+  Result<std::shared_ptr<const ReadOnlyMemoryRegion>> Map(FileSystem& fs, const std::string& path);
+
+  uint64_t mapped_bytes() const;
+  uint64_t hits() const;  // Map calls that found a valid entry
+
+ private:
+  struct Entry {
+    std::string key;  // scheme + path
+    FileInfo info;    // when mapped
+    uint64_t bytes;   // the region's
+    std::shared_ptr<const ReadOnlyMemoryRegion> region;
+  };
+  const uint64_t max_bytes_;
+  mutable std::mutex mu_;
+  std::list<Entry> entries_;
+  uint64_t bytes_ = 0;
+  uint64_t hits_ = 0;
+  std::set<std::string> unmapped_schemes_;  // file systems whose MapReadOnly gave nullptr
 };
 
 // The local file system (POSIX).  One shared instance.

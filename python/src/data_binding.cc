@@ -13,6 +13,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
 #include <nanobind/stl/tuple.h>
@@ -83,8 +84,10 @@ std::unique_ptr<record::ExampleDataset> OpenDataset(const std::vector<std::strin
                                                     const std::vector<SpecTuple>& specs,
                                                     int64_t batch_size, bool drop_remainder, int64_t num_shards,
                                                     int64_t shard_index, int prefetch, const std::string& compression,
-                                                    bool skip_corrupt, int decode_threads) {
+                                                    bool skip_corrupt, int decode_threads,
+                                                    std::shared_ptr<fs::MappingCache> mapping_cache) {
   record::DatasetOptions options;
+  options.mapping_cache = std::move(mapping_cache);
   options.schema = ToSchema(specs);
   options.batch_size = batch_size;
   options.drop_remainder = drop_remainder;
@@ -235,13 +238,19 @@ void BindDataset(nb::module_& m) {
   m.def("infer_example_schema", &InferSchema, nb::call_guard<nb::gil_scoped_release>(), nb::arg("uri"),
         nb::arg("resolve"), nb::arg("compression"), nb::arg("sample"),
         "([(name, kind, min_length, max_length, present_rows)], rows) of a file's first records.");
+  nb::class_<fs::MappingCache>(m, "MappingCache",
+                               "Mapped files kept from one pass to the next (ember/fs.h MappingCache).")
+      .def(nb::init<uint64_t>(), nb::arg("max_bytes") = uint64_t{4} << 30)
+      .def_prop_ro("mapped_bytes", &fs::MappingCache::mapped_bytes)
+      .def_prop_ro("hits", &fs::MappingCache::hits);
   nb::class_<record::ExampleDataset>(m, "ExampleDataset",
                                      "Batches of tf.Example columns from TFRecord files (ember/dataset.h).")
       .def_static("open", &OpenDataset, nb::call_guard<nb::gil_scoped_release>(),  // may reach a NameNode
                   nb::arg("uris"), nb::arg("resolve"), nb::arg("schema"), nb::arg("batch_size"),
                   nb::arg("drop_remainder"), nb::arg("num_shards"), nb::arg("shard_index"), nb::arg("prefetch"),
                   nb::arg("compression"), nb::arg("skip_corrupt"),
-                  nb::arg("decode_threads") = record::DatasetOptions{}.decode_threads)
+                  nb::arg("decode_threads") = record::DatasetOptions{}.decode_threads,
+                  nb::arg("mapping_cache").none() = nb::none())
       .def("next",
            [](record::ExampleDataset& self) -> nb::object {
              std::optional<std::vector<FeatureColumn>> batch;

@@ -120,6 +120,30 @@ def test_shards_whole_files_or_records(tf, tmp_path):
     assert ids(str(tmp_path / "part-*"), (3, 4)) == list(range(3, 30, 4))
 
 
+def test_epochs_reuse_the_mapped_files_and_see_a_rewritten_one(tf, tmp_path):
+    for i in range(2):
+        write_tf_examples(tf, tmp_path / f"part-{i}", range(10 * i, 10 * i + 10))
+    spec = {"id": tf.io.FixedLenFeature([], tf.int64)}
+    batches = ember.data.tfrecord_batches(str(tmp_path), spec, 4)
+
+    def epoch():
+        return [int(x) for b in batches for x in b["id"]]
+
+    assert epoch() == list(range(20))
+    assert batches._mappings.hits == 0
+    assert epoch() == list(range(20))
+    assert batches._mappings.hits == 2  # both files still mapped from the first epoch
+    # A file replaced between epochs is read as it is now, not from the old mapping.
+    write_tf_examples(tf, tmp_path / "part-1.new", range(100, 105))
+    os.replace(tmp_path / "part-1.new", tmp_path / "part-1")
+    assert epoch() == list(range(10)) + list(range(100, 105))
+    assert batches._mappings.hits == 3
+    # keep_mapped_bytes=0: every pass maps its files anew.
+    fresh = ember.data.tfrecord_batches(str(tmp_path), spec, 4, keep_mapped_bytes=0)
+    assert [list(b["id"]) for b in fresh] == [list(b["id"]) for b in fresh]
+    assert fresh._mappings.hits == 0 and fresh._mappings.mapped_bytes == 0
+
+
 def test_inferred_features(tf, tmp_path):
     write_tf_examples(tf, tmp_path / "a", range(1, 11))
     b = next(iter(ember.data.tfrecord_batches(str(tmp_path / "a"), batch_size=10)))

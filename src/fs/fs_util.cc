@@ -1,4 +1,4 @@
-// Glob, ReadFile and AtomicWriteFile over any FileSystem (ember/fs.h).
+// Glob, ReadFile, AtomicWriteFile and MappingCache over any FileSystem (ember/fs.h).
 #include <fnmatch.h>
 #include <unistd.h>
 
@@ -122,6 +122,60 @@ Status AtomicWriteFile(FileSystem& fs, const std::string& path, std::span<const 
     return st.WithContext("writing " + fs.Uri(path));
   }
   return Status::OK();
+}
+
+Result<std::shared_ptr<const ReadOnlyMemoryRegion>> MappingCache::Map(FileSystem& fs, const std::string& path) {
+  std::string key = fs.scheme() + ":" + path;
+  {
+    // A file system that maps nothing (HDFS) is not asked for its files'
+    // status again, which would cost a request to the NameNode per file.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (unmapped_schemes_.contains(fs.scheme())) return std::shared_ptr<const ReadOnlyMemoryRegion>();
+  }
+  // The status before the mapping: a file replaced in between is then
+  // mapped anew on the next call, never taken for the old one.
+  EMBER_ASSIGN_OR_RAISE(FileInfo info, fs.Stat(path));
+  std::shared_ptr<const ReadOnlyMemoryRegion> stale;  // unmapped outside the lock
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+      if (it->key != key) continue;
+      if (it->info.size == info.size && it->info.mtime_ms == info.mtime_ms) {
+        ++hits_;
+        return it->region;
+      }
+      bytes_ -= it->bytes;
+      stale = std::move(it->region);
+      entries_.erase(it);
+      break;
+    }
+  }
+  stale.reset();
+  // Mapped outside the lock: a big file's mmap must not hold up the others.
+  EMBER_ASSIGN_OR_RAISE(auto region, fs.MapReadOnly(path));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (region == nullptr) {
+    unmapped_schemes_.insert(fs.scheme());
+    return region;
+  }
+  const uint64_t bytes = region->data().size();
+  if (bytes_ + bytes > max_bytes_) return region;  // full: the caller's alone
+  for (const Entry& e : entries_) {
+    if (e.key == key) return region;  // another pass mapped it meanwhile: keep theirs
+  }
+  entries_.push_back(Entry{std::move(key), info, bytes, region});
+  bytes_ += bytes;
+  return region;
+}
+
+uint64_t MappingCache::mapped_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return bytes_;
+}
+
+uint64_t MappingCache::hits() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return hits_;
 }
 
 }  // namespace ember::fs

@@ -1,4 +1,4 @@
-// Glob, ReadFile, AtomicWriteFile and ResolveFileSystem over the in-memory
+// Glob, ReadFile, AtomicWriteFile, MappingCache and ResolveFileSystem over the in-memory
 // and local file systems.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -7,6 +7,7 @@
 #include <string>
 
 #include "ember/fs.h"
+#include "fs/fault_fs.h"
 
 namespace ember::fs {
 namespace {
@@ -104,6 +105,88 @@ TEST(AtomicWriteFileTest, LocalFileSystem) {
   ASSERT_TRUE(AtomicWriteFile(*fs, dir + "/f", Bytes("new")).ok());
   EXPECT_EQ(ReadFile(*fs, dir + "/f").ValueOr(""), "new");
   EXPECT_EQ(fs->List(dir).ValueOr({}).size(), 1u);
+  ASSERT_TRUE(fs->DeleteRecursively(dir).ok());
+}
+
+std::string Text(const std::shared_ptr<const ReadOnlyMemoryRegion>& r) {
+  return {reinterpret_cast<const char*>(r->data().data()), r->data().size()};
+}
+
+TEST(MappingCacheTest, AnUnchangedFileIsMappedOnce) {
+  auto fs = NewMemoryFileSystem();
+  Write(*fs, "/a", "aaaa");
+  MappingCache cache;
+  auto first = cache.Map(*fs, "/a");
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  auto second = cache.Map(*fs, "/a");
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(first->get(), second->get());  // the same mapping
+  EXPECT_EQ(cache.hits(), 1u);
+  EXPECT_EQ(cache.mapped_bytes(), 4u);
+}
+
+TEST(MappingCacheTest, AChangedFileIsMappedAnew) {
+  auto fs = NewMemoryFileSystem();
+  Write(*fs, "/a", "old");
+  MappingCache cache;
+  auto before = cache.Map(*fs, "/a");
+  ASSERT_TRUE(before.ok());
+  Write(*fs, "/a", "rewritten");
+  auto after = cache.Map(*fs, "/a");
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(Text(*after), "rewritten");
+  EXPECT_EQ(Text(*before), "old");  // a holder's region stays valid
+  EXPECT_EQ(cache.hits(), 0u);
+  EXPECT_EQ(cache.mapped_bytes(), 9u);
+}
+
+TEST(MappingCacheTest, KeepsFilesUntilItsBytesAreMapped) {
+  auto fs = NewMemoryFileSystem();
+  Write(*fs, "/a", std::string(40, 'a'));
+  Write(*fs, "/b", std::string(40, 'b'));
+  Write(*fs, "/c", std::string(40, 'c'));
+  MappingCache cache(100);
+  for (int pass = 0; pass < 3; ++pass) {
+    for (const char* f : {"/a", "/b", "/c"}) {
+      auto r = cache.Map(*fs, f);
+      ASSERT_TRUE(r.ok());
+      EXPECT_EQ(Text(*r), std::string(40, f[1]));  // c too, mapped for its caller
+    }
+  }
+  EXPECT_EQ(cache.mapped_bytes(), 80u);  // a and b; c did not fit
+  EXPECT_EQ(cache.hits(), 4u);           // a and b in passes 2 and 3
+  EXPECT_EQ(cache.Map(*fs, "/missing").status().code(), StatusCode::kNotFound);
+}
+
+TEST(MappingCacheTest, AFileSystemThatMapsNothingIsNotAskedAgain) {
+  FaultInjectionFileSystem fs(NewMemoryFileSystem());  // reads through streams only
+  Write(fs, "/a", "aaaa");
+  MappingCache cache;
+  auto a = cache.Map(fs, "/a");
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(*a, nullptr);
+  // No Stat now (it would cost a NameNode request per file on HDFS): a
+  // missing file is not even noticed; the stream that reads it will be.
+  auto missing = cache.Map(fs, "/missing");
+  ASSERT_TRUE(missing.ok()) << missing.status().ToString();
+  EXPECT_EQ(*missing, nullptr);
+  EXPECT_EQ(cache.mapped_bytes(), 0u);
+}
+
+TEST(MappingCacheTest, LocalFilesAndAFileReplacedByRename) {
+  char tmpl[] = "/tmp/ember-fs-util-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  auto fs = LocalFileSystem();
+  ASSERT_TRUE(AtomicWriteFile(*fs, dir + "/f", Bytes("one")).ok());
+  MappingCache cache;
+  auto a = cache.Map(*fs, dir + "/f");
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_EQ(Text(*a), "one");
+  ASSERT_TRUE(AtomicWriteFile(*fs, dir + "/f", Bytes("three")).ok());
+  auto b = cache.Map(*fs, dir + "/f");
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(Text(*b), "three");
   ASSERT_TRUE(fs->DeleteRecursively(dir).ok());
 }
 

@@ -297,7 +297,11 @@ class ExampleDataset::Impl {
         region_.reset();
         mapped_ahead_to_ = 0;
         if (c == Compression::kNone && options_.map_files) {
-          EMBER_ASSIGN_OR_RAISE(region_, fs_->MapReadOnly(path));
+          if (options_.mapping_cache != nullptr) {
+            EMBER_ASSIGN_OR_RAISE(region_, options_.mapping_cache->Map(*fs_, path));
+          } else {
+            EMBER_ASSIGN_OR_RAISE(region_, fs_->MapReadOnly(path));
+          }
         }
         if (region_ != nullptr) {
           // Data CRCs are checked by the decoding worker, record by record

@@ -234,6 +234,33 @@ TEST_P(DatasetTest, SkipCorruptDropsTheBadRecordAndCountsIt) {
   EXPECT_EQ((*ds)->stats().skipped_records, 1u);
 }
 
+// Passes that share a MappingCache (a dataset per epoch) map each file
+// once and read the same rows every pass; a file rewritten between passes
+// is read as it is now.
+TEST_P(DatasetTest, PassesSharingAMappingCacheMapEachFileOnce) {
+  auto cache = std::make_shared<fs::MappingCache>();
+  DatasetOptions o = Options(4);
+  o.mapping_cache = cache;
+  std::vector<int64_t> want(17);
+  std::iota(want.begin(), want.end(), 0);
+  for (int pass = 0; pass < 3; ++pass) {
+    auto ds = ExampleDataset::Open(fs_, {"/d/a", "/d/b", "/d/c"}, o);
+    ASSERT_TRUE(ds.ok());
+    std::vector<size_t> sizes;
+    EXPECT_EQ(Drain(**ds, &sizes), want) << "pass " << pass;
+  }
+  if (!o.map_files) {
+    EXPECT_EQ(cache->hits(), 0u);
+    return;
+  }
+  EXPECT_EQ(cache->hits(), 6u);  // passes 2 and 3, three files each
+  WriteExamples(*fs_, "/d/c", 100, 3);
+  auto ds = ExampleDataset::Open(fs_, {"/d/c"}, o);
+  ASSERT_TRUE(ds.ok());
+  std::vector<size_t> sizes;
+  EXPECT_EQ(Drain(**ds, &sizes), (std::vector<int64_t>{100, 101, 102}));
+}
+
 // Workers that claim a group after the last one was gathered end it with
 // nothing of their own earlier groups (whose mappings are gone by then):
 // regression test for a use-after-free that ASan found only at the end of

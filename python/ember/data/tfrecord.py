@@ -52,7 +52,7 @@ class TFRecordBatches:
     def __init__(self, uris: List[str], specs: List[_features.Spec], batch_size: int, *,
                  resolve, shard: Tuple[int, int], drop_remainder: bool, compression: str,
                  skip_corrupt: bool, prefetch: int, shuffle_files: bool, seed: int,
-                 decode_threads: Optional[int] = None):
+                 decode_threads: Optional[int] = None, keep_mapped_bytes: int = 2 << 30):
         self.uris = uris
         self.specs = specs
         self.batch_size = batch_size
@@ -67,6 +67,9 @@ class TFRecordBatches:
         self._shuffle_files = shuffle_files
         self._seed = seed
         self._epoch = 0
+        # Local files stay mapped from one pass to the next while this object lives, up to
+        # keep_mapped_bytes: later epochs skip the kernel's mapping work (ember/fs.h MappingCache).
+        self._mappings = _ember.MappingCache(max(0, int(keep_mapped_bytes)))
         self.stats: Dict[str, int] = {}  # the last pass's counters (files, records, rows, skipped_records)
 
     def _plan(self) -> Tuple[List[str], int, int]:
@@ -85,7 +88,8 @@ class TFRecordBatches:
         self._epoch += 1
         ds = _ember.ExampleDataset.open(
             files, self._resolve, _features.core_schema(self.specs), self.batch_size, self._drop_remainder,
-            num_shards, shard_index, self._prefetch, self._compression, self._skip_corrupt, **self._threads)
+            num_shards, shard_index, self._prefetch, self._compression, self._skip_corrupt, **self._threads,
+            mapping_cache=self._mappings)
         try:
             while True:
                 columns = ds.next()
@@ -177,7 +181,7 @@ def tfrecord_batches(paths: Paths, features: Optional[Dict[str, Any]] = None, ba
                      ctx=None, shard: Optional[Tuple[int, int]] = None, drop_remainder: bool = False,
                      compression: str = "auto", skip_corrupt: bool = False, prefetch: int = 2,
                      shuffle_files: bool = False, seed: int = 0,
-                     decode_threads: Optional[int] = None) -> TFRecordBatches:
+                     decode_threads: Optional[int] = None, keep_mapped_bytes: int = 2 << 30) -> TFRecordBatches:
     """This node's batches of TFRecord files of tf.Example, as numpy.
 
     Args:
@@ -199,6 +203,12 @@ def tfrecord_batches(paths: Paths, features: Optional[Dict[str, Any]] = None, ba
         shuffle_files: a new file order each pass (seeded by ``seed`` and the pass).
         decode_threads: threads decoding batches side by side (files are still read in
             order and batches come out in order); default 2.
+        keep_mapped_bytes: uncompressed local files are read in place (``mmap``); up to this
+            many bytes of them stay mapped from one pass (epoch) to the next while the returned
+            object lives, so later passes skip the kernel's mapping work (docs/benchmarks.md,
+            issue 8: 1.2-1.3x the read speed).  Their pages read so far count in the process's
+            RSS between passes too, which a memory monitor counting RSS (YARN's pmem check)
+            sees; 0 maps each file anew every pass.
     """
     ctx = ctx if ctx is not None else _fs.current_context()
     resolve = _fs.resolve_options(ctx)
@@ -212,7 +222,7 @@ def tfrecord_batches(paths: Paths, features: Optional[Dict[str, Any]] = None, ba
     return TFRecordBatches(uris, specs, int(batch_size), resolve=resolve, shard=_shard_of(ctx, shard),
                            drop_remainder=drop_remainder, compression=compression, skip_corrupt=skip_corrupt,
                            prefetch=int(prefetch), shuffle_files=shuffle_files, seed=int(seed),
-                           decode_threads=decode_threads)
+                           decode_threads=decode_threads, keep_mapped_bytes=keep_mapped_bytes)
 
 
 def tfrecord_dataset(paths: Paths, features: Optional[Dict[str, Any]] = None, batch_size: int = 128,
