@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <filesystem>
 #include <string>
@@ -116,17 +117,25 @@ class LocalRegion final : public ReadOnlyMemoryRegion {
   const std::string& uri() const override { return path_; }
   void WillRead(size_t offset, size_t n) const override {
     const size_t size = mapping_.size();
-    if (offset >= size) return;
-    n = std::min(n, size - offset);
+    size_t end = std::min(size, offset + n);
+    // Populated once: a mapping kept for the next pass (fs::MappingCache)
+    // would otherwise have its page tables walked again for nothing.
+    // Hints come in file order, so one high-water mark says what was done.
+    size_t done = populated_to_.load(std::memory_order_relaxed);
+    offset = std::max(offset, done);
+    if (offset >= end) return;
+    while (done < end && !populated_to_.compare_exchange_weak(done, end, std::memory_order_relaxed)) {
+    }
     const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
     const size_t start = offset / page * page;
     // A hint: an old kernel without MADV_POPULATE_READ (5.14) refuses it,
     // and the pages then fault in as they are read.
-    (void)::madvise(static_cast<uint8_t*>(mapping_.data()) + start, offset + n - start, MADV_POPULATE_READ);
+    (void)::madvise(static_cast<uint8_t*>(mapping_.data()) + start, end - start, MADV_POPULATE_READ);
   }
 
  private:
   Mapping mapping_;  // unmapped when the last reader lets go
+  mutable std::atomic<size_t> populated_to_{0};  // WillRead's high-water mark
   std::string path_;
 };
 

@@ -134,6 +134,7 @@ class ExampleDataset::Impl {
     std::vector<Piece> pieces;
     std::vector<std::pair<size_t, uint64_t>> origins;  // (index in uris, byte offset) per record
     std::vector<std::string> uris;  // the files this group's records came from
+    uint64_t file = 0;              // the last one's number (files_ when it was opened)
     std::vector<std::shared_ptr<const fs::ReadOnlyMemoryRegion>> regions;  // mapped files they lie in
   };
 
@@ -231,7 +232,8 @@ class ExampleDataset::Impl {
       EMBER_ASSIGN_OR_RAISE(bool more, NextRecord(&record));
       if (!more) return Status::OK();
       bytes += record.size();
-      if (worker->uris.empty() || worker->uris.back() != reader_->uri()) {
+      if (worker->uris.empty() || worker->file != files_) {  // files_ numbers the open file
+        worker->file = files_;
         worker->uris.push_back(reader_->uri());
         if (region_ != nullptr) worker->regions.push_back(region_);
       }
