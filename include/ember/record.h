@@ -67,6 +67,12 @@ struct ReaderStats {
   uint64_t skipped_bytes = 0;    // bytes in them
 };
 
+// The data CRC of `record`, a view into a mapped region returned by a
+// RecordReader with check_data_crc off (its 4 masked CRC bytes follow it
+// there): OK, or the Corruption the reader itself would have returned,
+// naming `uri` and the record's `offset` (RecordReader::last_offset()).
+Status CheckDataCrc(std::string_view record, const std::string& uri, uint64_t offset);
+
 // Reads records one after the other.
 class RecordReader {
  public:

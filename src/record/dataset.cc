@@ -1,7 +1,5 @@
 #include "ember/dataset.h"
 
-#include <endian.h>
-
 #include <algorithm>
 #include <cstring>
 #include <deque>
@@ -9,7 +7,6 @@
 #include <thread>
 #include <utility>
 
-#include "common/crc32c.h"
 #include "common/mutex.h"
 
 namespace ember::record {
@@ -28,13 +25,6 @@ namespace ember::record {
 //
 // Lock order: gather_mu_ before mu_.
 namespace {
-// A mapped record's masked data CRC: the 4 bytes after its data.
-bool DataCrcOk(const uint8_t* data, size_t n) {
-  uint32_t masked;
-  std::memcpy(&masked, data + n, 4);
-  return crc32c::Unmask(le32toh(masked)) == crc32c::Value(data, n);
-}
-
 constexpr size_t kGroupBytes = 1 << 20;  // records gathered per group, about
 constexpr size_t kGroupBatches = 64;     // batches per group, at most
 constexpr size_t kAheadBytes = 4 << 20;  // of a mapped file, mapped ahead of the gathering
@@ -263,17 +253,16 @@ class ExampleDataset::Impl {
     for (size_t i = 0; i < end; ++i) {
       const Piece& p = worker->pieces[i];
       const uint8_t* bytes = p.mapped != nullptr ? p.mapped : worker->arena.data() + p.offset;
-      Status st;
-      if (p.mapped != nullptr && !options_.reader.skip_corrupt && !DataCrcOk(p.mapped, p.size)) {
-        // As the reader words it, with the record's offset.
+      const std::string_view record(reinterpret_cast<const char*>(bytes), p.size);
+      if (p.mapped != nullptr && !options_.reader.skip_corrupt) {  // the reader left its data CRC to us
         const auto& [uri, offset] = worker->origins[i];
-        worker->decoder.Finish();
-        out->push_back(Batch{Status::Corruption(worker->uris[uri] + ": bad data CRC (record of " +
-                                                std::to_string(p.size) + " bytes) at offset " + std::to_string(offset)),
-                             {}});
-        break;
+        if (Status crc = CheckDataCrc(record, worker->uris[uri], offset); !crc.ok()) {
+          worker->decoder.Finish();  // drops the rows of this batch
+          out->push_back(Batch{std::move(crc), {}});
+          break;
+        }
       }
-      st = worker->decoder.Add(std::string_view(reinterpret_cast<const char*>(bytes), p.size));
+      Status st = worker->decoder.Add(record);
       if (!st.ok()) {
         worker->decoder.Finish();  // drops the rows of this batch
         const auto& [uri, offset] = worker->origins[i];
