@@ -18,6 +18,7 @@
 #include "common/logging.h"
 #include "transport/tcp/frame.h"
 #include "transport/tcp/handshake.h"
+#include "transport/tcp/pending.h"
 #include "transport/tcp/socket.h"
 
 namespace ember::collective {
@@ -32,7 +33,7 @@ constexpr uint16_t kAbort = 0x0712;
 
 constexpr size_t kMaxHelloBytes = 512;
 constexpr size_t kMaxAbortBytes = 2048;
-constexpr int kMaxPendingHandshakes = 8;
+constexpr size_t kMaxPendingHandshakes = 8;
 constexpr Duration kAbortSendTimeout{200};  // best effort: a stalled peer does not hold us
 constexpr size_t kInboxBytes = 64 << 10;
 constexpr size_t kDirectReadBytes = 16 << 10;  // larger reads skip the inbox
@@ -55,11 +56,12 @@ void EncodeHeader(uint16_t type, size_t len, std::byte out[tcp::kFrameHeaderByte
 
 // Accepts the previous rank during Connect: one thread accepts, one thread
 // per accepted connection runs the handshake and reads the hello (at most
-// kMaxPendingHandshakes at once; more are closed unread).
+// kMaxPendingHandshakes at once: beyond that an older pending one is dropped,
+// tcp::PendingHandshakes, so a flood cannot shut the previous rank out).
 class PrevAcceptor {
  public:
   PrevAcceptor(int listen_fd, const TcpRingOptions& o, const std::vector<std::string>& names, Deadline deadline)
-      : listen_fd_(listen_fd), o_(o), names_(names), deadline_(deadline) {}
+      : listen_fd_(listen_fd), o_(o), names_(names), deadline_(deadline), pending_(kMaxPendingHandshakes) {}
   ~PrevAcceptor() { Stop(); }
 
   Status Start() {
@@ -90,8 +92,8 @@ class PrevAcceptor {
     {
       MutexLock lock(&mu_);
       stopping_ = true;
-      for (int fd : live_) ::shutdown(fd, SHUT_RDWR);  // wakes handshakes in progress
     }
+    pending_.ShutdownAll();  // wakes handshakes in progress
     const char b = 1;
     (void)!::write(wake_w_.get(), &b, 1);
     accept_thread_.join();
@@ -117,16 +119,19 @@ class PrevAcceptor {
       MutexLock lock(&mu_);
       ReapLocked();
       if (!fd.valid() || stopping_) return;
-      if (pending_ >= kMaxPendingHandshakes) {
-        EMBER_LOG(WARN) << Who() << ": closed connection from " << tcp::PeerAddress(fd.get())
-                        << " unread: " << pending_ << " handshakes already pending";
-        continue;
+      const uint64_t id = next_id_++;
+      const std::string dropped = pending_.Start(id, fd.get(), tcp::PeerAddress(fd.get()));
+      if (!dropped.empty()) {
+        const uint64_t n = pending_.dropped();
+        if ((n & (n - 1)) == 0) {  // 1, 2, 4, ...: a flood must not flood the log too
+          EMBER_LOG(WARN) << Who() << ": dropped the pending handshake of " << dropped
+                          << " to admit a newer connection: " << kMaxPendingHandshakes
+                          << " were pending (a flood of unauthenticated connections?); " << n << " dropped so far";
+        }
       }
-      ++pending_;
-      live_.push_back(fd.get());
       workers_.emplace_back();
       Worker* w = &workers_.back();
-      w->thread = std::thread([this, w, f = std::move(fd)]() mutable { Handshake(std::move(f), w); });
+      w->thread = std::thread([this, w, id, f = std::move(fd)]() mutable { Handshake(std::move(f), id, w); });
     }
   }
 
@@ -141,30 +146,35 @@ class PrevAcceptor {
     }
   }
 
-  void Handshake(Fd fd, Worker* self) {
+  void Handshake(Fd fd, uint64_t id, Worker* self) {
     const std::string peer = tcp::PeerAddress(fd.get());
-    Status s = Admit(fd, peer);
+    bool dropped = false;
+    Status s = Admit(fd, peer, id, &dropped);
+    if (!s.ok() && !dropped) dropped = pending_.Finish(id);
     MutexLock lock(&mu_);
     if (!s.ok()) {
-      if (!stopping_) {
+      if (!stopping_ && !dropped) {
         EMBER_LOG(WARN) << Who() << ": rejected connection from " << peer << ": " << s.message();
         last_rejection_ = peer + ": " + s.ToString();
       }
     }
-    live_.erase(std::find(live_.begin(), live_.end(), fd.get()));
     if (s.ok()) {
       prev_ = std::move(fd);
       cv_.SignalAll();
     }
-    --pending_;
     self->done = true;
-    // fd (if not handed over) closes here, after it left live_, so Stop() never shuts a reused number.
+    // fd (if not handed over) closes here, after it left pending_, so a drop never shuts a reused number.
   }
 
   // Handshake and hello; OK once the connection is the previous rank's.
-  Status Admit(const Fd& fd, const std::string& peer) {
+  Status Admit(const Fd& fd, const std::string& peer, uint64_t id, bool* dropped) {
     Deadline d = std::min(deadline_, Deadline::After(o_.handshake_timeout));
-    EMBER_RETURN_NOT_OK(tcp::ServerHandshake(fd.get(), o_.secret, d, peer));
+    // Out of the pending set once the peer proved the secret, before it is told so.
+    auto verified = [&]() -> Status {
+      *dropped = pending_.Finish(id);
+      return *dropped ? Status::Unavailable("dropped from the handshake") : Status::OK();
+    };
+    EMBER_RETURN_NOT_OK(tcp::ServerHandshake(fd.get(), o_.secret, d, peer, verified));
     EMBER_ASSIGN_OR_RAISE(tcp::Frame f, tcp::ReadFrame(fd.get(), kMaxHelloBytes, d, peer));
     Hello h;
     Status s = f.type == kHello ? DecodeHello(f.payload, &h)
@@ -201,8 +211,8 @@ class PrevAcceptor {
   Fd prev_ GUARDED_BY(mu_);
   bool claimed_ GUARDED_BY(mu_) = false;
   bool stopping_ GUARDED_BY(mu_) = false;
-  int pending_ GUARDED_BY(mu_) = 0;
-  std::vector<int> live_ GUARDED_BY(mu_);  // descriptors in the handshake
+  uint64_t next_id_ = 1;  // the accept thread's only
+  tcp::PendingHandshakes pending_;
   std::list<Worker> workers_ GUARDED_BY(mu_);
   std::string last_rejection_ GUARDED_BY(mu_);
 };

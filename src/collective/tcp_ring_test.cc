@@ -519,6 +519,49 @@ TEST(TcpRing, WrongSecretAndWrongHelloAreRejectedThenPrevConnects) {
   CheckAllreduce(ring, 1, DataType::kFloat32, ReduceOp::kSum, 1000);
 }
 
+// 200 silent or slow-drip connections to each rank's listener while the
+// ring connects (issue 18): each holds a handshake slot until a newer one
+// drops it, so the previous rank still gets in and the ring connects well
+// within one handshake_timeout; then its results are exact.
+TEST(TcpRing, FloodOfUnauthenticatedConnectionsDoesNotKeepThePreviousRankOut) {
+  testing::WarningCapture warnings;
+  const int n = 3;
+  Ring ring(n);
+  std::vector<std::pair<std::string, int>> addrs;
+  for (int r = 0; r < n; ++r) {
+    ring[r] = TcpRing::Listen(Options(r, n)).MoveValueUnsafe();
+    addrs.emplace_back("127.0.0.1", ring[r]->port());
+  }
+  std::atomic<int> flood_connected{0};
+  std::vector<std::vector<Fd>> held(n);
+  std::vector<std::thread> flooders;
+  for (int r = 0; r < n; ++r) {
+    flooders.emplace_back([&, r] {
+      for (int i = 0; i < 200; ++i) {
+        auto fd = tcp::Connect("127.0.0.1", addrs[r].second, Soon(3000));
+        if (!fd.ok()) break;  // the ring connected and closed its listener
+        if (i % 2 == 1) {
+          const char byte = 'x';
+          (void)tcp::WriteAll(fd->get(), &byte, 1, Soon(1000), "drip");
+        }
+        ++flood_connected;
+        held[r].push_back(fd.MoveValueUnsafe());
+      }
+    });
+  }
+  const auto t0 = Clock::now();
+  OnRanks(n, [&](int r) {
+    Status s = ring[r]->Connect(addrs, Soon(20000));
+    EXPECT_TRUE(s.ok()) << s.ToString();
+  });
+  const auto took = Clock::now() - t0;
+  for (auto& t : flooders) t.join();
+  EXPECT_LT(took, Options(0, n).handshake_timeout) << "the flood slowed the ring's connect";
+  EXPECT_GE(flood_connected.load(), 8);
+  CheckAllreduce(ring, 1, DataType::kFloat32, ReduceOp::kSum, 100000);
+  CheckAllreduce(ring, 2, DataType::kBFloat16, ReduceOp::kSum, 4097);
+}
+
 TEST(TcpRing, ConnectNamesTheRankNotReached) {
   TcpRingOptions o = Options(0, 3);
   auto ring = TcpRing::Listen(o).MoveValueUnsafe();

@@ -193,8 +193,9 @@ Result<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Connect(
   const std::string address = host + ":" + std::to_string(port);
   const Deadline deadline = Deadline::After(options.connect_timeout);
   const std::string within = " within " + FormatDuration(options.connect_timeout) + ": ";
-  Result<Fd> fd = tcp::Connect(host, port, deadline);
-  if (!fd.ok()) {
+  bool connect_failed = false;
+  Result<Fd> fd = tcp::Dial(host, port, secret, deadline, address, &connect_failed);
+  if (!fd.ok() && connect_failed) {
     std::string why = fd.status().message();
     const std::string prefix = "connect to " + address + ": ";
     if (why.rfind(prefix, 0) == 0) why = why.substr(prefix.size());
@@ -202,11 +203,10 @@ Result<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Connect(
                                ". Is the driver running and reachable from this executor "
                                "(firewall, spark.driver.host)?");
   }
-  Status hs = tcp::ClientHandshake(fd->get(), secret, deadline, address);
-  if (hs.code() == StatusCode::kUnauthenticated) return hs;
-  if (!hs.ok()) {
+  if (fd.status().code() == StatusCode::kUnauthenticated) return fd.status();
+  if (!fd.ok()) {
     return Status::Unavailable("cannot complete the handshake with the Ember coordinator at " +
-                               address + within + hs.message());
+                               address + within + fd.status().message());
   }
   std::unique_ptr<CoordinatorClient> client(new CoordinatorClient());
   Impl& impl = *client->impl_;

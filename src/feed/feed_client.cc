@@ -35,20 +35,19 @@ Result<std::unique_ptr<FeedClient>> FeedClient::Connect(const std::string& host,
                                                         Duration idle_timeout) {
   const std::string peer = host + ":" + std::to_string(port);
   const Deadline deadline = Deadline::After(timeout);
-  Result<Fd> fd = tcp::Connect(host, port, deadline);
-  if (!fd.ok()) {
+  bool connect_failed = false;
+  Result<Fd> fd = tcp::Dial(host, port, secret, deadline, "feed server " + peer, &connect_failed);
+  if (!fd.ok() && connect_failed) {
     return Status::Unavailable("cannot reach the node's feed server at " + peer + ": " + fd.status().message() +
                                "; check that the node is still running and that this host can reach " + peer +
                                " (firewall, bind address)");
   }
-  Status hs = tcp::ClientHandshake(fd->get(), secret, deadline, "feed server " + peer);
-  if (hs.code() == StatusCode::kUnauthenticated) {
-    return Status::Unauthenticated("feed server at " + peer + " rejected the handshake: " + hs.message() +
+  if (fd.status().code() == StatusCode::kUnauthenticated) {
+    return Status::Unauthenticated("feed server at " + peer + " rejected the handshake: " + fd.status().message() +
                                    "; does this task carry the job's secret?");
   }
-  if (!hs.ok()) {
-    return Status::Unavailable("handshake with the feed server at " + peer + " failed: " + hs.message() +
-                               "; check that " + peer + " is this job's feed server and that the job's secret matches");
+  if (!fd.ok()) {
+    return Status::Unavailable("handshake with the feed server at " + peer + " failed: " + fd.status().message());
   }
   Status hello = SendFeedFrame(fd->get(), FeedKind::kHello, EncodeHello({idle_timeout}), deadline, peer);
   if (!hello.ok()) {

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstring>
 #include <string_view>
+#include <thread>
 
 #include "common/codec.h"
 #include "transport/tcp/frame.h"
@@ -48,7 +49,7 @@ Status ComputeMac(const std::string& secret, std::string_view label, const Nonce
 }  // namespace
 
 Status ServerHandshake(int fd, const std::string& secret, Deadline deadline,
-                       const std::string& peer) {
+                       const std::string& peer, const std::function<Status()>& verified) {
   Nonce nonce_s;
   EMBER_RETURN_NOT_OK(RandomNonce(&nonce_s));
   codec::Writer hello;
@@ -76,6 +77,7 @@ Status ServerHandshake(int fd, const std::string& secret, Deadline deadline,
     (void)WriteAll(fd, &verdict, 1, deadline, "handshake to " + peer);
     return Status::Unauthenticated("bad HMAC");
   }
+  if (verified) EMBER_RETURN_NOT_OK(verified());
   unsigned char accept[1 + kMacBytes];
   accept[0] = kVerdictAccepted;
   Mac proof;
@@ -84,12 +86,24 @@ Status ServerHandshake(int fd, const std::string& secret, Deadline deadline,
   return WriteAll(fd, accept, sizeof(accept), deadline, "handshake to " + peer);
 }
 
-Status ClientHandshake(int fd, const std::string& secret, Deadline deadline,
-                       const std::string& peer) {
+namespace {
+
+// ClientHandshake; *closed says the server closed (or reset) the connection
+// before its verdict, the one failure worth dialling again for.
+Status ClientHandshakeImpl(int fd, const std::string& secret, Deadline deadline, const std::string& peer,
+                           bool* closed) {
+  *closed = false;
   unsigned char hello[sizeof(kHandshakeMagic) + 2 + kNonceBytes];
-  EMBER_RETURN_NOT_OK(ReadExactly(fd, hello, sizeof(hello), deadline, "handshake from " + peer));
+  Status got_hello = ReadExactly(fd, hello, sizeof(hello), deadline, "handshake from " + peer);
+  if (got_hello.code() == StatusCode::kUnavailable || got_hello.code() == StatusCode::kIOError) {
+    *closed = true;
+    return Status::Unavailable(peer + " closed the connection before its handshake greeting (it is shutting "
+                               "down, or dropping pending handshakes in a flood of unauthenticated "
+                               "connections): " + got_hello.message());
+  }
+  EMBER_RETURN_NOT_OK(got_hello);
   if (std::memcmp(hello, kHandshakeMagic, sizeof(kHandshakeMagic)) != 0) {
-    return Status::Unavailable(peer + " is not an Ember coordinator (bad handshake magic)");
+    return Status::Unavailable(peer + " is not an Ember server (bad handshake magic)");
   }
   codec::Reader r(std::string_view(reinterpret_cast<const char*>(hello) + 4, 2));
   uint16_t version = 0;
@@ -107,12 +121,13 @@ Status ClientHandshake(int fd, const std::string& secret, Deadline deadline,
   unsigned char reply[kNonceBytes + kMacBytes];
   std::memcpy(reply, nonce_c.data(), kNonceBytes);
   std::memcpy(reply + kNonceBytes, mac.data(), kMacBytes);
-  EMBER_RETURN_NOT_OK(WriteAll(fd, reply, sizeof(reply), deadline, "handshake to " + peer));
-
+  Status sent = WriteAll(fd, reply, sizeof(reply), deadline, "handshake to " + peer);
   unsigned char verdict = 0;
-  Status read = ReadExactly(fd, &verdict, 1, deadline, "handshake from " + peer);
+  Status read = sent.ok() ? ReadExactly(fd, &verdict, 1, deadline, "handshake from " + peer) : sent;
   if (read.code() == StatusCode::kUnavailable || read.code() == StatusCode::kIOError) {
-    return Status::Unavailable(peer + " closed the connection during the handshake (is it shutting down?): " +
+    *closed = true;
+    return Status::Unavailable(peer + " closed the connection during the handshake (it is shutting down, or "
+                               "dropping pending handshakes in a flood of unauthenticated connections): " +
                                read.message());
   }
   EMBER_RETURN_NOT_OK(read);
@@ -130,6 +145,37 @@ Status ClientHandshake(int fd, const std::string& secret, Deadline deadline,
     return Status::Unauthenticated(peer + " failed to prove the job secret (bad server HMAC)");
   }
   return Status::OK();
+}
+
+}  // namespace
+
+Status ClientHandshake(int fd, const std::string& secret, Deadline deadline, const std::string& peer) {
+  bool closed = false;
+  return ClientHandshakeImpl(fd, secret, deadline, peer, &closed);
+}
+
+Result<Fd> Dial(const std::string& host, int port, const std::string& secret, Deadline deadline,
+                const std::string& peer, bool* connect_failed) {
+  if (connect_failed != nullptr) *connect_failed = false;
+  Duration backoff{10};
+  for (int attempt = 1;; ++attempt) {
+    Result<Fd> fd = Connect(host, port, deadline);
+    if (!fd.ok()) {
+      if (connect_failed != nullptr) *connect_failed = true;
+      return fd.status();
+    }
+    bool closed = false;
+    Status hs = ClientHandshakeImpl(fd->get(), secret, deadline, peer, &closed);
+    if (hs.ok()) return fd;
+    if (!closed || deadline.expired()) {
+      if (closed && attempt > 1) {
+        return Status::Unavailable(hs.message() + " (" + std::to_string(attempt) + " attempts)");
+      }
+      return hs;
+    }
+    std::this_thread::sleep_for(std::min(backoff, deadline.remaining()));
+    backoff = std::min(backoff * 2, Duration(200));
+  }
 }
 
 }  // namespace ember::tcp

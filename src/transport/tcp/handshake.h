@@ -13,10 +13,12 @@
 // that went away mid-handshake (Unavailable).
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "common/deadline.h"
-#include "ember/status.h"
+#include "common/fd.h"
+#include "ember/result.h"
 
 namespace ember::tcp {
 
@@ -29,13 +31,28 @@ inline constexpr unsigned char kVerdictAccepted = 0x01;
 // Server side.  Unauthenticated("bad HMAC") if the client does not prove
 // the secret; DeadlineExceeded/Unavailable/IOError if it stalls or leaves.
 // The caller logs and closes on failure (it knows the peer's name).
+// `verified`, if set, runs once the client proved the secret and before the
+// server's verdict is sent; an error from it fails the handshake (the
+// acceptor uses it to take the connection out of PendingHandshakes, so a
+// connection is never dropped after the client was told it is accepted).
 Status ServerHandshake(int fd, const std::string& secret, Deadline deadline,
-                       const std::string& peer);
+                       const std::string& peer, const std::function<Status()>& verified = nullptr);
 
 // Client side.  Unauthenticated if the server rejects our HMAC or its proof is
 // wrong; Unavailable if the peer is not an Ember server (bad magic), speaks
 // another protocol version, or closes the connection before its verdict.
 Status ClientHandshake(int fd, const std::string& secret, Deadline deadline,
                        const std::string& peer);
+
+// Connects to host:port and runs the client handshake, all within
+// `deadline`.  A server that closes the connection before its verdict (it
+// dropped it to admit a newer one in a flood of unauthenticated connections,
+// see pending.h) is dialled again after a short backoff, so a flood costs the
+// job's client a retry, not its connection.  Errors: those of Connect()
+// (nothing listening, host unreachable; *connect_failed set if given) or of
+// ClientHandshake(); a connection closed in the handshake until the deadline
+// is Unavailable and says so.
+Result<Fd> Dial(const std::string& host, int port, const std::string& secret, Deadline deadline,
+                const std::string& peer, bool* connect_failed = nullptr);
 
 }  // namespace ember::tcp

@@ -76,7 +76,7 @@ TEST(HandshakeTest, ClientRejectsNonEmberServer) {
   ASSERT_TRUE(WriteAll(s.get(), junk.data(), junk.size(), Deadline::After(Duration(1000)), "w").ok());
   Status st = ClientHandshake(c.get(), kSecret, Deadline::After(Duration(1000)), "server");
   EXPECT_EQ(st.code(), StatusCode::kUnavailable);
-  EXPECT_NE(st.message().find("not an Ember coordinator"), std::string::npos);
+  EXPECT_NE(st.message().find("not an Ember server"), std::string::npos);
 }
 
 }  // namespace

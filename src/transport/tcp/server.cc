@@ -62,7 +62,8 @@ Server::Server(const ServerOptions& options, Handler handler, Fd listener, int p
       listen_fd_(std::move(listener)),
       port_(port),
       wake_read_(std::move(wake_read)),
-      wake_write_(std::move(wake_write)) {}
+      wake_write_(std::move(wake_write)),
+      pending_(options.max_pending_handshakes) {}
 
 Server::~Server() { Close(); }
 
@@ -70,7 +71,7 @@ ServerStats Server::stats() const {
   ServerStats s;
   s.accepted = accepted_.load();
   s.rejected = rejected_.load();
-  s.refused_over_cap = refused_.load();
+  s.dropped_pending = dropped_.load();
   return s;
 }
 
@@ -102,21 +103,10 @@ void Server::Admit(Fd fd) {
   std::string peer = PeerAddress(fd.get());
   MutexLock lock(&mu_);
   if (closing_) return;
-  if (pending_handshakes_ >= options_.max_pending_handshakes) {
-    lock.Unlock();
-    (void)fd.Close();
-    const uint64_t n = ++refused_;
-    if ((n & (n - 1)) == 0) {  // 1, 2, 4, ...: a flood must not flood the log too
-      EMBER_LOG(WARN) << options_.name << ": refused connection from " << peer << ": "
-                      << options_.max_pending_handshakes
-                      << " connections are already in the handshake (max_pending_handshakes); " << n
-                      << " refused so far";
-    }
-    return;
-  }
-  ++pending_handshakes_;
   auto entry = std::make_unique<Entry>();
   entry->conn = std::make_shared<Connection>(next_id_++, std::move(fd), std::move(peer));
+  // Counted before its thread starts, so Finish() always finds it (or its drop).
+  (void)pending_.Start(entry->conn->id(), entry->conn->fd(), entry->conn->peer());
   Entry* raw = entry.get();
   entries_.push_back(std::move(entry));
   raw->thread = std::thread(&Server::Serve, this, raw);
@@ -124,14 +114,28 @@ void Server::Admit(Fd fd) {
 
 void Server::Serve(Entry* entry) {
   Connection& conn = *entry->conn;
-  Status hs = ServerHandshake(conn.fd(), options_.secret, Deadline::After(options_.handshake_timeout), conn.peer());
-  {
-    MutexLock lock(&mu_);
-    --pending_handshakes_;
-  }
+  // The connection leaves the pending set once the peer proved the secret, before it is told
+  // so: from then on it cannot be dropped.
+  bool dropped = false;
+  auto verified = [&]() -> Status {
+    dropped = pending_.Finish(conn.id());
+    return dropped ? Status::Unavailable("dropped from the handshake") : Status::OK();
+  };
+  Status hs = ServerHandshake(conn.fd(), options_.secret, Deadline::After(options_.handshake_timeout), conn.peer(),
+                              verified);
+  if (!hs.ok() && !dropped) dropped = pending_.Finish(conn.id());
   if (hs.ok()) {
     ++accepted_;
     handler_(conn);
+  } else if (dropped && !conn.shut_down()) {
+    const uint64_t n = ++dropped_;
+    if ((n & (n - 1)) == 0) {  // 1, 2, 4, ...: a flood must not flood the log too
+      EMBER_LOG(WARN) << options_.name << ": dropped the pending handshake of " << conn.peer()
+                      << " to admit a newer connection: " << options_.max_pending_handshakes
+                      << " connections were in the handshake (max_pending_handshakes; a flood of "
+                         "unauthenticated connections?); "
+                      << n << " dropped so far";
+    }
   } else {
     if (!conn.shut_down()) {  // once closing, a failed handshake is just the shutdown
       EMBER_LOG(WARN) << options_.name << ": rejected unauthenticated connection from " << conn.peer() << ": "

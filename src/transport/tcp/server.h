@@ -4,18 +4,20 @@
 // connection, and runs the authenticated handshake (handshake.h) with the
 // job's secret before a user's handler ever sees a connection:
 //
-//   accept ──> cap check ──> [connection thread] handshake ──> handler(conn)
-//                 │                                  │
-//                 └─ over max_pending_handshakes:    └─ failed: logged as
-//                    closed at once, counted            "<name>: rejected
-//                                                       unauthenticated
-//                                                       connection from
-//                                                       <peer>: <why>", counted
+//   accept ──> [connection thread] handshake ──> handler(conn)
+//     │                              │
+//     └─ max_pending_handshakes      └─ failed: logged as "<name>: rejected
+//        already pending: the           unauthenticated connection from
+//        new one is admitted, an        <peer>: <why>", counted
+//        old one dropped (pending.h),
+//        counted
 //
 // At most max_pending_handshakes connections may be in the handshake at
 // once, so peers that connect and say nothing cost a bounded number of
-// threads for at most handshake_timeout each.  Authenticated connections
-// are not capped (their number is the job's business).
+// threads for at most handshake_timeout each; a new connection is never
+// refused for it, so a flood of such peers cannot lock the job's own
+// clients out (PendingHandshakes says which one is dropped).  Authenticated
+// connections are not capped (their number is the job's business).
 //
 // Threads: one accept thread, one per connection.  A connection's thread
 // runs the handshake, then the handler; when the handler returns, the
@@ -36,6 +38,7 @@
 #include "common/deadline.h"
 #include "common/fd.h"
 #include "common/mutex.h"
+#include "transport/tcp/pending.h"
 #include "ember/result.h"
 
 namespace ember::tcp {
@@ -47,14 +50,14 @@ struct ServerOptions {
   std::string secret;  // the job's secret, at least 16 bytes
   Duration handshake_timeout{5000};  // a peer must finish the handshake within this
   // Connections in the handshake at once; a connection beyond this is
-  // closed as soon as it is accepted (counted in refused_over_cap).
+  // admitted and an older pending one dropped (counted in dropped_pending).
   size_t max_pending_handshakes = 64;
 };
 
 struct ServerStats {
   uint64_t accepted = 0;          // passed the handshake (handed to the handler)
   uint64_t rejected = 0;          // failed the handshake
-  uint64_t refused_over_cap = 0;  // closed unread: too many pending handshakes
+  uint64_t dropped_pending = 0;   // dropped in the handshake to make room for a newer one
 };
 
 // One authenticated connection, handed to the handler on its own thread.
@@ -150,10 +153,10 @@ class Server {
   mutable Mutex mu_;
   bool closing_ GUARDED_BY(mu_) = false;
   uint64_t next_id_ GUARDED_BY(mu_) = 1;
-  size_t pending_handshakes_ GUARDED_BY(mu_) = 0;
   std::list<std::unique_ptr<Entry>> entries_ GUARDED_BY(mu_);  // live and unreaped connections
 
-  std::atomic<uint64_t> accepted_{0}, rejected_{0}, refused_{0};
+  PendingHandshakes pending_;
+  std::atomic<uint64_t> accepted_{0}, rejected_{0}, dropped_{0};
 };
 
 }  // namespace ember::tcp
