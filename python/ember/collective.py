@@ -1,4 +1,4 @@
-"""Ember's collectives on numpy arrays and DLPack tensors (PyTorch, ...).
+"""Ember's collectives on numpy arrays, PyTorch and TensorFlow tensors.
 
 Inside a node, ``ctx.communicator()`` joins the job's training nodes (chief, master
 and workers; rank 0 is the chief) and returns a :class:`Communicator`::
@@ -9,6 +9,11 @@ and workers; rank 0 is the chief) and returns a :class:`Communicator`::
     weights = comm.broadcast(weights, root=0)
     everything = comm.allgather(local_rows)     # concatenated along axis 0; lengths may differ
 
+Every dtype the core reduces works from every framework: float32, float64, float16,
+bfloat16 (``torch.bfloat16``, ``tf.bfloat16``, numpy's ``ml_dtypes.bfloat16``), int32 and
+int64; results keep the caller's dtype and kind (numpy in, numpy out; torch in, torch
+out; TensorFlow in, TensorFlow out).  Any other dtype raises ValueError naming it.
+
 The work happens in the C++ core (``include/ember/collective.h``): shared memory
 between the nodes of one host, a TCP ring between hosts.  Every node must make the
 same calls in the same order; a mismatch raises ``ValueError`` (InvalidArgument)
@@ -18,7 +23,7 @@ communicator is broken and every later call raises the same error.
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -40,13 +45,45 @@ def _is_numpy(x: Any) -> bool:
     return isinstance(x, np.ndarray)
 
 
-def _contiguous_copy(x: Any) -> Any:
-    """A C-contiguous copy of `x` of the same kind (numpy array or torch tensor)."""
-    if _is_numpy(x) or np.isscalar(x):
-        return np.array(x, copy=True, order="C")
-    if hasattr(x, "detach") and hasattr(x, "clone"):  # torch
-        return x.detach().clone(memory_format=__import__("torch").contiguous_format)
-    return np.array(x, copy=True, order="C")
+def _is_torch(x: Any) -> bool:
+    return hasattr(x, "detach") and hasattr(x, "clone")
+
+
+def _is_tf(x: Any) -> bool:
+    return type(x).__module__.startswith("tensorflow") and hasattr(x, "numpy")
+
+
+def _supported() -> str:
+    names = [name.lower() for name in _ember.CollectiveDataType.__members__]
+    return ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def _bits(x: Any) -> Tuple[Any, Any]:
+    """(what the binding takes for `x`, the dtype its elements are read as; None: its own).
+    numpy's bfloat16 (ml_dtypes, as TensorFlow and JAX hand it out) crosses neither the
+    buffer protocol nor numpy's DLPack, so it goes as its uint16 bits: a view, not a copy,
+    and the core still reduces bfloat16 values.  torch and TF describe bfloat16 in DLPack."""
+    if _is_numpy(x) and x.dtype.kind == "V" and x.dtype.fields is None:  # an ml_dtypes type
+        if x.dtype.name == "bfloat16":
+            return x.view(np.uint16), _ember.CollectiveDataType.BFLOAT16
+        raise ValueError(f"collectives take {_supported()} arrays; got {x.dtype.name}")
+    return x, None
+
+
+def _same(x: Any) -> Any:
+    return x
+
+
+def _working_copy(x: Any) -> Tuple[Any, Callable[[Any], Any]]:
+    """A C-contiguous copy of `x` for a call to work on in place, and the function turning
+    the result into `x`'s kind: torch stays torch; a TF tensor (immutable) is worked on as
+    numpy and comes back as a TF tensor of its dtype; anything else becomes numpy."""
+    if _is_torch(x):
+        return x.detach().clone(memory_format=__import__("torch").contiguous_format), _same
+    if _is_tf(x):
+        import tensorflow as tf
+        return np.array(x.numpy(), copy=True, order="C"), tf.convert_to_tensor
+    return np.array(x, copy=True, order="C"), _same
 
 
 class Communicator:
@@ -97,59 +134,94 @@ class Communicator:
     # -- reductions
     def allreduce_(self, x: Any, op: str = "average", timeout: float = 0.0) -> Any:
         """Reduces `x` over the ranks in place and returns it.  `op`: average (default), sum, min, max."""
-        self._native.allreduce(x, _op(op), timeout)
+        bits, dtype = _bits(x)
+        self._native.allreduce(bits, _op(op), timeout, dtype=dtype)
         return x
 
     def allreduce(self, x: Any, op: str = "average", timeout: float = 0.0) -> Any:
         """The reduction of `x` over the ranks, as a new array/tensor; `x` is unchanged."""
-        return self.allreduce_(_contiguous_copy(x), op, timeout)
+        y, back = _working_copy(x)
+        return back(self.allreduce_(y, op, timeout))
 
     def allreduce_many_(self, xs: Sequence[Any], op: str = "average", timeout: float = 0.0) -> List[Any]:
         """Reduces several arrays of one dtype in place as one fused call (a model's gradients)."""
         xs = list(xs)
-        self._native.allreduce_fused(xs, _op(op), timeout)
+        bits = [_bits(x) for x in xs]
+        dtypes = {dtype for _, dtype in bits}
+        if len(dtypes) > 1:
+            raise ValueError("allreduce_many_: every array must have one dtype")
+        self._native.allreduce_fused([b for b, _ in bits], _op(op), timeout, dtype=dtypes.pop() if bits else None)
         return xs
 
     def allreduce_async_(self, x: Any, op: str = "average", timeout: float = 0.0) -> "_ember.CollectiveWork":
         """Starts an in-place reduction of `x`; returns a handle whose ``wait()`` ends it.
         `x` must not be touched until then.  Calls run in the order they were made."""
-        return self._native.allreduce_async(x, x, _op(op), timeout)
+        bits, dtype = _bits(x)
+        return self._native.allreduce_async(x, bits, _op(op), timeout, dtype=dtype)
 
     def reduce_scatter(self, x: Any, op: str = "average", timeout: float = 0.0) -> Any:
         """`x` holds size equal blocks along axis 0; returns the reduction of block `rank`."""
-        arr = np.ascontiguousarray(x) if not hasattr(x, "detach") else x.contiguous()
+        back = _same
+        if _is_torch(x):
+            arr = x.contiguous()
+        elif _is_tf(x):
+            import tensorflow as tf
+            arr, back = np.ascontiguousarray(x.numpy()), tf.convert_to_tensor
+        else:
+            arr = np.ascontiguousarray(x)
         if arr.shape[0] % self.size:
             raise ValueError(f"reduce_scatter: axis 0 ({arr.shape[0]}) is not a multiple of size {self.size}")
-        if _is_numpy(arr):
-            out = np.empty((arr.shape[0] // self.size,) + arr.shape[1:], dtype=arr.dtype)
-        else:
+        if _is_torch(arr):
             out = arr.new_empty((arr.shape[0] // self.size,) + tuple(arr.shape[1:]))
-        self._native.reduce_scatter(arr, out, _op(op), timeout)
-        return out
+        else:
+            out = np.empty((arr.shape[0] // self.size,) + arr.shape[1:], dtype=arr.dtype)
+        (arr_bits, dtype), (out_bits, _) = _bits(arr), _bits(out)
+        self._native.reduce_scatter(arr_bits, out_bits, _op(op), timeout, dtype=dtype)
+        return back(out)
 
     # -- data movement
     def broadcast_(self, x: Any, root: int = 0, timeout: float = 0.0) -> Any:
         """Overwrites `x` with rank `root`'s `x`, in place; returns it."""
-        self._native.broadcast(x, root, timeout)
+        bits, dtype = _bits(x)
+        self._native.broadcast(bits, root, timeout, dtype=dtype)
         return x
 
     def broadcast(self, x: Any, root: int = 0, timeout: float = 0.0) -> Any:
         """Rank `root`'s `x`, as a new array/tensor on every rank."""
-        return self.broadcast_(_contiguous_copy(x), root, timeout)
+        y, back = _working_copy(x)
+        return back(self.broadcast_(y, root, timeout))
 
-    def allgather(self, x: Any, timeout: float = 0.0) -> np.ndarray:
+    def allgather(self, x: Any, timeout: float = 0.0) -> Any:
         """Every rank's `x` concatenated along axis 0, in rank order.  Lengths along axis 0
-        may differ between ranks; the other dimensions must agree.  Returns numpy."""
-        arr = np.ascontiguousarray(x.detach().cpu().numpy() if hasattr(x, "detach") else x)
-        if arr.ndim == 0:
-            arr = arr.reshape(1)
-        data, counts = self._native.allgatherv(arr, timeout)
-        row = int(np.prod(arr.shape[1:], dtype=np.int64))
+        may differ between ranks; the other dimensions must agree.  Returns the kind `x` is
+        (a torch tensor on `x`'s device, a TF tensor, or numpy for anything else)."""
+        if _is_torch(x):
+            import torch
+
+            t = x.detach().cpu().contiguous()
+            t = t.reshape(1) if t.dim() == 0 else t
+            data, counts = self._native.allgatherv(t, timeout)
+            flat = (torch.frombuffer(bytearray(data), dtype=torch.uint8).view(t.dtype) if data
+                    else torch.empty(0, dtype=t.dtype))
+            return flat.reshape(self._gathered_shape(tuple(t.shape), counts)).to(x.device)
+        back = _same
+        if _is_tf(x):
+            import tensorflow as tf
+            x, back = x.numpy(), tf.convert_to_tensor
+        arr = np.ascontiguousarray(x)
+        arr = arr.reshape(1) if arr.ndim == 0 else arr
+        bits, dtype = _bits(arr)
+        data, counts = self._native.allgatherv(bits, timeout, dtype=dtype)
+        return back(np.frombuffer(data, dtype=arr.dtype).reshape(self._gathered_shape(arr.shape, counts)))
+
+    @staticmethod
+    def _gathered_shape(shape: Tuple[int, ...], counts: Sequence[int]) -> Tuple[int, ...]:
+        """The shape of the ranks' arrays of `counts` elements, each `shape` beyond axis 0."""
+        row = int(np.prod(shape[1:], dtype=np.int64))
         if row and any(c % row for c in counts):
             raise ValueError(f"allgather: the ranks' arrays differ in shape beyond axis 0 "
                              f"(element counts {list(counts)}, {row} per row here)")
-        out = np.frombuffer(data, dtype=arr.dtype)
-        return out.reshape((-1,) + arr.shape[1:]) if row else out.reshape((0,) + arr.shape[1:])
+        return ((sum(counts) // row) if row else 0,) + tuple(shape[1:])
 
     def barrier(self, timeout: float = 0.0) -> None:
         """Returns once every rank called barrier()."""

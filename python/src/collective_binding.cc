@@ -1,11 +1,15 @@
 // Bindings of include/ember/collective.h: the Communicator and its Stores.
 // Type conversion only.  Arrays cross as DLPack/buffer-protocol ndarrays
-// (numpy, PyTorch, anything with __dlpack__), C-contiguous and on the CPU,
-// and are reduced in place, without a copy; outputs are allocated by the
-// caller (python/ember/collective.py).  The GIL is released for every call
+// (numpy, PyTorch, TensorFlow, anything with __dlpack__), C-contiguous and
+// on the CPU, and are reduced in place, without a copy; outputs are allocated
+// by the caller (python/ember/collective.py).  An array whose element type the
+// exporter cannot describe (numpy's ml_dtypes.bfloat16: neither the buffer
+// protocol nor numpy's DLPack carries it) comes as a same-width integer view
+// with `dtype` naming what its bits are.  The GIL is released for every call
 // into the core.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
@@ -13,6 +17,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -35,9 +40,38 @@ using collective::Work;
 
 using Array = nb::ndarray<nb::device::cpu, nb::c_contig>;
 
-DataType DataTypeOf(const Array& a) {
+constexpr char kSupported[] = "float32, float64, float16, bfloat16, int32 or int64";
+
+// "uint8", "complex64", "bool", ...: a DLPack element type as numpy names it.
+std::string DlpackTypeName(const nb::dlpack::dtype& t) {
+  using Code = nb::dlpack::dtype_code;
+  std::string name;
+  switch (static_cast<Code>(t.code)) {
+    case Code::Int: name = "int"; break;
+    case Code::UInt: name = "uint"; break;
+    case Code::Float: name = "float"; break;
+    case Code::Bfloat: name = "bfloat"; break;
+    case Code::Complex: name = "complex"; break;
+    case Code::Bool: return "bool";
+    default: name = "dtype code " + std::to_string(t.code) + " of ";
+  }
+  name += std::to_string(t.bits);
+  if (t.lanes != 1) name += " x" + std::to_string(t.lanes);
+  return name;
+}
+
+// The core's element type of `a`.  With `as`, `a` is a view of raw bits (any
+// element type of the same width) whose elements are `as`.
+DataType DataTypeOf(const Array& a, std::optional<DataType> as = std::nullopt) {
   const nb::dlpack::dtype t = a.dtype();
   const auto code = static_cast<nb::dlpack::dtype_code>(t.code);
+  if (as) {
+    if (t.lanes == 1 && t.bits == 8 * collective::SizeOf(*as)) return *as;
+    throw StatusError(Status::InvalidArgument(std::string("collectives: an array read as ") +
+                                              collective::DataTypeName(*as) + " must have " +
+                                              std::to_string(8 * collective::SizeOf(*as)) +
+                                              "-bit elements; got " + DlpackTypeName(t)));
+  }
   if (t.lanes == 1) {
     if (code == nb::dlpack::dtype_code::Float && t.bits == 32) return DataType::kFloat32;
     if (code == nb::dlpack::dtype_code::Float && t.bits == 64) return DataType::kFloat64;
@@ -46,9 +80,8 @@ DataType DataTypeOf(const Array& a) {
     if (code == nb::dlpack::dtype_code::Int && t.bits == 32) return DataType::kInt32;
     if (code == nb::dlpack::dtype_code::Int && t.bits == 64) return DataType::kInt64;
   }
-  throw StatusError(Status::InvalidArgument(
-      "collectives take float32, float64, float16, bfloat16, int32 or int64 arrays; got dtype code " +
-      std::to_string(t.code) + " with " + std::to_string(t.bits) + " bits"));
+  throw StatusError(Status::InvalidArgument(std::string("collectives take ") + kSupported + " arrays; got " +
+                                            DlpackTypeName(t)));
 }
 
 CallOptions Timeout(double seconds) {
@@ -134,20 +167,20 @@ void BindCollective(nb::module_& m) {
       .def("describe", &Communicator::Describe, "rank"_a)
       .def(
           "allreduce",
-          [](Communicator& c, Array a, ReduceOp op, double timeout) {
-            const DataType dt = DataTypeOf(a);
+          [](Communicator& c, Array a, ReduceOp op, double timeout, std::optional<DataType> dtype) {
+            const DataType dt = DataTypeOf(a, dtype);
             nb::gil_scoped_release release;
             ThrowIfError(c.Allreduce(a.data(), a.size(), dt, op, Timeout(timeout)));
           },
-          "array"_a, "op"_a, "timeout"_a = 0.0)
+          "array"_a, "op"_a, "timeout"_a = 0.0, "dtype"_a = nb::none())
       .def(
           "allreduce_fused",
-          [](Communicator& c, std::vector<Array> arrays, ReduceOp op, double timeout) {
+          [](Communicator& c, std::vector<Array> arrays, ReduceOp op, double timeout, std::optional<DataType> dtype) {
             if (arrays.empty()) return;
-            const DataType dt = DataTypeOf(arrays[0]);
+            const DataType dt = DataTypeOf(arrays[0], dtype);
             std::vector<std::span<std::byte>> spans;
             for (auto& a : arrays) {
-              if (DataTypeOf(a) != dt) {
+              if (DataTypeOf(a, dtype) != dt) {
                 throw StatusError(Status::InvalidArgument("allreduce_fused: every array must have one dtype"));
               }
               spans.emplace_back(static_cast<std::byte*>(a.data()), a.nbytes());
@@ -155,39 +188,39 @@ void BindCollective(nb::module_& m) {
             nb::gil_scoped_release release;
             ThrowIfError(c.AllreduceFused(spans, dt, op, Timeout(timeout)));
           },
-          "arrays"_a, "op"_a, "timeout"_a = 0.0)
+          "arrays"_a, "op"_a, "timeout"_a = 0.0, "dtype"_a = nb::none())
       .def(
           "allreduce_async",
-          [](Communicator& c, nb::object owner, Array a, ReduceOp op, double timeout) {
-            const DataType dt = DataTypeOf(a);
+          [](Communicator& c, nb::object owner, Array a, ReduceOp op, double timeout, std::optional<DataType> dtype) {
+            const DataType dt = DataTypeOf(a, dtype);
             auto work = c.AllreduceAsync(a.data(), a.size(), dt, op, Timeout(timeout));
             return PyWork{std::move(work), std::move(owner)};
           },
-          "owner"_a, "array"_a, "op"_a, "timeout"_a = 0.0)
+          "owner"_a, "array"_a, "op"_a, "timeout"_a = 0.0, "dtype"_a = nb::none())
       .def(
           "broadcast",
-          [](Communicator& c, Array a, int root, double timeout) {
-            const DataType dt = DataTypeOf(a);
+          [](Communicator& c, Array a, int root, double timeout, std::optional<DataType> dtype) {
+            const DataType dt = DataTypeOf(a, dtype);
             nb::gil_scoped_release release;
             ThrowIfError(c.Broadcast(a.data(), a.size(), dt, root, Timeout(timeout)));
           },
-          "array"_a, "root"_a, "timeout"_a = 0.0)
+          "array"_a, "root"_a, "timeout"_a = 0.0, "dtype"_a = nb::none())
       .def(
           "allgather",
-          [](Communicator& c, Array in, Array out, double timeout) {
-            const DataType dt = DataTypeOf(in);
-            if (DataTypeOf(out) != dt || out.size() != in.size() * static_cast<size_t>(c.size())) {
+          [](Communicator& c, Array in, Array out, double timeout, std::optional<DataType> dtype) {
+            const DataType dt = DataTypeOf(in, dtype);
+            if (DataTypeOf(out, dtype) != dt || out.size() != in.size() * static_cast<size_t>(c.size())) {
               throw StatusError(Status::InvalidArgument("allgather: the output must hold size * input elements of "
                                                         "the input's dtype"));
             }
             nb::gil_scoped_release release;
             ThrowIfError(c.Allgather(in.data(), in.size(), out.data(), dt, Timeout(timeout)));
           },
-          "input"_a, "output"_a, "timeout"_a = 0.0)
+          "input"_a, "output"_a, "timeout"_a = 0.0, "dtype"_a = nb::none())
       .def(
           "allgatherv",
-          [](Communicator& c, Array in, double timeout) {
-            const DataType dt = DataTypeOf(in);
+          [](Communicator& c, Array in, double timeout, std::optional<DataType> dtype) {
+            const DataType dt = DataTypeOf(in, dtype);
             std::vector<std::byte> out;
             std::vector<uint64_t> counts;
             {
@@ -196,19 +229,19 @@ void BindCollective(nb::module_& m) {
             }
             return std::make_pair(nb::bytes(reinterpret_cast<const char*>(out.data()), out.size()), counts);
           },
-          "input"_a, "timeout"_a = 0.0)
+          "input"_a, "timeout"_a = 0.0, "dtype"_a = nb::none())
       .def(
           "reduce_scatter",
-          [](Communicator& c, Array in, Array out, ReduceOp op, double timeout) {
-            const DataType dt = DataTypeOf(in);
-            if (DataTypeOf(out) != dt || in.size() != out.size() * static_cast<size_t>(c.size())) {
+          [](Communicator& c, Array in, Array out, ReduceOp op, double timeout, std::optional<DataType> dtype) {
+            const DataType dt = DataTypeOf(in, dtype);
+            if (DataTypeOf(out, dtype) != dt || in.size() != out.size() * static_cast<size_t>(c.size())) {
               throw StatusError(Status::InvalidArgument("reduce_scatter: the input must hold size * output elements "
                                                         "of the output's dtype"));
             }
             nb::gil_scoped_release release;
             ThrowIfError(c.ReduceScatter(in.data(), out.data(), out.size(), dt, op, Timeout(timeout)));
           },
-          "input"_a, "output"_a, "op"_a, "timeout"_a = 0.0)
+          "input"_a, "output"_a, "op"_a, "timeout"_a = 0.0, "dtype"_a = nb::none())
       .def(
           "barrier", [](Communicator& c, double timeout) { ThrowIfError(c.Barrier(Timeout(timeout))); },
           "timeout"_a = 0.0, nb::call_guard<nb::gil_scoped_release>())
