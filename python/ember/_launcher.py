@@ -32,6 +32,7 @@ from typing import Deque, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from ember import _ember, _proc
 from ember._names import FEED_ENDPOINT_KEY, NODE_END_KEY, TENSORBOARD_URL_KEY, WORKER_ROLES
+from ember._node_env import node_env
 from ember.context import absolute_path
 from ember.errors import EmberError
 from ember.input_mode import InputMode
@@ -323,8 +324,7 @@ class NodeLauncher:
             shutil.rmtree(tmpdir, ignore_errors=True)
 
     def _child_env(self, cluster_spec: Dict[str, List[str]], role: str, index: int) -> Dict[str, str]:
-        env = dict(os.environ)
-        env["TF_CONFIG"] = json.dumps({"cluster": cluster_spec, "task": {"type": role, "index": index}})
+        env = node_env(os.environ, cluster_spec, role, index)  # TF_CONFIG, torch's variables, quiet defaults
         env["EMBER_JOB_ID"] = self.spec.job_id  # marks every process of the job
         env["EMBER_NODE_BIND"] = self.bind_host  # the node's collectives listen there (config.node_bind)
         env["PYTHONUNBUFFERED"] = "1"  # lines reach the driver as they are printed

@@ -50,8 +50,8 @@ def _run() -> int:
         summary.set_default(ctx.summary_writer)  # ember.keras / ember.torch metrics writers
     if ctx.training_rank is not None:
         collective.set_default(ctx.communicator)  # ember.keras / ember.torch find the job's nodes
-        for key, value in ctx.torch_distributed_env().items():  # unchanged torch.distributed programs
-            os.environ.setdefault(key, value)
+    # MASTER_ADDR, RANK, WORLD_SIZE... are in the environment already: the launcher sets them for
+    # every node program (ember/_node_env.py).
     try:
         main_fun, args = pickle.loads(node.payload)
         main_fun(args, ctx)

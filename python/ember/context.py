@@ -9,7 +9,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional
 
-from ember import config
+from ember import _node_env, config
 from ember._names import WORKER_ROLES  # noqa: F401  (roles that train; re-exported: users know it here)
 from ember.input_mode import InputMode
 
@@ -210,14 +210,7 @@ class Context:
     def training_rank(self) -> Optional[int]:
         """This node's rank among the training nodes (chief/master first, then workers by
         task index), as collectives number them; None for ps and evaluator nodes."""
-        if self.job_name not in WORKER_ROLES:
-            return None
-        rank = 0
-        for role in WORKER_ROLES:
-            if role == self.job_name:
-                return rank + self.task_index
-            rank += len(self.cluster_spec.get(role, []))
-        return None
+        return _node_env.training_rank(self.cluster_spec, self.job_name, self.task_index)
 
     @property
     def is_chief(self) -> bool:
@@ -228,16 +221,10 @@ class Context:
         """What ``torch.distributed.init_process_group`` reads from the environment, for this
         training node: MASTER_ADDR/MASTER_PORT (rank 0's host and its reserved port), RANK,
         WORLD_SIZE and LOCAL_RANK (this node's index among training nodes on its host), as
-        Spark's TorchDistributor sets them.  Empty for ps and evaluator nodes."""
-        rank = self.training_rank
-        if rank is None:
-            return {}
-        addresses = [a for role in WORKER_ROLES for a in self.cluster_spec.get(role, [])]
-        master_host, master_port = addresses[0].rsplit(":", 1)
-        my_host = addresses[rank].rsplit(":", 1)[0]
-        local_rank = sum(1 for a in addresses[:rank] if a.rsplit(":", 1)[0] == my_host)
-        return {"MASTER_ADDR": master_host, "MASTER_PORT": master_port, "RANK": str(rank),
-                "WORLD_SIZE": str(len(addresses)), "LOCAL_RANK": str(local_rank)}
+        Spark's TorchDistributor sets them.  Empty for ps and evaluator nodes.  Every training
+        node's process has them in its environment (a main_fun node and an executable alike:
+        ember/_node_env.py)."""
+        return _node_env.torch_distributed_env(self.cluster_spec, self.job_name, self.task_index)
 
     def communicator(self, timeout: Optional[float] = None, transport: str = "auto",
                      connect_timeout: Optional[float] = None) -> "Communicator":

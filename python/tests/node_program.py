@@ -3,7 +3,8 @@
     python node_program.py <out_dir> [--fail]
 
 Reads its start-up message as any program must (the descriptor in EMBER_STARTUP_FD),
-records what it learnt and what it was given (argv, environment, stdin) as JSON, and,
+records what it learnt and what it was given (argv, environment -- the variables of
+NODE_ENV_KEYS as they are --, stdin) as JSON, and,
 with --fail, prints to stderr and exits with status 3.
 """
 import json
@@ -11,6 +12,10 @@ import os
 import sys
 
 from ember import _ember
+
+# What every node's environment has, whatever program it runs (ember/_node_env.py).
+NODE_ENV_KEYS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "TF_CONFIG",
+                 "TF_CPP_MIN_LOG_LEVEL", "EMBER_JOB_ID", "PYTHONUNBUFFERED")
 
 
 def main() -> int:
@@ -24,6 +29,7 @@ def main() -> int:
         cluster_spec=node.cluster_spec, job_id=node.job_id, payload=node.payload.hex(),
         argv=sys.argv, stdin=sys.stdin.read(),
         tf_config=json.loads(os.environ["TF_CONFIG"]),
+        env={k: os.environ.get(k) for k in NODE_ENV_KEYS},
         secret_in_env=any(secret in v or node.secret.decode("latin-1") in v for v in os.environ.values()),
         secret_in_argv=any(secret in a for a in sys.argv), secret_len=len(node.secret))
     with open(os.path.join(out_dir, f"{node.job_name}-{node.task_index}.json"), "w") as f:

@@ -175,3 +175,61 @@ def test_program_argv_is_checked_on_the_driver(spark):
         ember.Cluster.run(spark, ["./trainer", 3], num_executors=1)
     with pytest.raises(TypeError, match="args="):
         ember.Cluster.run(spark, ["./trainer"], {"lr": 0.1}, num_executors=1)
+
+
+def _record_env(args, ctx):
+    """A main_fun node: records what node_program.py records of its environment."""
+    import os
+
+    from node_program import NODE_ENV_KEYS
+    Path(args["out"], f"{ctx.job_name}-{ctx.task_index}.json").write_text(
+        json.dumps({"env": {k: os.environ.get(k) for k in NODE_ENV_KEYS}, "cluster_spec": ctx.cluster_spec}))
+
+
+def _envs_by_rank(out: Path, num: int) -> list:
+    infos = [json.loads((out / f"worker-{i}.json").read_text()) for i in range(num)]
+    return sorted(infos, key=lambda info: int(info["env"]["RANK"] or -1))
+
+
+def test_a_program_node_gets_the_environment_of_a_main_fun_node(spark, tmp_path):
+    """MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/LOCAL_RANK, TF_CONFIG and the quiet defaults are
+    set for an executable node as for a main_fun node (they were main_fun's alone, so an
+    unchanged torch.distributed program failed as an executable: "RANK expected, but not set")."""
+    envs = {}
+    for kind, target in (("program", [sys.executable, PROGRAM]), ("main_fun", _record_env)):
+        out = tmp_path / kind
+        out.mkdir()
+        if kind == "program":
+            cluster = ember.Cluster.run(spark, target + [str(out)], num_executors=3, reservation_timeout=60)
+        else:
+            cluster = ember.Cluster.run(spark, target, {"out": str(out)}, num_executors=3, reservation_timeout=60)
+        cluster.shutdown(timeout=60)
+        infos = _envs_by_rank(out, 3)
+        rank0 = cluster.cluster_spec["worker"][0]
+        for rank, info in enumerate(infos):
+            env = info["env"]
+            assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == tuple(rank0.rsplit(":", 1)), kind
+            assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"]) == (str(rank), "3", str(rank)), kind
+            assert json.loads(env["TF_CONFIG"]) == {"cluster": cluster.cluster_spec,
+                                                    "task": {"type": "worker", "index": rank}}, kind
+            assert env["EMBER_JOB_ID"] == cluster.job_id and env["PYTHONUNBUFFERED"] == "1", kind
+            assert env["TF_CPP_MIN_LOG_LEVEL"] == "1", kind  # quiet default (item 7)
+        # The same variables, with this job's values: only the ports and job ids differ.
+        envs[kind] = [{k: v for k, v in info["env"].items() if k not in ("MASTER_PORT", "TF_CONFIG", "EMBER_JOB_ID")}
+                      for info in infos]
+        no_leftovers(cluster.job_id)
+    assert envs["program"] == envs["main_fun"]
+
+
+def test_node_env_sets_facts_and_keeps_a_user_set_quiet_default():
+    from ember._node_env import node_env
+
+    spec = {"chief": ["a:1"], "worker": ["b:2", "a:3"], "ps": ["c:4"]}
+    base = {"RANK": "7", "PATH": "/bin"}  # a stale RANK in the executor's environment
+    worker = node_env(base, spec, "worker", 1)
+    assert {k: worker[k] for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")} == \
+        {"MASTER_ADDR": "a", "MASTER_PORT": "1", "RANK": "2", "WORLD_SIZE": "3", "LOCAL_RANK": "1"}
+    assert worker["PATH"] == "/bin" and worker["TF_CPP_MIN_LOG_LEVEL"] == "1" and base["RANK"] == "7"
+    ps = node_env({}, spec, "ps", 0)
+    assert "RANK" not in ps and json.loads(ps["TF_CONFIG"])["task"] == {"type": "ps", "index": 0}
+    assert node_env({"TF_CPP_MIN_LOG_LEVEL": "0"}, spec, "chief", 0)["TF_CPP_MIN_LOG_LEVEL"] == "0"

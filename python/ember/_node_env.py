@@ -1,0 +1,66 @@
+"""The environment of a node's process: the same for a Python ``main_fun`` node and for an
+executable node (``Cluster.run(spark, ["./prog", ...])``), built once by the node's launcher.
+
+On top of the executor's environment a node gets:
+
+* the job's facts, which replace whatever the executor had: ``TF_CONFIG`` (cluster spec and
+  this node's task) on every node, and on training nodes (chief/master/worker) what
+  ``torch.distributed.init_process_group`` reads: ``MASTER_ADDR``/``MASTER_PORT`` (rank 0's
+  host and its reserved port), ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK``, as Spark's
+  TorchDistributor sets them;
+* quiet defaults (:data:`QUIET_DEFAULTS`), kept only where the executor's environment does not
+  set the variable: a user's value (``spark.executorEnv.TF_CPP_MIN_LOG_LEVEL=0``, or the
+  driver's environment in local mode) wins.
+
+Imports nothing of Ember, so the launcher and the node context share its rules.
+"""
+from __future__ import annotations
+
+import json
+from typing import Dict, List, Mapping, Optional
+
+from ember._names import WORKER_ROLES
+
+# Every node prints these unless the user set them.  TF_CPP_MIN_LOG_LEVEL=1 hides TensorFlow's
+# C++ INFO lines (the oneDNN and CPU-instruction notices each node printed when it imported
+# TensorFlow); its warnings and errors still show.
+QUIET_DEFAULTS: Dict[str, str] = {"TF_CPP_MIN_LOG_LEVEL": "1"}
+
+
+def training_rank(cluster_spec: Mapping[str, List[str]], job_name: str, task_index: int) -> Optional[int]:
+    """A node's rank among the training nodes (chief/master first, then workers by task index),
+    as collectives number them; None for ps and evaluator nodes."""
+    if job_name not in WORKER_ROLES:
+        return None
+    rank = 0
+    for role in WORKER_ROLES:
+        if role == job_name:
+            return rank + task_index
+        rank += len(cluster_spec.get(role, []))
+    return None
+
+
+def torch_distributed_env(cluster_spec: Mapping[str, List[str]], job_name: str, task_index: int) -> Dict[str, str]:
+    """MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE and LOCAL_RANK (this node's index among the
+    training nodes on its host) of a training node; empty for ps and evaluator nodes."""
+    rank = training_rank(cluster_spec, job_name, task_index)
+    if rank is None:
+        return {}
+    addresses = [a for role in WORKER_ROLES for a in cluster_spec.get(role, [])]
+    master_host, master_port = addresses[0].rsplit(":", 1)
+    my_host = addresses[rank].rsplit(":", 1)[0]
+    local_rank = sum(1 for a in addresses[:rank] if a.rsplit(":", 1)[0] == my_host)
+    return {"MASTER_ADDR": master_host, "MASTER_PORT": master_port, "RANK": str(rank),
+            "WORLD_SIZE": str(len(addresses)), "LOCAL_RANK": str(local_rank)}
+
+
+def node_env(base: Mapping[str, str], cluster_spec: Mapping[str, List[str]], job_name: str,
+             task_index: int) -> Dict[str, str]:
+    """`base` (the executor's environment) with the node's facts and the quiet defaults; see the
+    module doc.  `base` is not modified."""
+    env = dict(base)
+    for key, value in QUIET_DEFAULTS.items():
+        env.setdefault(key, value)
+    env["TF_CONFIG"] = json.dumps({"cluster": dict(cluster_spec), "task": {"type": job_name, "index": task_index}})
+    env.update(torch_distributed_env(cluster_spec, job_name, task_index))
+    return env
