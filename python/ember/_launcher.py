@@ -30,7 +30,7 @@ import threading
 import traceback
 from typing import Deque, Dict, Iterable, Iterator, List, Optional, Tuple
 
-from ember import _ember, _proc
+from ember import _ember, _proc, _ring_owner
 from ember._names import FEED_ENDPOINT_KEY, NODE_END_KEY, TENSORBOARD_URL_KEY, WORKER_ROLES
 from ember._node_env import node_env
 from ember.context import absolute_path
@@ -155,7 +155,14 @@ class NodeFeed:
     def __init__(self, spec: NodeSpec, executor_id: int, label: str, host: str, bind_host: str):
 
         self.key = FEED_ENDPOINT_KEY.format(executor_id=executor_id)
-        self.ring = _ember.ShmRing.create(f"/{spec.job_id}-{executor_id}", spec.feed_ring_bytes)
+        # Owns the ring's names for the life of this process: however the launcher ends, its
+        # reaper removes them (a lost launcher's ring must not stay in the host's memory).
+        self.owner = _ring_owner.RingOwner(f"{spec.job_id}-{executor_id}")
+        try:
+            self.ring = _ember.ShmRing.create(f"/{spec.job_id}-{executor_id}", spec.feed_ring_bytes)
+        except BaseException:
+            self.owner.close()
+            raise
         try:
             self.server = _ember.FeedServer.start(
                 self.ring.name, spec.secret, bind_host=bind_host, port=0,
@@ -163,6 +170,7 @@ class NodeFeed:
                 idle_timeout=spec.feed_timeout)
         except BaseException:
             self.ring.close()
+            self.owner.close()
             raise
         # Published as endpoint.encode(): the core's typed, versioned form (docs/wire.md).
         self.endpoint = _ember.NodeEndpoint(executor_id, label, self.ring.name, host, self.server.port,
@@ -187,6 +195,7 @@ class NodeFeed:
         self.ring.close()
         # Result rings whose feeding task was killed before the node could map them.
         _ember.remove_result_rings(self.ring.name)
+        self.owner.close()
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -233,6 +242,7 @@ class NodeLauncher:
 
     def run(self) -> None:
         spec = self.spec
+        _ring_owner.sweep_stale()  # rings left on this host by launchers that are gone
         host = routable_address(spec.coordinator_host, spec.coordinator_port)
         self.bind_host = spec.node_bind or host  # docs/network.md
         port_sock = _bind_free_port()  # held until the node process starts, as TFoS does
