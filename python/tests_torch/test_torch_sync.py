@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import ember
+from conftest import no_leftovers
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -97,6 +98,23 @@ def test_unchanged_torch_distributed_program_runs(spark, tmp_path):
         assert out["env"]["RANK"] == str(r) and out["env"]["WORLD_SIZE"] == "2"
         assert out["env"]["LOCAL_RANK"] == str(r)  # both nodes on this host
     assert res[0]["env"]["MASTER_ADDR"] == res[1]["env"]["MASTER_ADDR"]
+
+
+def test_unchanged_torch_distributed_program_runs_as_an_executable(spark, tmp_path):
+    """The same program as a script (not a main_fun): its node gets the same environment."""
+    import sys
+
+    program = str(Path(__file__).resolve().parent / "torch_dist_program.py")
+    cluster = ember.Cluster.run(spark, [sys.executable, program, str(tmp_path)], num_executors=2,
+                                reservation_timeout=120)
+    cluster.shutdown(timeout=240)
+    res = [json.loads((tmp_path / f"dist-{r}.json").read_text()) for r in range(2)]
+    master = tuple(cluster.cluster_spec["worker"][0].rsplit(":", 1))
+    for r, out in enumerate(res):
+        assert out["sum"] == 3.0
+        assert (out["env"]["RANK"], out["env"]["WORLD_SIZE"], out["env"]["LOCAL_RANK"]) == (str(r), "2", str(r))
+        assert (out["env"]["MASTER_ADDR"], out["env"]["MASTER_PORT"]) == master
+    no_leftovers(cluster.job_id)
 
 
 def test_torch_tensors_through_the_communicator_in_place():
