@@ -8,6 +8,7 @@ can be woken at once if it failed.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import re
@@ -76,6 +77,36 @@ def spark_error_summary(error: BaseException, sc=None) -> str:
     else:
         summary = text[:2000]
     return (ember_import_hint(sc, summary) if sc is not None else "") + summary
+
+
+_STAGE_FAILURE = re.compile(r"Job aborted due to stage failure: (.*?)(?=\n\s*at [\w$.]+\(|\nDriver stacktrace:|\Z)", re.S)
+
+
+def spark_failure_reason(error: BaseException) -> Optional[str]:
+    """What Spark said of a failed job, in one line: its stage failure ("... ExecutorLostFailure
+    (executor 1 exited ...) Reason: worker lost: Not receiving heartbeat for 60 seconds"), or
+    None when it was cancelled (by the driver: not Spark's own reason) or says nothing."""
+    text = str(error)
+    m = _STAGE_FAILURE.search(text)
+    if m is None:
+        return None
+    reason = " ".join(m.group(1).split())
+    return reason[:1000] or None
+
+
+@contextlib.contextmanager
+def job_group(sc, group: str, description: str):
+    """Runs the Spark jobs the calling thread starts in the block under job group `group`
+    (their tasks interrupted when it is cancelled), then gives the thread back the job group
+    and description it had.  Only that thread's jobs are affected (PySpark pins threads)."""
+    keys = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
+    before = {key: sc.getLocalProperty(key) for key in keys}
+    sc.setJobGroup(group, description, interruptOnCancel=True)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            sc.setLocalProperty(key, value)
 
 
 _NO_EMBER = re.compile(r"ModuleNotFoundError: No module named 'ember(\._ember)?'|ImportError: .*ember[./]_ember")

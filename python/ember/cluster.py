@@ -23,6 +23,7 @@ How a job runs:
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import json
 import os
 import secrets
@@ -38,8 +39,8 @@ from ember import _ember, _feed_driver, _feeding, _hadoop, config
 from ember._console import Console
 from ember._launcher import NodeSpec
 from ember._names import TENSORBOARD_URL_KEY, WORKER_ROLES
-from ember._spark_job import (NodesJob, check_executor_python, check_slots, spark_context, spark_error_summary,
-                              task_slots)
+from ember._spark_job import (NodesJob, check_executor_python, check_slots, job_group, spark_context,
+                              spark_error_summary, spark_failure_reason, task_slots)
 from ember._watcher import Watcher
 from ember.errors import Aborted, ClusterError, DeadlineExceeded, NodeError
 from ember.input_mode import InputMode
@@ -77,16 +78,19 @@ class Restart:
         reason: the first line of its error ("was lost" for a node whose heartbeat stopped).
         failed_at: when the driver learnt of the failure (time.time()).
         stop_secs: seconds to stop the failed gang (abort, Spark job ended, coordinator closed).
-        relaunch_secs: seconds from then until every node of the new gang registered.
+        relaunch_secs: seconds from then until every node of the new gang registered; None
+            when the new gang never did (``error`` says why).
         node_job_id: the new gang's job id (EMBER_JOB_ID of its processes).
+        error: why the new gang did not start (Spark's reason first), or None.
     """
     node: str
     host: str
     reason: str
     failed_at: float
     stop_secs: float
-    relaunch_secs: float
+    relaunch_secs: Optional[float]
     node_job_id: str
+    error: Optional[str] = None
 
 
 def _failure_reason(failure: NodeError) -> str:
@@ -140,6 +144,10 @@ class Cluster:
         self._epochs_fed = 0  # feed epochs are numbered across train() calls
         self._last_epoch: Optional[int] = None  # the last epoch fed to the current gang
         self._feed_lock = threading.Lock()  # one train() at a time (streaming batches too)
+        # train()'s feeding Spark jobs run under this job group: a node failure cancels it, since
+        # its tasks may be blocked sending to a node that is gone (a network partition).
+        self._feed_group = f"{self.job_id}-feed"
+        self._feeding = False
         self.node_job_id = self.job_id
         self.restarts: List[Restart] = []
         self._max_restarts = 0
@@ -323,10 +331,7 @@ class Cluster:
                 self._epochs_fed += 1
                 fed: List[int] = []
                 try:
-                    used = _feed_driver.train(self._sc, data, 1, self._endpoints(), self._feed_options(feed_timeout),
-                                              console=self._console, first_epoch=epoch, node_gone=self._node_ended,
-                                              validation_data=validation_data, after_epoch=self._last_epoch,
-                                              on_fed=fed.append)
+                    used = self._feed(data, epoch, feed_timeout, validation_data, fed)
                     if fed:
                         self._last_epoch = fed[-1]
                     else:  # stopped before feeding: the number was never used
@@ -351,6 +356,30 @@ class Cluster:
                         raise
                     self._console.info(f"feeding epoch {epoch}, which the failure interrupted, again "
                                        f"from its start (as epoch {self._epochs_fed})")
+
+    def _feed(self, data: Any, epoch: int, feed_timeout: float, validation_data: Any, fed: List[int]) -> Optional[int]:
+        """Feeds one epoch under the feed's job group, which a node failure cancels (so a feed
+        blocked on a lost node ends at once); raises a failure already known first."""
+        with job_group(self._sc, self._feed_group, f"Ember job {self.job_id}: feeding epoch {epoch}"):
+            self._feeding = True
+            try:
+                if self._watcher.failure is not None:  # failed before the feed's Spark job started
+                    raise self._watcher.failure
+                return _feed_driver.train(self._sc, data, 1, self._endpoints(), self._feed_options(feed_timeout),
+                                          console=self._console, first_epoch=epoch, node_gone=self._node_ended,
+                                          validation_data=validation_data, after_epoch=self._last_epoch,
+                                          on_fed=fed.append)
+            finally:
+                self._feeding = False
+
+    def _cancel_feed(self) -> None:
+        """Cancels train()'s feeding Spark job, if one runs: its tasks may be blocked sending to a
+        node that is gone (a partitioned host answers nothing), and the driver waits in it."""
+        if self._feeding:
+            try:
+                self._sc.cancelJobGroup(self._feed_group)
+            except Exception:  # noqa: BLE001 - the SparkContext may be gone already
+                pass
 
     def train_stream(self, stream_df: Any, feed_timeout: float = 600.0,
                      checkpoint_location: Optional[str] = None, trigger: Optional[dict] = None):
@@ -569,6 +598,7 @@ class Cluster:
             return
         if job.error is not None and not job.cancelled:
             server.abort(job.failure_text()[:2000])
+            self._cancel_feed()
         elif not server.cluster_spec_json():  # the coordinator never saw every node register
             server.abort(f"the Spark job running the {self.num_nodes} nodes ended before every node registered")
 
@@ -592,6 +622,7 @@ class Cluster:
         already told every node to abort)."""
         if not self._closed:
             self._console.info(f"{label} failed; stopping the job")
+            self._cancel_feed()
             if self._job is not None:
                 self._job.cancel()
 
@@ -649,13 +680,39 @@ class Cluster:
         self.node_job_id = f"{self.job_id}-r{k}"
         self._feed_endpoints = None
         self._last_epoch = None  # the new gang has been fed nothing
-        self._start(started=t1, **self._launch)
-        t2 = time.monotonic()
+        # Recorded before the new gang starts: a restart that fails to start still happened.
         self.restarts.append(Restart(node=label, host=failure.host, reason=reason, failed_at=failed_at,
-                                     stop_secs=t1 - t0, relaunch_secs=t2 - t1, node_job_id=self.node_job_id))
+                                     stop_secs=t1 - t0, relaunch_secs=None, node_job_id=self.node_job_id))
+        try:
+            self._start(started=t1, **self._launch)
+        except BaseException as e:
+            raise self._restart_failed(failure, k, e) from e
+        t2 = time.monotonic()
+        self.restarts[-1] = dataclasses.replace(self.restarts[-1], relaunch_secs=t2 - t1)
         self._console.info(f"restart {k}: the failed gang stopped in {t1 - t0:.1f}s, the new one "
                            f"({self.node_job_id}) registered {t2 - t1:.1f}s later; nodes resume from "
                            f"their newest checkpoint")
+
+    def _restart_failed(self, failure: NodeError, k: int, error: BaseException) -> BaseException:
+        """The error for restart `k` (after `failure`) whose new gang did not start: the failure
+        that caused the restart first (e.g. the node on a partitioned host), then what Spark
+        said of the new gang's job, then the new gang's own error; recorded in ``restarts``."""
+        if not isinstance(error, Exception):
+            return error  # KeyboardInterrupt and the like: not the restart's failure
+        job = self._job
+        if job is not None and isinstance(error, NodeError) and error.lost:
+            # A node of the new gang whose connection dropped usually went with its Spark task:
+            # wait briefly for the Spark job's own reason (e.g. its executor's host was lost).
+            job.wait(10.0)
+        spark = spark_failure_reason(job.error) if job is not None and job.error is not None else None
+        new_gang = str(error).strip()
+        why = (f"Spark failed the new gang's job: {spark}; then {new_gang}" if spark else new_gang)
+        self.restarts[-1] = dataclasses.replace(self.restarts[-1], error=why[:2000])
+        label = f"{failure.job_name}:{failure.task_index}"
+        return NodeError(failure.job_name, failure.task_index, failure.executor_id, failure.host,
+                         failure.remote_traceback, lost=failure.lost,
+                         detail=f"restart {k} of {self._max_restarts} (after node {label} on host {failure.host} "
+                                f"{'was lost' if failure.lost else 'failed'}) did not start: {why}")
 
     # -- tear-down ---------------------------------------------------------------
 

@@ -68,21 +68,25 @@ class NodeError(EmberError):
         executor_id: its Spark partition id (0..num_nodes-1).
         host: the host it ran on.
         remote_traceback: the node's traceback text (or what is known of the failure).
+        lost: whether the node was lost (no heartbeat, connection dropped) rather than failed.
+        detail: what happened next, e.g. why the restart this failure caused did not start
+            (the message's last paragraph); "" if nothing.
     """
 
     def __init__(self, job_name: str, task_index: int, executor_id: int, host: str,
-                 remote_traceback: str, lost: bool = False):
+                 remote_traceback: str, lost: bool = False, detail: str = ""):
         self.job_name = job_name
         self.task_index = task_index
         self.executor_id = executor_id
         self.host = host
         self.remote_traceback = remote_traceback
         self.lost = lost
+        self.detail = detail
         what = "was lost" if lost else "failed"
         message = (f"node {job_name}:{task_index} (executor {executor_id}) on host {host} {what}:\n"
-                   f"{remote_traceback.rstrip()}")
+                   f"{remote_traceback.rstrip()}" + (f"\n{detail}" if detail else ""))
         super().__init__(message)
 
     def __reduce__(self):
         return (type(self), (self.job_name, self.task_index, self.executor_id, self.host,
-                             self.remote_traceback, self.lost))
+                             self.remote_traceback, self.lost, self.detail))

@@ -1,0 +1,241 @@
+"""A network partition while InputMode.SPARK training feeds (issue 18, items 8-10), on the
+multi-host namespace cluster (python/tests/netns_cluster.py): a worker host's link is set down
+in the switch namespace, so its packets are dropped without a reset, as when a cable or a
+switch port fails.
+
+* train() raises within heartbeat_timeout (plus a few seconds), naming the lost node and its
+  host, although the feeding tasks are blocked sending to the unreachable node (item 8);
+* once the link is back, the cut host's /dev/shm holds nothing of the job (item 9);
+* with max_restarts=1 a restart whose new gang cannot start (Spark placed a node on the cut
+  host, then dropped that host's worker) is recorded in Cluster.restarts, and the error names
+  the partitioned host first and says what Spark said (item 10).
+
+Each scenario gets a cluster and a driver program of its own (a partition leaves the cut host's
+Spark worker dropped by the master), with heartbeat_timeout and the master's worker timeout
+lowered so that it takes seconds, not minutes.  Skipped, saying why, only where the kernel or
+permissions refuse network namespaces.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(600)
+
+HOSTS = ("h1", "h2")
+CUT = "h2"              # the host whose link goes down
+HEARTBEAT_TIMEOUT = 8.0  # Cluster.run(heartbeat_timeout=...): seconds before a silent node is lost
+WORKER_TIMEOUT = 15      # the master's spark.worker.timeout: seconds before it drops a silent worker
+FEED_TIMEOUT = 120.0     # train(feed_timeout=...): what a blocked send would wait without the fix
+HANG_SECS = HEARTBEAT_TIMEOUT + 25  # how long the driver gives train() to raise after the cut
+ROWS = 2_000_000         # 32 MB of feed: far more than the 1 MiB rings and the sockets hold
+_JVM_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+SPARK_CONF = {"spark.driver.extraJavaOptions": _JVM_OPTS, "spark.executor.extraJavaOptions": _JVM_OPTS,
+              "spark.ember.feed.ringBytes": str(1 << 20)}
+
+
+# ----------------------------------------------------------------------------- node program
+def stalled_reader(args, ctx):
+    """Reads one batch, says so, then reads nothing: its 1 MiB ring fills and the feeding
+    tasks block sending to it.  A restarted gang (job id ...-r<k>) reads its whole feed."""
+    feed = ctx.get_data_feed()
+    job = os.environ.get("EMBER_JOB_ID", "")
+    feed.next_batch_columns(64)
+    Path(args["out"], f"started-{job}-{ctx.task_index}").write_text("")
+    if "-r" in job.rsplit("ember-", 1)[-1]:
+        while not feed.should_stop():
+            feed.next_batch_columns(4096)
+        return
+    while True:
+        time.sleep(1)
+
+
+# ----------------------------------------------------------------------------- driver side
+def _shm_of_host(netns: str, job_id: str) -> list:
+    """The names of job `job_id` in /dev/shm of host `netns` (seen through its Spark worker's
+    mount namespace: each host has a private /dev/shm)."""
+    inode = f"net:[{os.stat(f'/run/netns/{netns}').st_ino}]"
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            if os.readlink(f"/proc/{pid}/ns/net") != inode:
+                continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"deploy.worker.Worker" not in f.read():
+                    continue
+            return sorted(n for n in os.listdir(f"/proc/{pid}/root/dev/shm") if job_id in n)
+        except OSError:
+            continue
+    raise RuntimeError(f"no Spark worker runs in {netns}")
+
+
+def _link(conf: dict, state: str) -> None:
+    subprocess.run(["ip", "-n", conf["switch"], "link", "set", conf["port"], state], check=True,
+                   capture_output=True, timeout=30)
+
+
+def case_cut_while_feeding(spark, conf: dict, work: Path) -> dict:
+    """Starts a SPARK-mode job, cuts host CUT's link while train() is blocked feeding, and
+    reports what train() raised and when, Cluster.restarts, and the cut host's /dev/shm."""
+    import dataclasses
+
+    import ember
+
+    out = work / "nodes"
+    out.mkdir()
+    cluster = ember.Cluster.run(spark, stalled_reader, {"out": str(out)}, num_executors=2,
+                                input_mode=ember.InputMode.SPARK, reservation_timeout=120,
+                                heartbeat_timeout=HEARTBEAT_TIMEOUT, max_restarts=conf["max_restarts"])
+    spec = cluster.cluster_spec
+    cut_nodes = [f"worker:{i}" for i, a in enumerate(spec["worker"]) if a.rsplit(":", 1)[0] == conf["cut_address"]]
+    df = spark.range(0, ROWS, numPartitions=4).selectExpr("id as x", "id * 2 as y")
+    box: dict = {}
+
+    def train() -> None:
+        try:
+            cluster.train(df, num_epochs=1, feed_timeout=FEED_TIMEOUT)
+        except BaseException as e:  # noqa: BLE001 - reported to the test
+            box["error"] = e
+        box["end"] = time.monotonic()
+
+    thread = threading.Thread(target=train, daemon=True, name="train")
+    thread.start()
+    deadline = time.monotonic() + 120
+    while len(list(out.glob(f"started-{cluster.job_id}-*"))) < 2:  # both nodes are being fed
+        assert thread.is_alive() and time.monotonic() < deadline, f"the feed did not start: {box}"
+        time.sleep(0.2)
+    time.sleep(3)  # the rings fill; the feeding tasks block in their sends
+    shm_before = _shm_of_host(conf["cut_netns"], cluster.job_id)
+    _link(conf, "down")
+    cut_at = time.monotonic()
+    thread.join(HANG_SECS)
+    hung = thread.is_alive()
+    _link(conf, "up")
+    restored_at = time.monotonic()
+    if hung:
+        thread.join(FEED_TIMEOUT + 60)  # the test fails; this only lets the driver end
+    # Item 9: once the link is back, the cut host's launcher ends (told by its coordinator
+    # connection, or killed with its executor): its ring must go with it.
+    shm_after = _shm_of_host(conf["cut_netns"], cluster.job_id)
+    while shm_after and time.monotonic() < restored_at + 60:
+        time.sleep(1)
+        shm_after = _shm_of_host(conf["cut_netns"], cluster.job_id)
+    error = box.get("error")
+    try:
+        cluster.shutdown(timeout=30)
+    except Exception:  # noqa: BLE001 - train() raised already; shutdown() of a failed job may too
+        pass
+    return {
+        "cluster_spec": spec, "cut_nodes": cut_nodes, "job_id": cluster.job_id, "hung": hung,
+        "raised_after_cut_secs": (box["end"] - cut_at) if "end" in box else None,
+        "error_type": type(error).__name__ if error is not None else None,
+        "error": "".join(traceback.format_exception_only(type(error), error)) if error is not None else None,
+        "error_lost": getattr(error, "lost", None), "error_host": getattr(error, "host", None),
+        "restarts": [dataclasses.asdict(r) for r in cluster.restarts],
+        "shm_before": shm_before, "shm_after": shm_after,
+        "shm_gone_secs": time.monotonic() - restored_at if not shm_after else None,
+    }
+
+
+def driver_main(inp: str, out: str) -> None:
+    """The driver program: one case on a session built from IN's spark_conf; writes OUT."""
+    from pyspark.sql import SparkSession
+
+    conf = json.loads(Path(inp).read_text())
+    builder = SparkSession.builder.appName("ember-partition")
+    for key, value in conf["spark_conf"].items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    deadline = time.monotonic() + 120
+    while spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() < 1 + len(HOSTS):  # + driver
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(HOSTS)} executors did not register within 120s")
+        time.sleep(0.2)
+    t0 = time.monotonic()
+    try:
+        result = {"ok": True, **case_cut_while_feeding(spark, conf, Path(conf["work"]))}
+    except Exception:  # noqa: BLE001 - reported to the test, which fails with it
+        result = {"ok": False, "error": traceback.format_exc()}
+    result["secs"] = time.monotonic() - t0
+    Path(out).write_text(json.dumps(result))
+    spark.stop()
+
+
+# ----------------------------------------------------------------------------- the tests
+def _scenario(tmp_path, monkeypatch, max_restarts: int, cores: int) -> dict:
+    from netns_cluster import NetnsCluster, NetnsUnavailable
+
+    # The master drops a worker it has not heard from for WORKER_TIMEOUT seconds (default 60).
+    monkeypatch.setenv("SPARK_DAEMON_JAVA_OPTS", f"-Dspark.worker.timeout={WORKER_TIMEOUT}")
+    t0 = time.monotonic()
+    nc = NetnsCluster(hosts=HOSTS, cores_per_worker=cores, memory="2g")
+    try:
+        with nc:
+            cut = nc.worker_host(CUT)
+            result = nc.run_driver(Path(__file__), {
+                "work": str(tmp_path), "max_restarts": max_restarts, "cut_address": cut.address,
+                "cut_netns": cut.netns, "switch": nc.network.switch, "port": f"v-{CUT}"[:15]},
+                timeout=500, spark_conf=SPARK_CONF)
+    except NetnsUnavailable as e:
+        pytest.skip(f"no multi-host cluster: {e}")
+    assert nc.leftovers == [], nc.leftovers
+    assert result["ok"], f"the driver program failed:\n{result['error']}"
+    print(f"partition scenario (max_restarts={max_restarts}): {time.monotonic() - t0:.1f}s in all, "
+          f"driver case {result['secs']:.1f}s, train() raised {result['raised_after_cut_secs']}s after the cut, "
+          f"cut host's /dev/shm clean {result['shm_gone_secs']}s after the link returned")
+    return result
+
+
+def test_partition_while_feeding_fails_train_at_once_naming_node_and_host(tmp_path, monkeypatch):
+    """Items 8 and 9: train() raises the lost node's NodeError within heartbeat_timeout of the
+    cut (the feeding Spark job, blocked sending to the unreachable node, is cancelled), and
+    the cut host's feed ring is gone once the link is back."""
+    r = _scenario(tmp_path, monkeypatch, max_restarts=0, cores=2)
+    assert len(r["cut_nodes"]) == 1, r  # one node per host
+    cut_address = r["cluster_spec"]["worker"][int(r["cut_nodes"][0].split(":")[1])]
+    assert not r["hung"], f"train() still blocked {HANG_SECS:.0f}s after the cut: {r}"
+    assert r["raised_after_cut_secs"] < HEARTBEAT_TIMEOUT + 15, r
+    assert r["error_type"] == "NodeError" and r["error_lost"], r
+    host = cut_address.rsplit(":", 1)[0]
+    assert r["error_host"] == host and host in r["error"] and r["cut_nodes"][0] in r["error"], r
+    assert "no heartbeat" in r["error"], r
+    assert r["restarts"] == [], r
+    # Item 9: the ring existed on the cut host during the feed, and is gone after the link returned.
+    assert r["shm_before"], r
+    assert r["shm_after"] == [], f"the cut host still holds {r['shm_after']} after the link returned"
+
+
+def test_partition_with_restart_reports_the_cut_host_first_and_what_spark_said(tmp_path, monkeypatch):
+    """Item 10: max_restarts=1; the restarted gang cannot start (Spark places its node on the
+    cut host, whose worker it drops WORKER_TIMEOUT seconds after the cut).  The restart is in
+    Cluster.restarts, and the error leads with the node on the partitioned host, then says
+    what Spark said of the new gang's job."""
+    r = _scenario(tmp_path, monkeypatch, max_restarts=1, cores=4)
+    assert not r["hung"], f"train() still blocked {HANG_SECS:.0f}s after the cut: {r}"
+    host = r["cluster_spec"]["worker"][int(r["cut_nodes"][0].split(":")[1])].rsplit(":", 1)[0]
+    assert r["error_type"] == "NodeError", r
+    first_line = r["error"].splitlines()[0]
+    assert r["cut_nodes"][0] in first_line and host in first_line and "was lost" in first_line, r
+    assert len(r["restarts"]) == 1, r
+    restart = r["restarts"][0]
+    assert restart["node"] == r["cut_nodes"][0] and restart["host"] == host, restart
+    assert restart["relaunch_secs"] is None and restart["error"], restart
+    assert "restart 1 of 1" in r["error"] and "did not start" in r["error"], r
+    # Spark's own words for the lost worker (the master's, or the driver's heartbeat check).
+    assert "Spark failed the new gang's job" in r["error"], r
+    assert "worker lost" in r["error"] or "heartbeat" in r["error"].split("did not start", 1)[1].lower(), r
+
+
+if __name__ == "__main__":  # the driver program, run by NetnsCluster.run_driver in host "drv"
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import test_partition  # by name, so that the node function pickles by reference
+
+    test_partition.driver_main(sys.argv[1], sys.argv[2])
