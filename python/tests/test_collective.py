@@ -100,28 +100,155 @@ def test_mismatch_raises_on_every_rank_naming_ranks():
 
 
 def test_bad_dtype_and_op_are_clear_errors():
+    import ml_dtypes
+
     def work(comm):
         with pytest.raises(ValueError, match="op must be one of"):
             comm.allreduce(np.ones(2, np.float32), op="product")
-        with pytest.raises(ValueError, match="float32, float64"):
+        with pytest.raises(ValueError, match="float32, float64.*; got uint8"):
             comm.allreduce(np.ones(2, np.uint8))
+        with pytest.raises(ValueError, match="bfloat16.*; got complex64"):
+            comm.allgather(np.ones(2, np.complex64))
+        with pytest.raises(ValueError, match="bfloat16.*; got float8_e4m3fn"):  # ml_dtypes, but not one the core has
+            comm.broadcast(np.ones(2, ml_dtypes.float8_e4m3fn))
+        with pytest.raises(ValueError, match="one dtype"):  # bfloat16 bits must not pass for float16
+            comm.allreduce_many_([np.ones(2, ml_dtypes.bfloat16), np.ones(2, np.float16)])
         return True
 
     assert run_threads(1, work) == [True]
 
 
+def _bf16_bits(values) -> list:
+    """The bfloat16 bit patterns of `values` (exact small integers), as the core's sums give them."""
+    import ml_dtypes
+    return np.asarray(values, np.float32).astype(ml_dtypes.bfloat16).view(np.uint16).tolist()
+
+
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+@pytest.mark.parametrize("kind", ["numpy", "tf"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_from_numpy_and_tf_on_threads(transport, kind, dtype):
+    """Issue 18 item 4: numpy's ml_dtypes.bfloat16 (TF's and JAX's) and TF bf16 tensors were
+    refused by every collective.  Every call takes them and gives back the caller's kind and
+    dtype, with the core's exact sums of small integers."""
+    import ml_dtypes
+    import tensorflow as tf
+
+    np_dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16
+
+    def make(values):
+        a = np.asarray(values, np.float32).astype(np_dtype)
+        return tf.constant(a) if kind == "tf" else a
+
+    def bits(x):
+        assert type(x) is type(make([0])), type(x)  # the caller's kind ...
+        a = x.numpy() if kind == "tf" else x
+        assert a.dtype == np_dtype, a.dtype  # ... and dtype
+        return a.view(np.uint16).tolist()
+
+    def work(comm):
+        r, out = comm.rank, {}
+        x = make(np.arange(8) + r)
+        out["sum"] = bits(comm.allreduce(x, op="sum"))
+        out["x_unchanged"] = bits(x) == _bf16_bits(np.arange(8) + r) if dtype == "bfloat16" else None
+        out["average"] = bits(comm.allreduce(make([2.0 * (r + 1), -4.0]), op="average"))
+        out["max"] = bits(comm.allreduce(make([r, -r]), op="max"))
+        out["bcast"] = bits(comm.broadcast(make([r * 10.0, 1.0]), root=2))
+        out["gather"] = bits(comm.allgather(make(np.full((r, 2), r))))  # varying rows, rank 0 none
+        out["gather_shape"] = tuple(comm.allgather(make(np.full((r, 2), r))).shape)
+        out["rs"] = bits(comm.reduce_scatter(make(np.arange(6).reshape(3, 2) * (r + 1)), op="sum"))
+        if kind == "numpy":  # in place: numpy arrays are written through a view, no copy
+            y = make([r + 1.0] * 5)
+            assert comm.allreduce_(y, op="sum") is y
+            out["in_place"] = bits(y)
+            grads = [make([r] * 3), make(np.full((2, 2), 2 * r))]
+            comm.allreduce_many_(grads, op="sum")
+            out["many"] = [bits(g) for g in grads]
+            z = make([float(r)] * 1000)
+            comm.allreduce_async_(z, op="sum").wait()
+            out["async"] = bits(z)
+        return out
+
+    def want(values):
+        return np.asarray(values, np.float32).astype(np_dtype).view(np.uint16).tolist()
+
+    res = run_threads(3, work, transport=transport)
+    for r, out in enumerate(res):
+        assert out["sum"] == want(3 * np.arange(8) + 3)
+        assert out["x_unchanged"] in (True, None)
+        assert out["average"] == want([4.0, -4.0])
+        assert out["max"] == want([2.0, 0.0])
+        assert out["bcast"] == want([20.0, 1.0])
+        assert out["gather"] == want([[1, 1], [2, 2], [2, 2]]) and out["gather_shape"] == (3, 2)
+        assert out["rs"] == want((np.arange(6).reshape(3, 2) * 6)[r:r + 1])
+        if kind == "numpy":
+            assert out["in_place"] == want([6.0] * 5)
+            assert out["many"] == [want([3] * 3), want(np.full((2, 2), 6))]
+            assert out["async"] == want([3.0] * 1000)
+
+
+def test_bfloat16_is_reduced_as_bfloat16_by_the_core():
+    """numpy bfloat16 reaches the core as bfloat16 (not float32, not its uint16 bits): a
+    mismatched call names the dtype, and 256 + 1 + 1 is 258, the core's one rounding after a
+    float32 sum (bf16 per step would give 256; uint16 bits would be nonsense)."""
+    import ml_dtypes
+
+    def total(comm):
+        return comm.allreduce(np.array([[256.0, 1.0, 1.0][comm.rank]], ml_dtypes.bfloat16), op="sum")
+
+    def mismatch(comm):  # a communicator of its own: the failure breaks it on every rank
+        try:
+            comm.allreduce(np.ones(4 + comm.rank, ml_dtypes.bfloat16), timeout=10)
+        except (errors.InvalidArgument, errors.Aborted) as e:
+            return str(e)
+        return None
+
+    for got in run_threads(3, total, transport="tcp"):
+        assert got.dtype == ml_dtypes.bfloat16 and got.astype(np.float32).tolist() == [258.0]
+    msgs = run_threads(3, mismatch, transport="tcp")
+    assert any(m and "mismatched" in m and "bfloat16" in m for m in msgs), msgs
+
+
+def test_keras_gradients_in_bfloat16_on_threads():
+    """ember.keras's gradient allreduce (DistributedOptimizer's path) on bf16 and fp16 gradients."""
+    import tensorflow as tf
+
+    import ember.keras
+
+    def work(comm):
+        r = comm.rank
+        grads = [tf.fill([3], tf.constant(r + 1.0, tf.bfloat16)), None, tf.fill([2, 2], tf.constant(2.0 * r, tf.float16)),
+                 tf.constant([[1.0, 2.0]], tf.bfloat16) * (r + 1)]
+        return ember.keras.allreduce_gradients(grads, comm, op="average")
+
+    for g in run_threads(2, work):
+        assert g[1] is None
+        assert g[0].dtype == tf.bfloat16 and g[0].numpy().astype(np.float32).tolist() == [1.5] * 3
+        assert g[2].dtype == tf.float16 and g[2].numpy().astype(np.float32).tolist() == [[1.0, 1.0]] * 2
+        assert g[3].dtype == tf.bfloat16 and g[3].numpy().astype(np.float32).tolist() == [[1.5, 3.0]]
+
+
 # ----------------------------------------------------------------------------- real nodes
 def node_collectives(args, ctx):
+    import ml_dtypes
     import numpy as np
+    import tensorflow as tf
 
     comm = ctx.communicator(timeout=60)
     r = ctx.training_rank
+    bf16 = np.array([r + 1.0, 2.0], ml_dtypes.bfloat16)
+    tf_bf16 = tf.constant([[r + 1.0]] * (r + 1), tf.bfloat16)
     result = {
         "rank": r, "size": comm.size, "is_chief": ctx.is_chief,
         "sum": ctx.allreduce(np.array([r + 1.0, 2.0]), op="sum").tolist(),
         "bcast": ctx.broadcast(np.array([ctx.executor_id * 100.0]), root=1).tolist(),
         "gather": ctx.allgather(np.array([r] * (r + 1))).tolist(),
         "describe": comm.describe(1),
+        "bf16_sum": [str(v.dtype) for v in [ctx.allreduce(bf16, op="sum")]] + ctx.allreduce(bf16, op="sum").astype(
+            np.float32).tolist(),
+        "bf16_bcast": ctx.broadcast(bf16, root=1).astype(np.float32).tolist(),
+        "tf_bf16_gather": [ctx.allgather(tf_bf16).dtype.name] + ctx.allgather(tf_bf16).numpy().astype(
+            np.float32).ravel().tolist(),
     }
     Path(args["out"], f"node-{r}.json").write_text(json.dumps(result))
 
@@ -138,6 +265,9 @@ def test_collectives_between_nodes(spark, tmp_path):
         assert out["gather"] == [0, 1, 1]
         assert out["bcast"] == res[1]["bcast"]
         assert out["describe"].startswith("rank 1 (worker:")
+        assert out["bf16_sum"] == ["bfloat16", 3.0, 4.0]
+        assert out["bf16_bcast"] == [2.0, 2.0]
+        assert out["tf_bf16_gather"] == ["bfloat16", 1.0, 2.0, 2.0]
 
 
 def node_dies_in_allreduce(args, ctx):
