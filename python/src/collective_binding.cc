@@ -40,7 +40,7 @@ using collective::Work;
 
 using Array = nb::ndarray<nb::device::cpu, nb::c_contig>;
 
-constexpr char kSupported[] = "float32, float64, float16, bfloat16, int32 or int64";
+constexpr char kSupported[] = "float32, float64, bfloat16, float16, int32 or int64";  // DataType order
 
 // "uint8", "complex64", "bool", ...: a DLPack element type as numpy names it.
 std::string DlpackTypeName(const nb::dlpack::dtype& t) {
