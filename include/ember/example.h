@@ -75,7 +75,9 @@ struct ColumnView {
   std::span<const float> floats;
   std::span<const int64_t> ints;
   std::span<const uint8_t> bytes_data;
-  std::span<const int64_t> bytes_offsets;  // num values + 1 (kBytes)
+  // kBytes: num values + 1 entries, or none for no values (as Arrow allows
+  // for an array of length 0).
+  std::span<const int64_t> bytes_offsets;
   std::span<const int64_t> row_splits;     // num rows + 1
   std::span<const uint8_t> present;        // num rows, or empty: every row present
 };

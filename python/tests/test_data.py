@@ -258,6 +258,35 @@ def test_empty_dataframe_and_arrays(spark, tmp_path):
     assert got == {1: [], 2: [7]}  # an empty array stays empty, not null
 
 
+def test_string_and_binary_lists_all_empty_in_a_batch(spark, tmp_path, tf):
+    """Issue 18: a batch whose every row of an array<string> or array<binary> column is []
+    comes from Spark's Arrow with an empty offsets buffer, and save_as_tfrecords raised
+    InvalidArgument ("bytes_offsets is empty").  The files it writes then hold only empty
+    bytes_lists, which every reader takes back as empty lists."""
+    df = spark.createDataFrame([(1, [], []), (2, [], [])], "id long, as_ array<string>, ab array<binary>")
+    out = str(tmp_path / "empty_bytes")
+    assert ember.data.save_as_tfrecords(df.coalesce(1), out) == 2
+    rows = lambda d: sorted((r["id"], r["as_"], [bytes(x) for x in r["ab"]]) for r in d.collect())  # noqa: E731
+    assert rows(ember.data.load_tfrecords(spark, out, schema=df.schema)) == [(1, [], []), (2, [], [])]
+    inferred = ember.data.load_tfrecords(spark, out)  # from a file whose every bytes_list is empty
+    assert dict(inferred.dtypes) == {"id": "bigint", "as_": "array<string>", "ab": "array<string>"}
+    assert rows(inferred) == [(1, [], []), (2, [], [])]
+    files = sorted(str(p) for p in (tmp_path / "empty_bytes").glob("part-r-*"))
+    spec = {"id": tf.io.FixedLenFeature([], tf.int64), "as_": tf.io.VarLenFeature(tf.string),
+            "ab": tf.io.VarLenFeature(tf.string)}
+    for e in tf.data.TFRecordDataset(files).map(lambda s: tf.io.parse_single_example(s, spec)):
+        assert e["as_"].values.shape == (0,) and e["ab"].values.shape == (0,)  # present, empty
+    [b] = list(ember.data.tfrecord_dataset(files, spec, 4))
+    assert b["id"].numpy().tolist() == [1, 2]
+    for k in ("as_", "ab"):
+        assert b[k].dtype == tf.string and b[k].to_list() == [[], []]
+    # An empty list beside a non-empty one, in one batch, as before.
+    mixed = spark.createDataFrame([(1, []), (2, ["x"])], "id long, as_ array<string>").coalesce(1)
+    ember.data.save_as_tfrecords(mixed, out, mode="overwrite")
+    back = ember.data.load_tfrecords(spark, out, schema=mixed.schema).collect()
+    assert sorted((r["id"], r["as_"]) for r in back) == [(1, []), (2, ["x"])]
+
+
 def test_load_names_file_and_record_on_schema_mismatch(spark, tmp_path):
     df = spark.createDataFrame([(i, [i, i]) for i in range(5)], "id long, v array<long>")
     out = str(tmp_path / "m")

@@ -36,7 +36,10 @@ Status Validate(const ColumnView& c, size_t rows) {
     case FeatureKind::kFloat: nvalues = c.floats.size(); break;
     case FeatureKind::kInt64: nvalues = c.ints.size(); break;
     case FeatureKind::kBytes:
-      if (c.bytes_offsets.empty()) return bad("bytes_offsets is empty (needs num values + 1)");
+      // No offsets at all is zero values: Arrow lets an array of length 0
+      // have an empty offsets buffer (Spark's Arrow batches do, for a list
+      // column whose every row is []).
+      if (c.bytes_offsets.empty()) break;
       nvalues = c.bytes_offsets.size() - 1;
       for (size_t j = 0; j < nvalues; ++j) {
         if (c.bytes_offsets[j] < 0 || c.bytes_offsets[j] > c.bytes_offsets[j + 1]) {

@@ -164,6 +164,39 @@ TEST(Example, EmptyListIsPresentNotNull) {
   EXPECT_EQ((*d)[0].row_splits, (std::vector<int64_t>{0, 0, 0}));
 }
 
+// Issue 18: a batch whose every row of a string list is [] reaches the
+// encoder as Arrow gives it, with no offsets at all (an Arrow array of length
+// 0 may have an empty offsets buffer); save_as_tfrecords failed on it.
+TEST(Example, EmptyBytesListsWithNoOffsetsRoundTrip) {
+  auto c = BytesColumn("as_", {{}, {}, {}}, {1, 1, 0});
+  ColumnView v = View(c);
+  v.bytes_offsets = {};
+  v.bytes_data = {};
+  std::vector<ColumnView> views = {v};
+  std::string data;
+  std::vector<int64_t> offsets;
+  Status st = EncodeExamples(views, &data, &offsets);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  // The two present rows hold an empty bytes_list; the null row omits it.
+  EXPECT_EQ(data.substr(static_cast<size_t>(offsets[0]), static_cast<size_t>(offsets[1] - offsets[0])),
+            ExampleOf(Entry("as_", Len(1, ""))));
+  // Decoded again (every bytes_list of the batch empty): no values, one
+  // offset, the same rows.
+  auto d = DecodeExamples(Split(data, offsets), {{"as_", FeatureKind::kBytes}});
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  ExpectSameColumn((*d)[0], c);
+  EXPECT_EQ((*d)[0].num_values(), 0u);
+  EXPECT_EQ((*d)[0].bytes_offsets, (std::vector<int64_t>{0}));
+  // No offsets with rows that do hold values is still an error.
+  auto x = BytesColumn("x", {{"a"}}, {1});
+  ColumnView xv = View(x);
+  xv.bytes_offsets = {};
+  std::vector<ColumnView> bad = {xv};
+  st = EncodeExamples(bad, &data, &offsets);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  EXPECT_NE(st.message().find("'x'"), std::string::npos) << st.ToString();
+}
+
 TEST(Example, UnpackedAndPackedAndUnknownFields) {
   // floats: one unpacked, then a packed run of two; ints: unpacked varints
   // around a packed run; unknown fields at every level.
