@@ -228,6 +228,26 @@ def test_keras_gradients_in_bfloat16_on_threads():
         assert g[3].dtype == tf.bfloat16 and g[3].numpy().astype(np.float32).tolist() == [[1.5, 3.0]]
 
 
+def test_keras_sync_callback_broadcasts_bfloat16_weights_on_threads():
+    """SyncCallback broadcasts a bf16 Keras model's weights (numpy ml_dtypes arrays, as Keras gives them)."""
+    import keras
+    import ml_dtypes
+
+    import ember.keras
+
+    def work(comm):
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, dtype="bfloat16")])
+        model.set_weights([np.full(w.shape, comm.rank + 1.5, w.dtype) for w in model.get_weights()])
+        callback = ember.keras.SyncCallback(comm=comm)
+        callback.set_model(model)
+        callback.on_train_begin()
+        return model.get_weights()
+
+    for weights in run_threads(2, work):
+        assert [w.dtype for w in weights] == [ml_dtypes.bfloat16] * 2
+        assert all((w.astype(np.float32) == 1.5).all() for w in weights), weights
+
+
 # ----------------------------------------------------------------------------- real nodes
 def node_collectives(args, ctx):
     import ml_dtypes
