@@ -15,7 +15,9 @@ snake_case name (``args.batch_size``, ``args.export_dir``, ...); a list is passe
 Differences from TFoS (Ember's behaviour):
 
 * ``TFModel.transform`` feeds Arrow batches to the model (``mapInArrow``), not pickled rows;
-  columns may be numbers or arrays of numbers (Vector columns too).
+  columns may be numbers or arrays of numbers (Vector columns too).  As in TFoS, each row is
+  reshaped to the signature's input shape (a flat 784-value image to ``[28, 28, 1]``); a row
+  that cannot be raises ValueError naming the column, its length and the shape expected.
 * A node failure during ``fit`` raises the node's error on the driver (with its traceback)
   instead of leaving the Spark job hanging; every wait has a deadline.
 * ``protocol`` and ``readers`` are accepted and ignored (Ember's collectives are not gRPC;
@@ -267,6 +269,41 @@ def _to_arrow(values: np.ndarray, field: Any) -> pa.Array:
     return pa.array(flat.astype(t.to_pandas_dtype()))
 
 
+def _row_dims(spec: Any) -> Optional[List[Optional[int]]]:
+    """The per-row dimensions of a signature input (its shape without the batch dimension), or
+    None when the signature does not fix its rank."""
+    if spec is None or spec.shape.rank is None:
+        return None
+    return spec.shape.as_list()[1:]
+
+
+def _shaped(x: np.ndarray, col: str, tensor: str, spec: Any, key: str) -> np.ndarray:
+    """Column `col`'s batch `x` in the shape input `tensor` of signature `key` takes.
+
+    Spark columns are flat, and a SavedModel does not carry the reshape of the program that
+    trained it, so, as TFoS, each row is reshaped to the signature's shape (a 784-value image
+    to ``[28, 28, 1]``).  Checked here, before TensorFlow runs: a shape that does not fit
+    raises ValueError naming the column, its values per row and the expected shape (fed as it
+    is, TF's kernels can abort the whole Python worker).
+    """
+    expected = f"{tensor!r} of signature {key!r}, shape {spec.shape if spec is not None else '?'}"
+    if x.dtype == object:  # rows of different lengths (or nulls): column_to_numpy gives up
+        lengths = sorted({-1 if v is None else int(np.size(v)) for v in x})
+        raise ValueError(f"TFModel: column {col!r} has rows of different lengths ({lengths[:5]}; -1 is null); "
+                         f"input {expected} needs the same number of values in every row")
+    want = _row_dims(spec)
+    have = list(x.shape[1:])
+    if want is None or (len(have) == len(want) and all(w is None or w == h for h, w in zip(have, want))):
+        return x
+    per_row = int(np.prod(have, dtype=np.int64))
+    known = int(np.prod([w for w in want if w is not None], dtype=np.int64))
+    unknown = sum(w is None for w in want)
+    if (unknown == 0 and known == per_row) or (unknown == 1 and known > 0 and per_row % known == 0):
+        return x.reshape([len(x)] + [-1 if w is None else w for w in want])
+    raise ValueError(f"TFModel: column {col!r} holds {per_row} values per row (row shape {have}), which do not "
+                     f"fit input {expected}")
+
+
 def _run_model(export_dir: str, tag_set: str, key: str, input_mapping: Dict[str, str],
                output_mapping: Dict[str, str], out_fields: List[Any], batch_size: int,
                batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -282,15 +319,20 @@ def _run_model(export_dir: str, tag_set: str, key: str, input_mapping: Dict[str,
         inputs = {}
         for col, tensor in sorted(input_mapping.items()):
             arr = batch.column(batch.schema.get_field_index(col))
+            spec = specs.get(tensor)
             if pa.types.is_struct(arr.type):  # a Spark ML Vector
                 from ember.ml import _vectors_to_matrix
-                spec_width = specs[tensor].shape[-1] if tensor in specs else None
-                width = int(spec_width) if spec_width is not None else int(arr.flatten()[3].value_lengths()[0].as_py())
+                dims = _row_dims(spec)
+                if dims is not None and None not in dims:
+                    width = int(np.prod(dims, dtype=np.int64))
+                else:
+                    width = int(arr.flatten()[3].value_lengths()[0].as_py())
                 x = _vectors_to_matrix(arr, width, col)
             else:
                 x = column_to_numpy(arr)
-            if tensor in specs:
-                x = x.astype(specs[tensor].dtype.as_numpy_dtype, copy=False)
+            x = _shaped(x, col, tensor, spec, key)
+            if spec is not None:
+                x = x.astype(spec.dtype.as_numpy_dtype, copy=False)
             inputs[tensor] = x
         outs: Dict[str, List[np.ndarray]] = {t: [] for t in output_mapping}
         for i in range(0, n, batch_size):
