@@ -36,6 +36,7 @@ HEARTBEAT_TIMEOUT = 8.0  # Cluster.run(heartbeat_timeout=...): seconds before a 
 WORKER_TIMEOUT = 15      # the master's spark.worker.timeout: seconds before it drops a silent worker
 FEED_TIMEOUT = 120.0     # train(feed_timeout=...): what a blocked send would wait without the fix
 HANG_SECS = HEARTBEAT_TIMEOUT + 25  # how long the driver gives train() to raise after the cut
+RESTART_HANG_SECS = WORKER_TIMEOUT + 35  # ... when it restarts first (Spark must drop the worker)
 ROWS = 2_000_000         # 32 MB of feed: far more than the 1 MiB rings and the sockets hold
 _JVM_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 SPARK_CONF = {"spark.driver.extraJavaOptions": _JVM_OPTS, "spark.executor.extraJavaOptions": _JVM_OPTS,
@@ -115,8 +116,11 @@ def case_cut_while_feeding(spark, conf: dict, work: Path) -> dict:
     shm_before = _shm_of_host(conf["cut_netns"], cluster.job_id)
     _link(conf, "down")
     cut_at = time.monotonic()
-    thread.join(HANG_SECS)
+    thread.join(conf["hang_secs"])
     hung = thread.is_alive()
+    # The partition outlasts the master's worker timeout, so Spark drops the cut host's worker
+    # and its executor, as in a real outage: when the link returns, that executor is ended.
+    time.sleep(max(0.0, cut_at + WORKER_TIMEOUT + 10 - time.monotonic()))
     _link(conf, "up")
     restored_at = time.monotonic()
     if hung:
@@ -170,7 +174,7 @@ def driver_main(inp: str, out: str) -> None:
 
 
 # ----------------------------------------------------------------------------- the tests
-def _scenario(tmp_path, monkeypatch, max_restarts: int, cores: int) -> dict:
+def _scenario(tmp_path, monkeypatch, max_restarts: int, cores: int, hang_secs: float) -> dict:
     from netns_cluster import NetnsCluster, NetnsUnavailable
 
     # The master drops a worker it has not heard from for WORKER_TIMEOUT seconds (default 60).
@@ -181,7 +185,8 @@ def _scenario(tmp_path, monkeypatch, max_restarts: int, cores: int) -> dict:
         with nc:
             cut = nc.worker_host(CUT)
             result = nc.run_driver(Path(__file__), {
-                "work": str(tmp_path), "max_restarts": max_restarts, "cut_address": cut.address,
+                "work": str(tmp_path), "max_restarts": max_restarts, "hang_secs": hang_secs,
+                "cut_address": cut.address,
                 "cut_netns": cut.netns, "switch": nc.network.switch, "port": f"v-{CUT}"[:15]},
                 timeout=500, spark_conf=SPARK_CONF)
     except NetnsUnavailable as e:
@@ -190,7 +195,9 @@ def _scenario(tmp_path, monkeypatch, max_restarts: int, cores: int) -> dict:
     assert result["ok"], f"the driver program failed:\n{result['error']}"
     print(f"partition scenario (max_restarts={max_restarts}): {time.monotonic() - t0:.1f}s in all, "
           f"driver case {result['secs']:.1f}s, train() raised {result['raised_after_cut_secs']}s after the cut, "
-          f"cut host's /dev/shm clean {result['shm_gone_secs']}s after the link returned")
+          f"cut host's /dev/shm clean {result['shm_gone_secs']}s after the link returned "
+          f"(held {result['shm_before']} during the feed, {result['shm_after']} at the end); "
+          f"train() raised:\n{result['error']}")
     return result
 
 
@@ -198,7 +205,7 @@ def test_partition_while_feeding_fails_train_at_once_naming_node_and_host(tmp_pa
     """Items 8 and 9: train() raises the lost node's NodeError within heartbeat_timeout of the
     cut (the feeding Spark job, blocked sending to the unreachable node, is cancelled), and
     the cut host's feed ring is gone once the link is back."""
-    r = _scenario(tmp_path, monkeypatch, max_restarts=0, cores=2)
+    r = _scenario(tmp_path, monkeypatch, max_restarts=0, cores=2, hang_secs=HANG_SECS)
     assert len(r["cut_nodes"]) == 1, r  # one node per host
     cut_address = r["cluster_spec"]["worker"][int(r["cut_nodes"][0].split(":")[1])]
     assert not r["hung"], f"train() still blocked {HANG_SECS:.0f}s after the cut: {r}"
@@ -218,8 +225,8 @@ def test_partition_with_restart_reports_the_cut_host_first_and_what_spark_said(t
     cut host, whose worker it drops WORKER_TIMEOUT seconds after the cut).  The restart is in
     Cluster.restarts, and the error leads with the node on the partitioned host, then says
     what Spark said of the new gang's job."""
-    r = _scenario(tmp_path, monkeypatch, max_restarts=1, cores=4)
-    assert not r["hung"], f"train() still blocked {HANG_SECS:.0f}s after the cut: {r}"
+    r = _scenario(tmp_path, monkeypatch, max_restarts=1, cores=4, hang_secs=RESTART_HANG_SECS)
+    assert not r["hung"], f"train() still blocked {RESTART_HANG_SECS:.0f}s after the cut: {r}"
     host = r["cluster_spec"]["worker"][int(r["cut_nodes"][0].split(":")[1])].rsplit(":", 1)[0]
     assert r["error_type"] == "NodeError", r
     first_line = r["error"].splitlines()[0]
@@ -232,6 +239,26 @@ def test_partition_with_restart_reports_the_cut_host_first_and_what_spark_said(t
     # Spark's own words for the lost worker (the master's, or the driver's heartbeat check).
     assert "Spark failed the new gang's job" in r["error"], r
     assert "worker lost" in r["error"] or "heartbeat" in r["error"].split("did not start", 1)[1].lower(), r
+
+
+def test_spark_failure_reason_is_the_stage_failure_in_one_line():
+    """What the restart error quotes of a failed barrier job (Py4JJavaError's text), and
+    nothing for a job the driver cancelled itself."""
+    from ember._spark_job import spark_failure_reason
+
+    text = ("An error occurred while calling o85.collect.\n: org.apache.spark.SparkException: Job aborted due "
+            "to stage failure: Could not recover from a failed barrier ResultStage. Most recent failure reason: "
+            "Stage failed because barrier task ResultTask(3, 1) finished unsuccessfully.\nExecutorLostFailure "
+            "(executor 1 exited caused by one of the running tasks) Reason: worker lost: Not receiving heartbeat "
+            "for 60 seconds\nDriver stacktrace:\n\tat org.apache.spark.scheduler.DAGScheduler.failJobAndIndepen"
+            "dentStages(DAGScheduler.scala:2856)\n")
+    assert spark_failure_reason(RuntimeError(text)) == (
+        "Could not recover from a failed barrier ResultStage. Most recent failure reason: Stage failed because "
+        "barrier task ResultTask(3, 1) finished unsuccessfully. ExecutorLostFailure (executor 1 exited caused by "
+        "one of the running tasks) Reason: worker lost: Not receiving heartbeat for 60 seconds")
+    cancelled = ("An error occurred while calling o85.collect.\n: org.apache.spark.SparkException: Job 3 "
+                 "cancelled part of cancelled job group ember-1-feed\n\tat org.apache.spark.Foo.bar(Foo.scala:1)")
+    assert spark_failure_reason(RuntimeError(cancelled)) is None
 
 
 if __name__ == "__main__":  # the driver program, run by NetnsCluster.run_driver in host "drv"
