@@ -8,8 +8,13 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch._dynamo  # noqa: F401  (see below)
 
 import ember
+
+# torch.optim imports torch._dynamo, which loads triton's LLVM; loaded after TensorFlow's (a test
+# earlier in the same pytest process may import TF) it aborts the process ("LLVM ERROR: Option ...
+# registered more than once").  Loaded here, at collection, it comes first, and TF after it is fine.
 
 pytestmark = pytest.mark.timeout(300)
 
