@@ -39,16 +39,15 @@ struct Options {
   std::vector<std::string> paths;
 };
 
-// The one place the CLI maps a URI to a file system.  A relative path is
-// relative to the working directory when paths without a scheme are local.
+// The one place the CLI maps a URI to a file system, by the core's rule
+// (fs::QualifyPath): a relative path is relative to the working directory
+// when paths without a scheme are local, to the user's home otherwise.
 Result<fs::Resolved> OpenFs(const std::string& uri, const Options& o) {
-  const bool local_default = o.resolve.default_fs.empty() || o.resolve.default_fs.rfind("file:", 0) == 0;
-  if (local_default && !uri.empty() && uri[0] != '/' && uri.find("://") == std::string::npos) {
-    char cwd[4096];
-    if (getcwd(cwd, sizeof(cwd)) == nullptr) return Status::IOError("getcwd failed for relative path " + uri);
-    return fs::ResolveFileSystem(std::string(cwd) + "/" + uri, o.resolve);
-  }
-  return fs::ResolveFileSystem(uri, o.resolve);
+  if (uri.empty() || uri[0] == '/') return fs::ResolveFileSystem(uri, o.resolve);
+  char cwd[4096];
+  const std::string working_dir = getcwd(cwd, sizeof(cwd)) != nullptr ? cwd : "";
+  EMBER_ASSIGN_OR_RAISE(std::string qualified, fs::QualifyPath(uri, o.resolve, working_dir));
+  return fs::ResolveFileSystem(qualified, o.resolve);
 }
 
 // Expands each argument (file, directory or pattern) to files.
@@ -57,7 +56,7 @@ Result<std::vector<std::pair<fs::Resolved, std::string>>> Expand(const Options& 
   for (const auto& arg : o.paths) {
     EMBER_ASSIGN_OR_RAISE(fs::Resolved r, OpenFs(arg, o));
     EMBER_ASSIGN_OR_RAISE(std::vector<std::string> files, fs::Glob(*r.fs, r.path));
-    for (auto& f : files) out.emplace_back(fs::Resolved{r.fs, f}, r.fs->Uri(f));
+    for (auto& f : files) out.emplace_back(fs::Resolved{r.fs, f, r.root}, r.Uri(f));
   }
   return out;
 }

@@ -225,12 +225,38 @@ struct ResolveOptions {
 
 // Resolves `uri` ("/a/b", "file:///a/b", "hdfs://nn:8020/a/b", "hdfs:///a/b",
 // "webhdfs://nn:9870/a/b", "mem://..." is not resolvable) to its file system
-// and the path within it.
+// and the path within it.  The one rule of where a path lives: a URI with a
+// scheme is kept as it is, whatever default_fs says ("file:///a" is local
+// where default_fs is hdfs://); a path with no scheme lives in default_fs.
+// InvalidArgument for a relative path or an unknown scheme.
 struct Resolved {
   std::shared_ptr<FileSystem> fs;
   std::string path;
+  // How URIs of this file system begin: "file://", "hdfs://nn:8020",
+  // "webhdfs://nn:9870"; "" for a path with no scheme on a local default_fs.
+  std::string root;
+  // The URI of `p`, another path of `fs`, that resolves back to `fs` under
+  // these options as `uri` did: a file:// URI's neighbours stay file://.
+  std::string Uri(const std::string& p) const { return root + p; }
 };
 Result<Resolved> ResolveFileSystem(const std::string& uri, const ResolveOptions& options);
+
+// The fully qualified URI of `path`, by the same rule (TFoS's hdfs_path,
+// Hadoop's Path.makeQualified): a URI with a scheme is kept as it is; an
+// absolute path is put on default_fs ("/x" is "file:///x" on a local one,
+// "hdfs://nn:8020/x" on HDFS); a relative path is resolved against
+// `working_dir` (absolute, normalized: "a/../b" is "<working_dir>/b") on a
+// local default_fs and against the user's home, /user/<hdfs_user or the
+// process's user>, on any other.  InvalidArgument for an empty path, a
+// default_fs that is not a URI, or a relative path with no working_dir.
+Result<std::string> QualifyPath(const std::string& path, const ResolveOptions& options,
+                                const std::string& working_dir);
+
+// The URIs of the files `pattern` (a path or URI with Glob's wildcards, or a
+// directory) names, sorted.  Each keeps the pattern's scheme
+// (Resolved::Uri), so it names the same file under `options` again.
+// InvalidArgument as ResolveFileSystem; NotFound when nothing matches.
+Result<std::vector<std::string>> GlobUris(const std::string& pattern, const ResolveOptions& options);
 
 // Helpers over any FileSystem.
 

@@ -1,10 +1,7 @@
 """The node context (`ctx`) handed to ``main_fun(args, ctx)`` on every node."""
 from __future__ import annotations
 
-import getpass
 import logging
-import posixpath
-import re
 import threading
 import time
 from typing import Any, Dict, List, Optional
@@ -14,9 +11,6 @@ from ember._names import WORKER_ROLES  # noqa: F401  (roles that train; re-expor
 from ember.input_mode import InputMode
 
 logger = logging.getLogger(__name__)
-
-_SCHEME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
-_FS_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://([^/]*)(.*)$")
 
 
 _current: Optional["Context"] = None  # set by the node process (ember._node_main)
@@ -28,35 +22,26 @@ def current() -> Optional["Context"]:
 
 
 def absolute_path(path: str, default_fs: Optional[str], working_dir: str) -> str:
-    """A fully qualified URI for `path`, with TFoS ``hdfs_path`` semantics.
+    """A fully qualified URI for `path`, with TFoS ``hdfs_path`` semantics: the core's one rule of
+    where a path lives (``QualifyPath`` in include/ember/fs.h), which its file systems follow.
 
-    * a path with a scheme (``hdfs://nn/x``, ``file:///x``, ``s3a://b/x``) is kept as is;
+    * a path with a scheme (``hdfs://nn/x``, ``file:///x``, ``file:/x``, ``s3a://b/x``) is kept
+      as is;
     * an absolute path is put on the default filesystem: ``file:///`` + ``/tmp/x`` is
       ``file:///tmp/x``, ``hdfs://nn:8020`` + ``/data`` is ``hdfs://nn:8020/data``;
-    * a relative path is resolved against `working_dir` on ``file://``, and against
-      ``/user/<current user>/`` on ``hdfs://`` and ``viewfs://``.
+    * a relative path is resolved against `working_dir` on ``file://``, and against the user's
+      home, ``/user/<user>/``, on any other filesystem (``hdfs://``, ``viewfs://``, ...).
 
     Args:
         path: the path to qualify.
         default_fs: Hadoop's ``fs.defaultFS`` (``file:///`` if None or empty).
         working_dir: absolute local directory relative paths resolve against on ``file://``.
+
+    Raises:
+        ValueError: an empty path, or a default_fs that is not a URI.
     """
-    if _SCHEME_RE.match(path):
-        return path
-    fs = default_fs or "file:///"
-    m = _FS_RE.match(fs)
-    if not m:
-        raise ValueError(f"default filesystem {fs!r} is not a URI like file:/// or hdfs://namenode:8020")
-    scheme, authority = m.group(1).lower(), m.group(2)
-    root = f"{m.group(1)}://{authority}"
-    if path.startswith("/"):
-        return root + "/" + path.lstrip("/")
-    if scheme == "file":
-        return root + posixpath.normpath(posixpath.join(working_dir, path))
-    if scheme in ("hdfs", "viewfs"):
-        return f"{root}/user/{getpass.getuser()}/{path}"
-    logger.warning("relative path %r on filesystem %s: resolved against its root", path, fs)
-    return f"{root}/{path}"
+    from ember import _ember, _hadoop
+    return _ember.fs_qualify(path, _hadoop.resolve_options(default_fs or "", ""), working_dir)
 
 
 class Context:

@@ -113,13 +113,9 @@ std::unique_ptr<record::ExampleDataset> OpenDataset(const std::vector<std::strin
   return ValueOrThrow(record::ExampleDataset::Open(std::move(filesystem), std::move(paths), std::move(options)));
 }
 
-// URIs of the files `pattern` names (ember/fs.h Glob: a directory stands for
-// its files), for datasets.
+// URIs of the files `pattern` names (ember/fs.h GlobUris), for datasets.
 std::vector<std::string> GlobUris(const std::string& pattern, const fs::ResolveOptions& resolve) {
-  fs::Resolved r = ValueOrThrow(fs::ResolveFileSystem(pattern, resolve));
-  std::vector<std::string> uris;
-  for (const std::string& path : ValueOrThrow(fs::Glob(*r.fs, r.path))) uris.push_back(r.fs->Uri(path));
-  return uris;
+  return ValueOrThrow(fs::GlobUris(pattern, resolve));
 }
 
 // What the first `sample` records of `uri` hold, for schema inference:
@@ -234,7 +230,7 @@ std::vector<example::ColumnView> ToViews(const nb::list& columns, Kept* keep) {
 
 void BindDataset(nb::module_& m) {
   m.def("fs_glob", &GlobUris, nb::call_guard<nb::gil_scoped_release>(), nb::arg("pattern"), nb::arg("resolve"),
-        "URIs of the files a path, directory or glob names (ember/fs.h Glob).");
+        "URIs of the files a path, directory or glob names, keeping its scheme (ember/fs.h GlobUris).");
   m.def("infer_example_schema", &InferSchema, nb::call_guard<nb::gil_scoped_release>(), nb::arg("uri"),
         nb::arg("resolve"), nb::arg("compression"), nb::arg("sample"),
         "([(name, kind, min_length, max_length, present_rows)], rows) of a file's first records.");

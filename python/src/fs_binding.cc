@@ -34,6 +34,14 @@ void BindFileSystem(nb::module_& m) {
           [](fs::ResolveOptions& o, double s) { o.io_timeout = SecondsToDuration(s); });
 
   m.def(
+      "fs_qualify",
+      [](const std::string& path, const fs::ResolveOptions& options, const std::string& working_dir) {
+        return ValueOrThrow(fs::QualifyPath(path, options, working_dir));
+      },
+      nb::arg("path"), nb::arg("resolve"), nb::arg("working_dir"),
+      "The fully qualified URI of `path` (ember/fs.h QualifyPath): a URI with a scheme as it is, "
+      "a path on resolve.default_fs.");
+  m.def(
       "fs_rename",
       [](const std::string& from, const std::string& to, const fs::ResolveOptions& options) {
         fs::Resolved a = Resolve(from, options);

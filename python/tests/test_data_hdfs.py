@@ -58,6 +58,40 @@ def test_node_side_batches_from_hdfs(spark_on_hdfs, hdfs, tmp_path):
     assert sorted(seen) == list(range(100))
 
 
+def test_file_uris_are_read_locally_where_the_default_fs_is_hdfs(spark_on_hdfs, hdfs, tmp_path):
+    """Issue 18: with fs.defaultFS on HDFS, file:// paths were read from HDFS: the glob gave
+    "/tmp/..." without its scheme and the readers resolved that on the default file system
+    ("NotFound: hdfs://.../tmp/...").  A path with a scheme is kept as it is, everywhere."""
+    spark = spark_on_hdfs
+    df = spark.createDataFrame([(i, [i] * 2, f"s{i}") for i in range(30)], "id long, v array<long>, s string")
+    local = f"file://{tmp_path}/tfr"
+    assert ember.data.save_as_tfrecords(df.repartition(3), local) == 30
+    parts = sorted(p.name for p in (tmp_path / "tfr").glob("part-r-*"))
+    assert len(parts) == 3  # written to the local disk
+    opts = _fs.resolve_options()
+    assert opts.default_fs == hdfs.default_fs
+    with pytest.raises(Exception, match="NotFound"):  # and not to HDFS
+        _ember.fs_stat(str(tmp_path / "tfr"), opts)
+    # Globs keep the pattern's scheme ...
+    assert _fs.expand(f"{local}/part-r-*", opts) == [f"{local}/{p}" for p in parts]
+    assert _fs.expand(f"file:{tmp_path}/tfr", opts) == [f"{local}/{p}" for p in parts]  # Hadoop's file:/x
+    # ... and every reader reads the local files: Spark tasks (schema given and inferred) ...
+    want = sorted((r["id"], r["v"], r["s"]) for r in df.collect())
+    for loaded in (ember.data.load_tfrecords(spark, local, schema=df.schema),
+                   ember.data.load_tfrecords(spark, f"{local}/part-r-*")):
+        assert sorted((r["id"], r["v"], r["s"]) for r in loaded.collect()) == want
+    # ... and the node-side batches (resolved with the active Spark's fs.defaultFS).
+    ids = []
+    for b in ember.data.tfrecord_batches(local, {"id": ("int64", ())}, 8):
+        ids.extend(b["id"].tolist())
+    assert sorted(ids) == list(range(30))
+    # A path qualified by the same rule (ctx.absolute_path) keeps its scheme as well.
+    from ember.context import absolute_path
+    assert absolute_path(local, hdfs.default_fs, "/work") == local
+    assert absolute_path(f"file:{tmp_path}", hdfs.default_fs, "/work") == f"file:{tmp_path}"
+    assert absolute_path(str(tmp_path), hdfs.default_fs, "/work") == f"{hdfs.default_fs}{tmp_path}"
+
+
 def upload_fashion_mnist(hdfs, local_dir: Path, remote: str) -> None:
     opts = _fs.options_from(hdfs.default_fs, hdfs.http_address)
     for split in ("train", "test"):

@@ -232,6 +232,111 @@ TEST(ResolveTest, HdfsUrisAndTheCache) {
   EXPECT_EQ(web->path, "/f");
 }
 
+TEST(ResolveTest, RootsSpellUrisOfTheSameFileSystem) {
+  ResolveOptions o;
+  EXPECT_EQ(ResolveFileSystem("/a", o)->Uri("/b"), "/b");  // a bare path on a local default stays bare
+  for (const char* u : {"file:///a", "file:/a", "file://localhost/a"}) {
+    EXPECT_EQ(ResolveFileSystem(u, o)->Uri("/b"), "file:///b") << u;
+  }
+  o.default_fs = "hdfs://nn:8020";
+  EXPECT_EQ(ResolveFileSystem("/a", o)->Uri("/b"), "hdfs://nn:8020/b");
+  EXPECT_EQ(ResolveFileSystem("hdfs:///a", o)->Uri("/b"), "hdfs://nn:8020/b");
+  EXPECT_EQ(ResolveFileSystem("webhdfs://w:9870/a", o)->Uri("/b"), "webhdfs://w:9870/b");
+}
+
+// Issue 18: with fs.defaultFS on HDFS, globbing file:///dir/* gave "/dir/x",
+// which the reader then looked for on HDFS.  The matches keep the pattern's
+// scheme and resolve to the local files again.
+TEST(ResolveTest, GlobOfAFileUriStaysLocalWhereDefaultFsIsHdfs) {
+  char tmpl[] = "/tmp/ember-fs-util-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  auto local = LocalFileSystem();
+  Write(*local, dir + "/part-0", "zero");
+  Write(*local, dir + "/part-1", "one");
+  Write(*local, dir + "/_SUCCESS", "");
+  ResolveOptions o;
+  o.default_fs = "hdfs://nn.invalid:8020";  // never reached
+  for (const std::string& pattern : {"file://" + dir, "file://" + dir + "/part-*", "file:" + dir + "/part-?"}) {
+    auto uris = GlobUris(pattern, o);
+    ASSERT_TRUE(uris.ok()) << pattern << ": " << uris.status().ToString();
+    EXPECT_EQ(*uris, (std::vector<std::string>{"file://" + dir + "/part-0", "file://" + dir + "/part-1"})) << pattern;
+    for (const std::string& u : *uris) {
+      auto r = ResolveFileSystem(u, o);
+      ASSERT_TRUE(r.ok()) << u << ": " << r.status().ToString();
+      EXPECT_EQ(r->fs, local) << u;
+      auto data = ReadFile(*r->fs, r->path);
+      ASSERT_TRUE(data.ok()) << data.status().ToString();
+      EXPECT_EQ(*data, u.ends_with("0") ? "zero" : "one");
+    }
+  }
+  // A bare pattern on a local default keeps giving bare paths.
+  auto bare = GlobUris(dir + "/part-*", ResolveOptions{});
+  ASSERT_TRUE(bare.ok()) << bare.status().ToString();
+  EXPECT_EQ(*bare, (std::vector<std::string>{dir + "/part-0", dir + "/part-1"}));
+  auto none = GlobUris("file://" + dir + "/nothing-*", o);
+  EXPECT_EQ(none.status().code(), StatusCode::kNotFound);
+  ASSERT_TRUE(local->DeleteRecursively(dir).ok());
+}
+
+TEST(QualifyPathTest, AUriWithASchemeIsKeptAsItIs) {
+  ResolveOptions o;
+  o.default_fs = "hdfs://nn:8020";
+  for (const char* u : {"file:///tmp/x", "file:/tmp/x", "hdfs://other:9000/x", "s3a://bucket/x", "viewfs://c/x"}) {
+    auto q = QualifyPath(u, o, "/work");
+    ASSERT_TRUE(q.ok()) << u << ": " << q.status().ToString();
+    EXPECT_EQ(*q, u);
+  }
+}
+
+TEST(QualifyPathTest, PathsWithoutASchemeGoOnTheDefaultFileSystem) {
+  ResolveOptions o;  // no default_fs: local
+  auto Q = [&](const std::string& p) {
+    auto q = QualifyPath(p, o, "/work/dir");
+    EXPECT_TRUE(q.ok()) << p << ": " << q.status().ToString();
+    return q.ok() ? *q : std::string();
+  };
+  EXPECT_EQ(Q("/tmp/x"), "file:///tmp/x");
+  EXPECT_EQ(Q("//tmp/x"), "file:///tmp/x");
+  EXPECT_EQ(Q("data/x"), "file:///work/dir/data/x");
+  EXPECT_EQ(Q("./a/../b/"), "file:///work/dir/b");
+  EXPECT_EQ(Q("../../../up"), "file:///up");
+  o.default_fs = "file:///";
+  EXPECT_EQ(Q("/tmp/x"), "file:///tmp/x");
+  o.default_fs = "file://";  // TFoS's defaultFS for local files
+  EXPECT_EQ(Q("rel"), "file:///work/dir/rel");
+  o.default_fs = "hdfs://nn:8020/";
+  o.hdfs_user = "alice";
+  EXPECT_EQ(Q("/data"), "hdfs://nn:8020/data");
+  EXPECT_EQ(Q("data/part-0"), "hdfs://nn:8020/user/alice/data/part-0");
+  o.default_fs = "viewfs://cluster";
+  EXPECT_EQ(Q("d"), "viewfs://cluster/user/alice/d");
+}
+
+TEST(QualifyPathTest, Errors) {
+  ResolveOptions o;
+  EXPECT_EQ(QualifyPath("", o, "/w").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(QualifyPath("rel", o, "").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(QualifyPath("rel", o, "not/absolute").status().code(), StatusCode::kInvalidArgument);
+  o.default_fs = "nn:8020";
+  auto q = QualifyPath("/x", o, "/w");
+  EXPECT_EQ(q.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(q.status().message().find("nn:8020"), std::string::npos) << q.status().ToString();
+}
+
+TEST(ResolveTest, SchemesAreCaseInsensitiveAndOnlyRfc3986Names) {
+  ResolveOptions o;
+  o.default_fs = "hdfs://nn.invalid:8020";
+  auto r = ResolveFileSystem("FILE:///a", o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->fs, LocalFileSystem());
+  EXPECT_EQ(r->path, "/a");
+  o.default_fs = "FILE:///";
+  EXPECT_EQ(ResolveFileSystem("/a", o)->fs, LocalFileSystem());
+  // Not a scheme (a space): a relative path, refused as before.
+  EXPECT_EQ(ResolveFileSystem("a b:/x", o).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST(ResolveTest, UnresolvableUrisAreInvalidArgument) {
   ResolveOptions o;
   for (const char* u : {"mem:///x", "s3://bucket/x", "relative/path", "hdfs:///x", "file://host/x", "webhdfs:///x"}) {

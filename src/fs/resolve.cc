@@ -1,10 +1,14 @@
 // ResolveFileSystem (ember/fs.h): a URI to its file system and path.
+#include <algorithm>
+#include <cctype>
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/mutex.h"
 #include "ember/fs.h"
+#include "fs/webhdfs.h"
 
 namespace ember::fs {
 namespace {
@@ -15,17 +19,31 @@ struct Uri {
   std::string path;       // "/a/b"
 };
 
+// The scheme of `s` ("hdfs" of "hdfs://nn/x", "file" of "file:/x"), lower
+// case; "" when `s` is a path.  A scheme is RFC 3986's: a letter, then
+// letters, digits, '+', '-' or '.', ending at the first ':'.
+std::string SchemeOf(const std::string& s) {
+  const auto colon = s.find(':');
+  if (colon == std::string::npos || colon == 0 || !std::isalpha(static_cast<unsigned char>(s[0]))) return "";
+  std::string scheme;
+  for (size_t i = 0; i < colon; ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (!std::isalnum(c) && c != '+' && c != '-' && c != '.') return "";
+    scheme.push_back(static_cast<char>(std::tolower(c)));
+  }
+  return scheme;
+}
+
 // "scheme://authority/path", "scheme:/path" (Hadoop's "file:/x") or "/path".
 Result<Uri> ParseUri(const std::string& s) {
   Uri u;
-  const auto colon = s.find(':');
-  const auto slash = s.find('/');
-  if (colon == std::string::npos || (slash != std::string::npos && slash < colon)) {
+  u.scheme = SchemeOf(s);
+  if (u.scheme.empty()) {
     u.path = s;
     if (u.path.empty() || u.path[0] != '/') return Status::InvalidArgument("not an absolute path or URI: \"" + s + "\"");
     return u;
   }
-  u.scheme = s.substr(0, colon);
+  const auto colon = u.scheme.size();
   std::string rest = s.substr(colon + 1);
   if (rest.compare(0, 2, "//") == 0) {
     const auto end = rest.find('/', 2);
@@ -36,6 +54,27 @@ Result<Uri> ParseUri(const std::string& s) {
   }
   if (u.path.empty() || u.path[0] != '/') return Status::InvalidArgument("not an absolute path or URI: \"" + s + "\"");
   return u;
+}
+
+// An absolute path with "." and ".." steps and repeated or trailing '/'
+// taken out, as Python's posixpath.normpath does ("/a/./b/../c/" is "/a/c";
+// ".." above the root stays at the root).
+std::string NormalizePath(const std::string& p) {
+  std::vector<std::string> parts;
+  size_t i = 0;
+  while (i <= p.size()) {
+    const size_t j = std::min(p.find('/', i), p.size());
+    const std::string part = p.substr(i, j - i);
+    if (part == "..") {
+      if (!parts.empty()) parts.pop_back();
+    } else if (!part.empty() && part != ".") {
+      parts.push_back(part);
+    }
+    i = j + 1;
+  }
+  std::string out;
+  for (const std::string& part : parts) out += "/" + part;
+  return out.empty() ? "/" : out;
 }
 
 // One HDFS FileSystem per (address, options), for the life of the process:
@@ -72,7 +111,7 @@ Result<Resolved> Hdfs(const std::string& http_address, const std::string& defaul
   o.connect_timeout = options.connect_timeout;
   o.io_timeout = options.io_timeout;
   EMBER_ASSIGN_OR_RAISE(auto fs, Cache().Get(o));
-  return Resolved{std::move(fs), path};
+  return Resolved{std::move(fs), path, default_fs};
 }
 
 }  // namespace
@@ -81,7 +120,7 @@ Result<Resolved> ResolveFileSystem(const std::string& uri, const ResolveOptions&
   EMBER_ASSIGN_OR_RAISE(Uri u, ParseUri(uri));
   if (u.scheme.empty()) {
     const std::string& d = options.default_fs;
-    if (d.empty() || d.compare(0, 5, "file:") == 0) return Resolved{LocalFileSystem(), u.path};
+    if (d.empty() || SchemeOf(d) == "file") return Resolved{LocalFileSystem(), u.path, ""};
     // default_fs "hdfs://nn:8020" (or "hdfs://nn:8020/"): the path lives there.
     std::string base = d;
     while (!base.empty() && base.back() == '/') base.pop_back();
@@ -94,7 +133,7 @@ Result<Resolved> ResolveFileSystem(const std::string& uri, const ResolveOptions&
     if (!u.authority.empty() && u.authority != "localhost") {
       return Status::InvalidArgument(uri + ": a file:// URI names no host (use file:///path)");
     }
-    return Resolved{LocalFileSystem(), u.path};
+    return Resolved{LocalFileSystem(), u.path, "file://"};
   }
   if (u.scheme == "hdfs") {
     std::string authority = u.authority;
@@ -122,6 +161,38 @@ Result<Resolved> ResolveFileSystem(const std::string& uri, const ResolveOptions&
   }
   return Status::InvalidArgument(uri + ": no file system for scheme \"" + u.scheme +
                                  "\" (paths, file://, hdfs:// and webhdfs:// are)");
+}
+
+Result<std::string> QualifyPath(const std::string& path, const ResolveOptions& options,
+                                const std::string& working_dir) {
+  if (path.empty()) return Status::InvalidArgument("an empty path names no file");
+  if (!SchemeOf(path).empty()) return path;
+  const std::string d = options.default_fs.empty() ? "file:///" : options.default_fs;
+  auto fs = ParseUri(d);
+  if (!fs.ok() || fs->scheme.empty() || d.find("://") == std::string::npos) {
+    return Status::InvalidArgument("default_fs \"" + d + "\" is not a URI like file:/// or hdfs://namenode:8020");
+  }
+  const std::string root = d.substr(0, d.find("://") + 3) + fs->authority;
+  if (path[0] == '/') {
+    const size_t start = path.find_first_not_of('/');
+    return root + "/" + (start == std::string::npos ? "" : path.substr(start));
+  }
+  if (fs->scheme == "file") {
+    if (working_dir.empty() || working_dir[0] != '/') {
+      return Status::InvalidArgument("relative path \"" + path + "\" needs an absolute working directory, not \"" +
+                                     working_dir + "\"");
+    }
+    return root + NormalizePath(working_dir + "/" + path);
+  }
+  const std::string user = options.hdfs_user.empty() ? internal::ProcessUserName() : options.hdfs_user;
+  return root + "/user/" + user + "/" + path;
+}
+
+Result<std::vector<std::string>> GlobUris(const std::string& pattern, const ResolveOptions& options) {
+  EMBER_ASSIGN_OR_RAISE(Resolved r, ResolveFileSystem(pattern, options));
+  EMBER_ASSIGN_OR_RAISE(std::vector<std::string> paths, Glob(*r.fs, r.path));
+  for (std::string& p : paths) p = r.Uri(p);
+  return paths;
 }
 
 }  // namespace ember::fs

@@ -476,6 +476,8 @@ class HdfsFileSystem final : public FileSystem {
   const std::shared_ptr<WebHdfs> hdfs_;
 };
 
+}  // namespace
+
 std::string ProcessUserName() {
   struct passwd pw;
   struct passwd* found = nullptr;
@@ -484,7 +486,6 @@ std::string ProcessUserName() {
   return "uid" + std::to_string(geteuid());
 }
 
-}  // namespace
 }  // namespace internal
 
 Result<std::shared_ptr<FileSystem>> NewHdfsFileSystem(HdfsOptions options) {

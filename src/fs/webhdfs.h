@@ -36,4 +36,8 @@ Result<bool> ParseBoolean(std::string_view json);
 // AlreadyExists, Standby/SafeMode/Retriable -> Unavailable, else IOError.
 Status ErrorFromResponse(long http_status, std::string_view body, const std::string& context);
 
+// The name of the process's effective user ("uid<n>" when it has none), the
+// HDFS user when HdfsOptions.user is empty.
+std::string ProcessUserName();
+
 }  // namespace ember::fs::internal
