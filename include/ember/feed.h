@@ -268,12 +268,14 @@ class InferenceProducer {
 
 // Driver: tells every node that `epoch` had `partitions` partitions
 // (EndEpoch) or that no more data will come (EndFeed), over TCP so it works
-// wherever the driver runs.  Returns which nodes could not be reached (the
-// caller decides whether they ended); a node that terminated its feed or is
-// going away while being told counts as told.  Unauthenticated fails.
-Result<std::vector<bool>> EndEpoch(const std::vector<NodeEndpoint>& nodes, uint32_t epoch, uint32_t partitions,
-                                   const FeedOptions& options);
-Result<std::vector<bool>> EndFeed(const std::vector<NodeEndpoint>& nodes, const FeedOptions& options);
+// wherever the driver runs.  Returns, per node, why it could not be reached
+// ("" if it was told; the caller decides whether it ended): the connection
+// failed, or its server kept closing the handshake; a node that terminated
+// its feed or is going away while being told counts as told.
+// Unauthenticated fails.
+Result<std::vector<std::string>> EndEpoch(const std::vector<NodeEndpoint>& nodes, uint32_t epoch,
+                                          uint32_t partitions, const FeedOptions& options);
+Result<std::vector<std::string>> EndFeed(const std::vector<NodeEndpoint>& nodes, const FeedOptions& options);
 
 // Driver: waits until every node has begun training epoch `epoch` (or a
 // later one), ended its feed, or gone away; one answer per node.  A node

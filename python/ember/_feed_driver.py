@@ -107,9 +107,8 @@ def _feed_epoch(sc, data: Any, epoch: int, eps: List[feeding.NodeEndpoint], opts
     for k, missed in enumerate(unreachable):
         if missed and not ended(eps[k]):
             raise errors.Unavailable(
-                f"the driver could not reach node {eps[k].describe()} (its feed server "
-                f"{eps[k].host}:{eps[k].port} refused), yet the node is still running; check that the "
-                "driver can reach the executors (firewall, bind address)")
+                f"the driver could not tell node {eps[k].describe()} that epoch {epoch} ended, yet the node "
+                f"is still running: {missed}")
     per_node = [0] * num_nodes
     for _, k, n, _, _ in sent:
         per_node[k] += n

@@ -528,13 +528,13 @@ void BindFeedContract(nb::module_& m) {
         return ValueOrThrow(feed::EndEpoch(nodes, epoch, partitions, options));
       },
       "nodes"_a, "epoch"_a, "partitions"_a, "options"_a, Release(),
-      "Tells every node the epoch's partition count; returns which nodes could not be reached.");
+      "Tells every node the epoch's partition count; returns, per node, why it could not be reached ('' if told).");
   m.def(
       "feed_end_feed",
       [](const std::vector<NodeEndpoint>& nodes, const FeedOptions& options) {
         return ValueOrThrow(feed::EndFeed(nodes, options));
       },
-      "nodes"_a, "options"_a, Release(), "Tells every node no more data will come; returns the unreachable ones.");
+      "nodes"_a, "options"_a, Release(), "Tells every node no more data will come; returns, per node, why it could not be reached ('' if told).");
   m.def(
       "feed_await_epoch",
       [](const std::vector<NodeEndpoint>& nodes, uint32_t epoch, const FeedOptions& options) {

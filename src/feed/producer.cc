@@ -160,16 +160,16 @@ void Producer::Close() {
 // ---------------------------------------------------------------- driver
 namespace {
 
-Result<std::vector<bool>> TellNodes(const std::vector<NodeEndpoint>& nodes, FeedKind kind,
-                                    std::span<const uint8_t> payload, const FeedOptions& options) {
-  std::vector<bool> unreachable(nodes.size(), false);
+Result<std::vector<std::string>> TellNodes(const std::vector<NodeEndpoint>& nodes, FeedKind kind,
+                                           std::span<const uint8_t> payload, const FeedOptions& options) {
+  std::vector<std::string> unreachable(nodes.size());
   for (size_t k = 0; k < nodes.size(); ++k) {
     const NodeEndpoint& node = nodes[k];
     Result<std::unique_ptr<FeedClient>> client = FeedClient::Connect(
         node.host, node.port, options.secret, options.connect_timeout, options.max_message_bytes, options.idle_timeout);
     if (!client.ok()) {
       if (client.status().code() == StatusCode::kUnavailable) {
-        unreachable[k] = true;
+        unreachable[k] = client.status().message();
         continue;
       }
       return client.status().WithContext("telling " + NodeText(node) + " " + KindName(static_cast<uint32_t>(kind)));
@@ -188,12 +188,12 @@ Result<std::vector<bool>> TellNodes(const std::vector<NodeEndpoint>& nodes, Feed
 
 }  // namespace
 
-Result<std::vector<bool>> EndEpoch(const std::vector<NodeEndpoint>& nodes, uint32_t epoch, uint32_t partitions,
-                                   const FeedOptions& options) {
+Result<std::vector<std::string>> EndEpoch(const std::vector<NodeEndpoint>& nodes, uint32_t epoch,
+                                          uint32_t partitions, const FeedOptions& options) {
   return TellNodes(nodes, FeedKind::kEndEpoch, EncodeEndEpoch({epoch, partitions}), options);
 }
 
-Result<std::vector<bool>> EndFeed(const std::vector<NodeEndpoint>& nodes, const FeedOptions& options) {
+Result<std::vector<std::string>> EndFeed(const std::vector<NodeEndpoint>& nodes, const FeedOptions& options) {
   return TellNodes(nodes, FeedKind::kEndFeed, {}, options);
 }
 

@@ -1,0 +1,205 @@
+"""A flood of unauthenticated connections does not lock a job out of its own servers
+(issue 18, item 1).
+
+Before the fix, 101 silent connections to a node's feed server filled its 64 handshake
+slots and the driver's own connection was closed unread ("connection closed by peer after
+0 of 38 bytes"), failing the epoch.  Now every server admits each new connection and drops
+the oldest pending handshake when full, so the job's clients get in at once.
+
+Real Spark (local[4]), TCP feed: 200 connections that say nothing or drip one byte are
+held open against the coordinator and both nodes' feed servers (re-opened as the servers
+drop them) while the job trains (allreducing every epoch) and infers; rank 0 floods both
+collective ring listeners while the ring connects.  Results stay exact, new connections of
+the job get in at once, the ring connects within its handshake deadline (5 s), and flooded
+inference is not slower than unflooded inference by more than the feed server's (10 s).
+"""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ember
+from conftest import no_leftovers
+
+pytestmark = pytest.mark.timeout(300)
+
+FLOOD = 200                # connections held per target
+FEED_HANDSHAKE_SECS = 10.0  # FeedServer's handshake_timeout (python/src/feed_binding.cc)
+
+
+class Flood:
+    """Holds `n` unauthenticated connections to each target: half silent, half sending
+    one byte every second (never the 64 bytes of a handshake reply).  A connection the
+    server closes is counted and replaced at once."""
+
+    def __init__(self, targets, n=FLOOD):
+        self.targets, self.n = list(targets), n
+        self.closed_by_server = 0
+        self.opened = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="flood", daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while self.opened < self.n * len(self.targets) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(30)
+
+    def _open(self, target):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.settimeout(5)
+        try:
+            s.connect(target)
+        except OSError:
+            s.close()
+            return None
+        s.setblocking(False)
+        self.opened += 1
+        return s
+
+    def _run(self):
+        held = {t: [] for t in self.targets}
+        last_drip = 0.0
+        try:
+            while not self._stop.is_set():
+                drip = time.monotonic() - last_drip > 1.0
+                if drip:
+                    last_drip = time.monotonic()
+                for target, socks in held.items():
+                    for i, s in enumerate(socks):
+                        if s is None:
+                            continue
+                        try:
+                            while True:
+                                data = s.recv(4096)  # the server's greeting, or EOF once dropped
+                                if not data:
+                                    raise ConnectionResetError
+                        except BlockingIOError:
+                            if drip and i % 2 == 1:
+                                try:
+                                    s.send(b"x")
+                                except OSError:
+                                    pass
+                            continue
+                        except OSError:
+                            pass
+                        self.closed_by_server += 1
+                        s.close()
+                        socks[i] = None
+                    socks[:] = [s for s in socks if s is not None]
+                    while len(socks) < self.n and not self._stop.is_set():
+                        s = self._open(target)
+                        if s is None:
+                            break
+                        socks.append(s)
+                self._stop.wait(0.05)
+        finally:
+            for socks in held.values():
+                for s in socks:
+                    s.close()
+
+
+def flooded_node(args, ctx):
+    """Floods the ring listeners of both ranks (from rank 0) while the ring connects,
+    allreduces, sums every epoch's rows over the ring, then answers inference."""
+    from ember import errors as ember_errors
+    rank = ctx.training_rank
+    prefix = f"ember-{ctx.job_id}-c0/port/"
+    flood = None
+    if rank == 0:
+        def ring_targets():
+            client = ctx._coordinator_client()
+            host = ctx.cluster_spec[ctx.job_name][ctx.task_index].rsplit(":", 1)[0]
+            return [(host, int(client.kv_get(prefix + str(r), 60.0))) for r in range(ctx.num_workers)]
+        flood_box = {}
+
+        def start():
+            try:
+                flood_box["flood"] = Flood(ring_targets(), n=FLOOD).__enter__()
+            except ember_errors.EmberError as e:  # pragma: no cover - reported below
+                flood_box["error"] = repr(e)
+        starter = threading.Thread(target=start, daemon=True)
+        starter.start()
+    else:
+        time.sleep(1.0)  # rank 0's listener is flooded before this rank dials it
+    t0 = time.monotonic()
+    comm = ctx.communicator(transport="tcp", connect_timeout=60)
+    first = comm.allreduce(np.arange(1000, dtype=np.float64) * (rank + 1), op="sum")
+    connect_secs = time.monotonic() - t0
+    if rank == 0:
+        starter.join(60)
+        flood = flood_box.get("flood")
+    sums = []
+    feed = ctx.get_data_feed(train_mode=True)
+    for _ in range(args["epochs"]):
+        local = sum(int(np.sum(b["x"])) for b in feed.epoch_batches(10))
+        sums.append(int(comm.allreduce(np.array([local], dtype=np.int64), op="sum")[0]))
+    ring_dropped = flood.closed_by_server if flood else -1
+    if flood:
+        flood.__exit__()
+    Path(args["out"], f"{rank}.json").write_text(json.dumps({
+        "first_ok": bool(np.array_equal(first, np.arange(1000, dtype=np.float64) * 3)),
+        "connect_secs": connect_secs, "sums": sums, "ring_dropped": ring_dropped,
+        "flood_error": flood_box.get("error") if rank == 0 else None}))
+    feed = ctx.get_data_feed(train_mode=False)
+    while not feed.should_stop():
+        cols = feed.next_batch_columns(50)
+        if cols:
+            feed.batch_results({"y": cols["x"] * cols["x"]})
+
+
+def test_flood_of_unauthenticated_connections_does_not_lock_the_job_out(spark, monkeypatch, tmp_path):
+    monkeypatch.setenv("EMBER_FEED_TRANSPORT", "tcp")  # feeding tasks dial the nodes' feed servers
+    df = spark.range(0, 2000, numPartitions=4).selectExpr("id AS x")
+    expected_sum = sum(range(2000))
+    cluster = ember.Cluster.run(spark, flooded_node, {"epochs": 2, "out": str(tmp_path)}, num_executors=2,
+                                input_mode=ember.InputMode.SPARK, reservation_timeout=60)
+    try:
+        host, port = cluster.coordinator_address.rsplit(":", 1)
+        targets = [(host, int(port))] + [(ep.host, ep.port) for ep in cluster._endpoints()]
+        dropped = 0
+        with Flood(targets) as flood:  # the whole training run, flooded
+            assert flood.opened >= FLOOD * len(targets)
+            cluster.train(df, num_epochs=2, feed_timeout=120)
+            dropped += flood.closed_by_server
+        t = time.monotonic()
+        out = cluster.inference(df, output_schema="y long").collect()
+        infer_quiet = time.monotonic() - t
+        assert [(r.x, r.y) for r in out] == [(x, x * x) for x in range(2000)]
+        with Flood(targets) as flood:
+            # The job's own new connections get in at once: a coordinator client and a
+            # feed client (what the driver and the feeding tasks open every epoch).
+            t = time.monotonic()
+            ember._ember.CoordinatorClient.connect(host, int(port), cluster._secret, connect_timeout=30).close()
+            ep = cluster._endpoints()[0]
+            ember._ember.FeedClient.connect(ep.host, ep.port, cluster._secret, 30.0).close()
+            assert time.monotonic() - t < 5.0
+            t = time.monotonic()
+            out = cluster.inference(df, output_schema="y long").collect()
+            infer_flooded = time.monotonic() - t
+            assert [(r.x, r.y) for r in out] == [(x, x * x) for x in range(2000)]
+            dropped += flood.closed_by_server
+        # The servers dropped pending handshakes to let the job in (the flood was real).
+        assert dropped > 0
+        assert infer_flooded < infer_quiet + FEED_HANDSHAKE_SECS, (infer_quiet, infer_flooded)
+    finally:
+        cluster.shutdown(timeout=60)
+    no_leftovers(cluster.job_id)
+    reports = [json.loads(Path(tmp_path, f"{r}.json").read_text()) for r in range(2)]
+    for rep in reports:
+        assert rep["first_ok"], rep
+        assert rep["sums"] == [expected_sum, expected_sum], rep
+        assert rep["connect_secs"] < 5.0, rep  # the ring's handshake_timeout
+    assert reports[0]["flood_error"] is None
+    assert reports[0]["ring_dropped"] > 0, reports[0]
