@@ -442,3 +442,90 @@ def test_tensorflow_mode_program_reads_tfrecords_from_dfutil(spark, tmp_path, mo
     no_leftovers(cluster.cluster_id)
     _check_export(args.export_dir, keras_version)
     assert _accuracy_on_driver(args.export_dir, test_images, test_labels) > 0.5
+
+
+# -- the pipeline program (TFoS's mnist_pipeline.py) -------------------------------------------
+
+PIPELINE = Path(__file__).resolve().parent / "tfos_programs" / "mnist_pipeline.py"
+
+
+def _spark_submit(*args, env_extra=None, timeout=400):
+    """Runs `spark-submit --master local[4] mnist_pipeline.py args...` as a user would (2 nodes and
+    the 2 tasks that feed them)."""
+    import subprocess
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+               **(env_extra or {}))
+    return subprocess.run([str(Path(sys.executable).parent / "spark-submit"), "--master", "local[4]",
+                           "--conf", "spark.ui.enabled=false", str(PIPELINE), *map(str, args)],
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _failure(run) -> str:
+    """What a failed run printed: Ember's and the nodes' lines, then the end of the rest."""
+    ours = [line for line in (run.stdout + run.stderr).splitlines() if line.startswith(("[ember", "[chief:", "[worker:"))]
+    return "\n".join(ours[-60:]) + "\n...\n" + run.stderr[-3000:]
+
+
+def _write_csv(path, images, labels):
+    path.write_text("".join(f"{int(y)}," + ",".join(map(str, x.tolist())) + "\n" for x, y in zip(images, labels)))
+
+
+@pytest.fixture(scope="module")
+def pipeline_export(tmp_path_factory, fashion_rows):
+    """The pipeline program's `--mode train` on 2 nodes: its exported SavedModel and test CSV."""
+    images, labels, test_images, test_labels = fashion_rows
+    d = tmp_path_factory.mktemp("pipeline")
+    _write_csv(d / "train.csv", images, labels)
+    _write_csv(d / "test.csv", test_images, test_labels)
+    # One epoch: the nodes end (terminate(), then exit) once every row of it was fed.  With a
+    # second epoch still being fed when they end, its feeding tasks can fail with "the node
+    # closed its feed" (a race of its own, outside TFModel).
+    run = _spark_submit("--mode", "train", "--cluster_size", 2, "--epochs", 1, "--batch_size", 16,
+                        "--rows", TRAIN_ROWS, "--images_labels", d / "train.csv", "--model_dir", d / "model",
+                        "--export_dir", d / "export", env_extra={"TF_USE_LEGACY_KERAS": "1"})
+    assert run.returncode == 0, _failure(run)
+    return d
+
+
+@needs_dataset
+@pytest.mark.timeout(900)
+def test_pipeline_program_infers_with_flat_image_rows(pipeline_export, fashion_rows):
+    """TFoS's `mnist_pipeline.py --mode inference`: TFModel feeds the flat 784-value `image`
+    column to `conv2d_input` ([None, 28, 28, 1]); each row is reshaped as TFoS does (fed
+    flat, TF's Conv kernel aborted the Python worker)."""
+    _, _, test_images, test_labels = fashion_rows
+    d = pipeline_export
+    run = _spark_submit("--mode", "inference", "--batch_size", 64, "--images_labels", d / "test.csv",
+                        "--export_dir", d / "export", "--output", d / "predictions")
+    assert run.returncode == 0, _failure(run)
+    import json
+    rows = [json.loads(line) for part in sorted((d / "predictions").glob("part-*.json"))
+            for line in part.read_text().splitlines()]
+    assert len(rows) == TEST_ROWS  # one row per input, in input order (one part file per partition, in order)
+    assert all(len(r["prediction"]) == 10 for r in rows)
+    assert [r["argmax"] for r in rows] == [int(np.argmax(r["prediction"])) for r in rows]
+    # Fed raw pixels as TFoS's example feeds them (trained on pixels / 255): still far above chance (0.1).
+    assert np.mean([r["argmax"] == y for r, y in zip(rows, test_labels)]) > 0.4
+
+
+@needs_dataset
+def test_tfmodel_names_a_column_that_does_not_fit_the_signature(spark, pipeline_export):
+    """A row whose values cannot take the signature's shape raises an error naming the column,
+    its length and the shape, before TensorFlow runs: the Python worker survives it."""
+    from pyspark.errors import PythonException
+
+    from ember.compat.tensorflowonspark.pipeline import TFModel
+
+    model = (TFModel(Namespace()).setInputMapping({"pixels": "conv2d_input"})
+             .setOutputMapping({"dense_1": "prediction"}).setExportDir(str(pipeline_export / "export")))
+    short = spark.createDataFrame([([1] * 100,), ([2] * 100,)], "pixels array<int>")
+    with pytest.raises(PythonException, match=r"column 'pixels' holds 100 values per row .*'conv2d_input'.*"
+                                              r"\(None, 28, 28, 1\)"):
+        model.transform(short).collect()
+    ragged = spark.createDataFrame([([1] * 784,), ([2] * 700,)], "pixels array<int>").coalesce(1)  # one batch
+    with pytest.raises(PythonException, match=r"column 'pixels' has rows of different lengths \(\[700, 784\]"):
+        model.transform(ragged).collect()
+    # The same workers then answer rows that fit.
+    square = spark.createDataFrame([([0] * 784,), ([255] * 784,)], "pixels array<int>")
+    out = model.transform(square).collect()
+    assert [len(r.prediction) for r in out] == [10, 10]
