@@ -147,7 +147,7 @@ class Cluster:
         # train()'s feeding Spark jobs run under this job group: a node failure cancels it, since
         # its tasks may be blocked sending to a node that is gone (a network partition).
         self._feed_group = f"{self.job_id}-feed"
-        self._feeding = False
+        self._feed_woken: Optional[threading.Event] = None  # set to end the driver's wait for a feed
         self.node_job_id = self.job_id
         self.restarts: List[Restart] = []
         self._max_restarts = 0
@@ -358,28 +358,66 @@ class Cluster:
                                        f"from its start (as epoch {self._epochs_fed})")
 
     def _feed(self, data: Any, epoch: int, feed_timeout: float, validation_data: Any, fed: List[int]) -> Optional[int]:
-        """Feeds one epoch under the feed's job group, which a node failure cancels (so a feed
-        blocked on a lost node ends at once); raises a failure already known first."""
-        with job_group(self._sc, self._feed_group, f"Ember job {self.job_id}: feeding epoch {epoch}"):
-            self._feeding = True
-            try:
-                if self._watcher.failure is not None:  # failed before the feed's Spark job started
-                    raise self._watcher.failure
-                return _feed_driver.train(self._sc, data, 1, self._endpoints(), self._feed_options(feed_timeout),
-                                          console=self._console, first_epoch=epoch, node_gone=self._node_ended,
-                                          validation_data=validation_data, after_epoch=self._last_epoch,
-                                          on_fed=fed.append)
+        """Feeds one epoch (``_feed_driver.train``) on a thread of its own, under the feed's job
+        group, and returns what it returns, or raises the job's failure the moment one is known.
+
+        The driver's feed waits on nodes (the feeding Spark job, whose tasks may be blocked
+        sending to a node behind a partition; the epoch boundaries, which ask every node's feed
+        server) have deadlines of feed_timeout, minutes by default: a node failure must not
+        wait for them.  It cancels the feed's job group and wakes this wait (``_cancel_feed``);
+        the thread then ends by itself (its Spark job is cancelled, its other waits fail or time out).
+        """
+        from pyspark import InheritableThread
+
+        watcher, endpoints, options = self._watcher, self._endpoints(), self._feed_options(feed_timeout)
+        if watcher.failure is not None:  # failed before the feed started
+            raise watcher.failure
+        box: dict = {}
+        woken = threading.Event()
+
+        def run() -> None:
+            try:  # job groups are per thread: this one's jobs only
+                with job_group(self._sc, self._feed_group, f"Ember job {self.job_id}: feeding epoch {epoch}"):
+                    box["value"] = _feed_driver.train(
+                        self._sc, data, 1, endpoints, options, console=self._console, first_epoch=epoch,
+                        node_gone=self._node_ended, validation_data=validation_data, after_epoch=self._last_epoch,
+                        on_fed=fed.append)
+            except BaseException as e:  # noqa: BLE001 - raised on the caller's thread
+                box["error"] = e
             finally:
-                self._feeding = False
+                woken.set()
+
+        with self._lock:
+            self._feed_woken = woken
+        InheritableThread(run, daemon=True, name=f"{self.job_id}-feed-{epoch}").start()
+        try:
+            woken.wait()  # the feed ended, or a node failed (_cancel_feed)
+        finally:
+            with self._lock:
+                self._feed_woken = None
+        if "error" in box:
+            raise box["error"]
+        if "value" in box:
+            return box["value"]
+        failure = watcher.known_failure(wait=2.0)
+        if failure is not None:
+            raise failure
+        self._raise_if_failed(spark_must_run=False)  # the nodes' Spark job failed
+        raise ClusterError(f"Cluster.train: the job was aborted while feeding epoch {epoch}")
 
     def _cancel_feed(self) -> None:
-        """Cancels train()'s feeding Spark job, if one runs: its tasks may be blocked sending to a
-        node that is gone (a partitioned host answers nothing), and the driver waits in it."""
-        if self._feeding:
-            try:
-                self._sc.cancelJobGroup(self._feed_group)
-            except Exception:  # noqa: BLE001 - the SparkContext may be gone already
-                pass
+        """Ends train()'s feed, if one runs: cancels its Spark job (whose tasks may be blocked
+        sending to a node that is gone: a partitioned host answers nothing) and wakes the driver's
+        wait for it.  Thread-safe (the watcher calls it)."""
+        with self._lock:
+            woken = self._feed_woken
+        if woken is None:
+            return
+        try:
+            self._sc.cancelJobGroup(self._feed_group)
+        except Exception:  # noqa: BLE001 - the SparkContext may be gone already
+            pass
+        woken.set()
 
     def train_stream(self, stream_df: Any, feed_timeout: float = 600.0,
                      checkpoint_location: Optional[str] = None, trigger: Optional[dict] = None):

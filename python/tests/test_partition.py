@@ -59,6 +59,15 @@ def stalled_reader(args, ctx):
         time.sleep(1)
 
 
+def idle_node(args, ctx):
+    """Reads nothing: the driver, having fed epoch 0 (which fits the ring), waits for the node
+    to begin it before feeding epoch 1."""
+    ctx.get_data_feed()
+    Path(args["out"], f"started-{os.environ.get('EMBER_JOB_ID', '')}-{ctx.task_index}").write_text("")
+    while True:
+        time.sleep(1)
+
+
 # ----------------------------------------------------------------------------- driver side
 def _shm_of_host(netns: str, job_id: str) -> list:
     """The names of job `job_id` in /dev/shm of host `netns` (seen through its Spark worker's
@@ -83,25 +92,28 @@ def _link(conf: dict, state: str) -> None:
 
 
 def case_cut_while_feeding(spark, conf: dict, work: Path) -> dict:
-    """Starts a SPARK-mode job, cuts host CUT's link while train() is blocked feeding, and
-    reports what train() raised and when, Cluster.restarts, and the cut host's /dev/shm."""
+    """Starts a SPARK-mode job, cuts host CUT's link while train() is blocked feeding (conf
+    "wait": "send", in the feeding Spark job; "await", between epochs, asking the nodes whether
+    they began the last one), and reports what train() raised and when, Cluster.restarts, and
+    the cut host's /dev/shm."""
     import dataclasses
 
     import ember
 
     out = work / "nodes"
     out.mkdir()
-    cluster = ember.Cluster.run(spark, stalled_reader, {"out": str(out)}, num_executors=2,
+    awaits = conf["wait"] == "await"
+    cluster = ember.Cluster.run(spark, idle_node if awaits else stalled_reader, {"out": str(out)}, num_executors=2,
                                 input_mode=ember.InputMode.SPARK, reservation_timeout=120,
                                 heartbeat_timeout=HEARTBEAT_TIMEOUT, max_restarts=conf["max_restarts"])
     spec = cluster.cluster_spec
     cut_nodes = [f"worker:{i}" for i, a in enumerate(spec["worker"]) if a.rsplit(":", 1)[0] == conf["cut_address"]]
-    df = spark.range(0, ROWS, numPartitions=4).selectExpr("id as x", "id * 2 as y")
+    df = spark.range(0, 1000 if awaits else ROWS, numPartitions=4).selectExpr("id as x", "id * 2 as y")
     box: dict = {}
 
     def train() -> None:
         try:
-            cluster.train(df, num_epochs=1, feed_timeout=FEED_TIMEOUT)
+            cluster.train(df, num_epochs=2 if awaits else 1, feed_timeout=FEED_TIMEOUT)
         except BaseException as e:  # noqa: BLE001 - reported to the test
             box["error"] = e
         box["end"] = time.monotonic()
@@ -112,7 +124,15 @@ def case_cut_while_feeding(spark, conf: dict, work: Path) -> dict:
     while len(list(out.glob(f"started-{cluster.job_id}-*"))) < 2:  # both nodes are being fed
         assert thread.is_alive() and time.monotonic() < deadline, f"the feed did not start: {box}"
         time.sleep(0.2)
-    time.sleep(3)  # the rings fill; the feeding tasks block in their sends
+    if awaits:  # epoch 0 was fed (its Spark job succeeded) and no epoch 1 job started
+        tracker = spark.sparkContext.statusTracker()
+        while True:
+            jobs = [tracker.getJobInfo(j) for j in tracker.getJobIdsForGroup(f"{cluster.job_id}-feed")]
+            if len(jobs) == 1 and jobs[0] is not None and jobs[0].status == "SUCCEEDED":
+                break
+            assert thread.is_alive() and time.monotonic() < deadline, f"epoch 0 was not fed: {jobs} {box}"
+            time.sleep(0.2)
+    time.sleep(3)  # the rings fill and the feeding tasks block in their sends; or the driver waits
     shm_before = _shm_of_host(conf["cut_netns"], cluster.job_id)
     _link(conf, "down")
     cut_at = time.monotonic()
@@ -174,7 +194,7 @@ def driver_main(inp: str, out: str) -> None:
 
 
 # ----------------------------------------------------------------------------- the tests
-def _scenario(tmp_path, monkeypatch, max_restarts: int, cores: int, hang_secs: float) -> dict:
+def _scenario(tmp_path, monkeypatch, max_restarts: int, cores: int, hang_secs: float, wait: str = "send") -> dict:
     from netns_cluster import NetnsCluster, NetnsUnavailable
 
     # The master drops a worker it has not heard from for WORKER_TIMEOUT seconds (default 60).
@@ -185,7 +205,7 @@ def _scenario(tmp_path, monkeypatch, max_restarts: int, cores: int, hang_secs: f
         with nc:
             cut = nc.worker_host(CUT)
             result = nc.run_driver(Path(__file__), {
-                "work": str(tmp_path), "max_restarts": max_restarts, "hang_secs": hang_secs,
+                "work": str(tmp_path), "max_restarts": max_restarts, "hang_secs": hang_secs, "wait": wait,
                 "cut_address": cut.address,
                 "cut_netns": cut.netns, "switch": nc.network.switch, "port": f"v-{CUT}"[:15]},
                 timeout=500, spark_conf=SPARK_CONF)
@@ -193,7 +213,7 @@ def _scenario(tmp_path, monkeypatch, max_restarts: int, cores: int, hang_secs: f
         pytest.skip(f"no multi-host cluster: {e}")
     assert nc.leftovers == [], nc.leftovers
     assert result["ok"], f"the driver program failed:\n{result['error']}"
-    print(f"partition scenario (max_restarts={max_restarts}): {time.monotonic() - t0:.1f}s in all, "
+    print(f"partition scenario (max_restarts={max_restarts}, driver waiting in {wait}): {time.monotonic() - t0:.1f}s in all, "
           f"driver case {result['secs']:.1f}s, train() raised {result['raised_after_cut_secs']}s after the cut, "
           f"cut host's /dev/shm clean {result['shm_gone_secs']}s after the link returned "
           f"(held {result['shm_before']} during the feed, {result['shm_after']} at the end); "
@@ -217,6 +237,20 @@ def test_partition_while_feeding_fails_train_at_once_naming_node_and_host(tmp_pa
     assert r["restarts"] == [], r
     # Item 9: the ring existed on the cut host during the feed, and is gone after the link returned.
     assert r["shm_before"], r
+    assert r["shm_after"] == [], f"the cut host still holds {r['shm_after']} after the link returned"
+
+
+def test_partition_while_the_driver_awaits_an_epoch_fails_train_at_once(tmp_path, monkeypatch):
+    """Item 8, the other wait of train(): the driver fed epoch 0 and asks the nodes' feed
+    servers whether they began it (a wait of feed_timeout) when the host is cut; train() still
+    raises the lost node's NodeError within heartbeat_timeout of the cut."""
+    r = _scenario(tmp_path, monkeypatch, max_restarts=0, cores=2, hang_secs=HANG_SECS, wait="await")
+    assert len(r["cut_nodes"]) == 1, r
+    host = r["cluster_spec"]["worker"][int(r["cut_nodes"][0].split(":")[1])].rsplit(":", 1)[0]
+    assert not r["hung"], f"train() still blocked {HANG_SECS:.0f}s after the cut: {r}"
+    assert r["raised_after_cut_secs"] < HEARTBEAT_TIMEOUT + 15, r
+    assert r["error_type"] == "NodeError" and r["error_lost"] and r["error_host"] == host, r
+    assert r["cut_nodes"][0] in r["error"] and host in r["error"], r
     assert r["shm_after"] == [], f"the cut host still holds {r['shm_after']} after the link returned"
 
 
