@@ -723,7 +723,7 @@ class Cluster:
                                      stop_secs=t1 - t0, relaunch_secs=None, node_job_id=self.node_job_id))
         try:
             self._start(started=t1, **self._launch)
-        except BaseException as e:
+        except Exception as e:  # noqa: BLE001 - every failure to start means the same here
             raise self._restart_failed(failure, k, e) from e
         t2 = time.monotonic()
         self.restarts[-1] = dataclasses.replace(self.restarts[-1], relaunch_secs=t2 - t1)
@@ -731,12 +731,10 @@ class Cluster:
                            f"({self.node_job_id}) registered {t2 - t1:.1f}s later; nodes resume from "
                            f"their newest checkpoint")
 
-    def _restart_failed(self, failure: NodeError, k: int, error: BaseException) -> BaseException:
+    def _restart_failed(self, failure: NodeError, k: int, error: Exception) -> NodeError:
         """The error for restart `k` (after `failure`) whose new gang did not start: the failure
         that caused the restart first (e.g. the node on a partitioned host), then what Spark
         said of the new gang's job, then the new gang's own error; recorded in ``restarts``."""
-        if not isinstance(error, Exception):
-            return error  # KeyboardInterrupt and the like: not the restart's failure
         job = self._job
         if job is not None and isinstance(error, NodeError) and error.lost:
             # A node of the new gang whose connection dropped usually went with its Spark task:
@@ -747,10 +745,14 @@ class Cluster:
         why = (f"Spark failed the new gang's job: {spark}; then {new_gang}" if spark else new_gang)
         self.restarts[-1] = dataclasses.replace(self.restarts[-1], error=why[:2000])
         label = f"{failure.job_name}:{failure.task_index}"
-        return NodeError(failure.job_name, failure.task_index, failure.executor_id, failure.host,
-                         failure.remote_traceback, lost=failure.lost,
-                         detail=f"restart {k} of {self._max_restarts} (after node {label} on host {failure.host} "
-                                f"{'was lost' if failure.lost else 'failed'}) did not start: {why}")
+        raised = NodeError(failure.job_name, failure.task_index, failure.executor_id, failure.host,
+                           failure.remote_traceback, lost=failure.lost,
+                           detail=f"restart {k} of {self._max_restarts} (after node {label} on host {failure.host} "
+                                  f"{'was lost' if failure.lost else 'failed'}) did not start: {why}")
+        if len(self.restarts) > 1:
+            raised.add_note("earlier restarts of this job: " + "; ".join(
+                f"{r.node} on {r.host}: {r.reason}" for r in self.restarts[:-1]))
+        return raised
 
     # -- tear-down ---------------------------------------------------------------
 
