@@ -462,7 +462,8 @@ def _spark_submit(*args, env_extra=None, timeout=400):
 
 def _failure(run) -> str:
     """What a failed run printed: Ember's and the nodes' lines, then the end of the rest."""
-    ours = [line for line in (run.stdout + run.stderr).splitlines() if line.startswith(("[ember", "[chief:", "[worker:"))]
+    ours = [line for line in (run.stdout + run.stderr).splitlines()
+            if line.startswith(("[ember", "[chief:", "[worker:"))]
     return "\n".join(ours[-60:]) + "\n...\n" + run.stderr[-3000:]
 
 
