@@ -32,7 +32,7 @@ from typing import Deque, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from ember import _ember, _proc, _ring_owner
 from ember._names import FEED_ENDPOINT_KEY, NODE_END_KEY, TENSORBOARD_URL_KEY, WORKER_ROLES
-from ember._node_env import node_env
+from ember._node_env import node_env, notice_filter
 from ember.context import absolute_path
 from ember.errors import EmberError
 from ember.input_mode import InputMode
@@ -431,10 +431,14 @@ class NodeLauncher:
         return f"{text}; its last stderr lines:\n{tail}" if tail else text
 
     def _forward(self, client, pipe, stream: str) -> threading.Thread:
+        is_notice = notice_filter(os.environ)  # TensorFlow's import notices (ember/_node_env.py)
+
         def pump() -> None:
             with pipe:
                 for raw in iter(lambda: pipe.readline(_MAX_LINE), b""):
                     line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+                    if stream == "stderr" and is_notice(line):
+                        continue
                     if stream == "stderr":
                         self._stderr_tail.append(line)
                     if self._log_ok:

@@ -10,14 +10,16 @@ On top of the executor's environment a node gets:
   TorchDistributor sets them;
 * quiet defaults (:data:`QUIET_DEFAULTS`), kept only where the executor's environment does not
   set the variable: a user's value (``spark.executorEnv.TF_CPP_MIN_LOG_LEVEL=0``, or the
-  driver's environment in local mode) wins.
+  driver's environment in local mode) wins.  While that level hides INFO lines the launcher
+  also leaves out the TensorFlow notices the level does not reach (:func:`notice_filter`).
 
-Imports nothing of Ember, so the launcher and the node context share its rules.
+Imports only ember._names, so the launcher and the node context share its rules.
 """
 from __future__ import annotations
 
 import json
-from typing import Dict, List, Mapping, Optional
+import re
+from typing import Callable, Dict, List, Mapping, Optional
 
 from ember._names import WORKER_ROLES
 
@@ -25,6 +27,13 @@ from ember._names import WORKER_ROLES
 # C++ INFO lines (the oneDNN and CPU-instruction notices each node printed when it imported
 # TensorFlow); its warnings and errors still show.
 QUIET_DEFAULTS: Dict[str, str] = {"TF_CPP_MIN_LOG_LEVEL": "1"}
+
+# TensorFlow notices that TF_CPP_MIN_LOG_LEVEL does not silence: its oneDNN notice is an INFO line
+# logged through absl before TensorFlow reads the level (twice per process, once per library that
+# loads), after absl's own preamble.  The launcher leaves them out of a node's output while the
+# node's level hides INFO lines, as the level says it should.
+_TF_NOTICE = re.compile(r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR$"
+                        r"|I\d{4} [\d:.]+ +\d+ port\.cc:\d+\] oneDNN custom operations are on\b")
 
 
 def training_rank(cluster_spec: Mapping[str, List[str]], job_name: str, task_index: int) -> Optional[int]:
@@ -64,3 +73,13 @@ def node_env(base: Mapping[str, str], cluster_spec: Mapping[str, List[str]], job
     env["TF_CONFIG"] = json.dumps({"cluster": dict(cluster_spec), "task": {"type": job_name, "index": task_index}})
     env.update(torch_distributed_env(cluster_spec, job_name, task_index))
     return env
+
+
+def notice_filter(base: Mapping[str, str]) -> Callable[[str], bool]:
+    """For a node whose environment is ``node_env(base, ...)``: whether a line of its stderr is one
+    of TensorFlow's notices to leave out (none when its TF_CPP_MIN_LOG_LEVEL is 0: the user
+    asked for TensorFlow's INFO lines)."""
+    level = dict(base).get("TF_CPP_MIN_LOG_LEVEL", QUIET_DEFAULTS["TF_CPP_MIN_LOG_LEVEL"]).strip()
+    if not level.isdigit() or int(level) < 1:
+        return lambda line: False
+    return lambda line: _TF_NOTICE.match(line) is not None

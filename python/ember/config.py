@@ -37,6 +37,12 @@ feed_ring_bytes            spark.ember.feed.ringBytes         67108864          
 feed_transport             spark.ember.feed.transport         auto              InputMode.SPARK: "auto" (shared memory when the
                            EMBER_FEED_TRANSPORT                                 node is on the task's host, else TCP), "shm"
                                                                                 or "tcp"
+spark_progress             spark.ember.console.sparkProgress  hide              Spark's console progress bar while a job's
+                           EMBER_CONSOLE_SPARK_PROGRESS                         nodes print: "hide" (held off, drawn again
+                                                                                after the job) or "show" (drawn, and node
+                                                                                lines start on a line of their own);
+                                                                                spark.ui.showConsoleProgress=false removes
+                                                                                the bar for good
 =========================  ================================  ================  ==========================================
 """
 from __future__ import annotations
@@ -54,6 +60,15 @@ class Setting:
     default: Any
     parse: Callable[[str], Any]
     doc: str
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}")
+        return value
+    return parse
 
 
 SETTINGS = {
@@ -80,6 +95,8 @@ SETTINGS = {
                 "how feeding tasks reach nodes: auto, shm or tcp"),
         Setting("kill_grace_secs", "spark.ember.killGraceSecs", "EMBER_KILL_GRACE_SECS", 3.0,
                 float, "seconds between SIGTERM and SIGKILL when a node is stopped"),
+        Setting("spark_progress", "spark.ember.console.sparkProgress", "EMBER_CONSOLE_SPARK_PROGRESS", "hide",
+                _choice("hide", "show"), "Spark's console progress bar while nodes print: hide or show"),
     ]
 }
 
