@@ -392,6 +392,9 @@ class Cluster:
         InheritableThread(run, daemon=True, name=f"{self.job_id}-feed-{epoch}").start()
         try:
             woken.wait()  # the feed ended, or a node failed (_cancel_feed)
+        except BaseException:  # e.g. KeyboardInterrupt: the feed must not go on by itself
+            self._cancel_feed()
+            raise
         finally:
             with self._lock:
                 self._feed_woken = None
@@ -763,6 +766,7 @@ class Cluster:
             if abort_reason is not None:
                 if self._server is not None:
                     self._server.abort(abort_reason)
+                self._cancel_feed()
                 if self._job is not None:
                     self._job.cancel()
             if self._job is not None:
