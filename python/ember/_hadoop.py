@@ -13,22 +13,25 @@ _DEFAULT_HTTP_PORT = 9870  # Hadoop 3's dfs.namenode.http-address port
 
 
 def namenode_http_address(default_fs: str, get: Callable[[str], Optional[str]]) -> str:
-    """The WebHDFS ``host:port`` of ``default_fs`` when it is ``hdfs://``, else "".
+    """The WebHDFS ``host:port`` that ``dfs.namenode.http-address`` gives for ``default_fs`` when
+    it is ``hdfs://``, else "" (the core then takes the NameNode's host with port 9870: one rule,
+    in ``ResolveFileSystem``).
 
     ``get`` reads a Hadoop configuration key (None if unset).  A wildcard bind address
     (``0.0.0.0:9870``, Hadoop's default) means the NameNode's own host.
     """
     parts = urlsplit(default_fs or "")
-    if parts.scheme != "hdfs" or not parts.hostname:
+    if parts.scheme.lower() != "hdfs" or not parts.hostname:
         return ""
     configured = (get(f"dfs.namenode.http-address.{parts.netloc}") or get("dfs.namenode.http-address") or "")
+    if not configured.strip():
+        return ""
     host, port = parts.hostname, _DEFAULT_HTTP_PORT
-    if configured:
-        h, _, p = configured.strip().rpartition(":")
-        if p.isdigit():
-            port = int(p)
-        if h and h not in ("0.0.0.0", "::", "[::]"):
-            host = h
+    h, _, p = configured.strip().rpartition(":")
+    if p.isdigit():
+        port = int(p)
+    if h and h not in ("0.0.0.0", "::", "[::]"):
+        host = h
     return f"{host}:{port}"
 
 

@@ -29,8 +29,9 @@ options_from = _hadoop.resolve_options
 
 
 def expand(paths: Union[str, Sequence[str]], resolve) -> List[str]:
-    """URIs of the files ``paths`` name (files, directories, globs), in order, de-duplicated;
-    NotFound naming a path that matches nothing."""
+    """URIs of the files ``paths`` name (files, directories, globs), in order, de-duplicated,
+    each with its pattern's scheme (the core's GlobUris: ``file:///d/*`` gives ``file:///d/...``,
+    read locally whatever fs.defaultFS says); NotFound naming a path that matches nothing."""
     items = [paths] if isinstance(paths, str) else list(paths)
     if not items:
         raise ValueError("no paths given")
