@@ -606,7 +606,10 @@ void Ring::Close() {
     // Every wait below re-checks closing_ under h->mu before it sleeps, so
     // this broadcast cannot slip in between a check and a wait.
     RobustLock shared(&h->mu);
-    if (segment_.owner() && !h->aborted) {  // producers elsewhere: the node is gone
+    // Producers elsewhere: the node is gone.  A ring its node terminated stays
+    // terminated, so producers keep skipping it quietly (Cancelled) instead of
+    // failing the epoch on a node that ended its feed on purpose.
+    if (segment_.owner() && !h->aborted && !h->terminated) {
       h->aborted = 1;
       SetReason(h, "the node closed its feed");
     }

@@ -210,6 +210,21 @@ TEST(Ring, TerminateCancelsProducersQuietly) {
   EXPECT_EQ((*ring)->Read(&kind, &payload, Deadline::After(Duration(20))).code(), StatusCode::kCancelled);
 }
 
+// A node that terminated its feed and then exited (TFoS's terminate()) closes
+// its ring: producers of a later epoch must still see Cancelled and skip it,
+// not Aborted ("the node closed its feed"), which failed cluster.train.
+TEST(Ring, TerminatedThenClosedRingStillCancelsProducersQuietly) {
+  auto ring = Ring::Create(UniqueName(), 4096);
+  ASSERT_TRUE(ring.ok());
+  auto producer = Ring::Open((*ring)->name());
+  ASSERT_TRUE(producer.ok());
+  (*ring)->Terminate();
+  (*ring)->Close();
+  Status st = (*producer)->Write(1, Bytes(0, 100), Soon());
+  EXPECT_EQ(st.code(), StatusCode::kCancelled) << st.ToString();
+  EXPECT_EQ((*producer)->Health().code(), StatusCode::kCancelled);
+}
+
 // Terminate() on one thread while the consumer reads on another (a tf.data
 // generator thread reading, the user's thread calling DataFeed.terminate()):
 // the read ends with Cancelled whichever comes first, never with the
