@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -86,6 +87,23 @@ def _shm_of_host(netns: str, job_id: str) -> list:
     raise RuntimeError(f"no Spark worker runs in {netns}")
 
 
+def _kill_executor(netns: str) -> None:
+    """SIGKILLs the Spark executor JVM of host `netns`."""
+    inode = f"net:[{os.stat(f'/run/netns/{netns}').st_ino}]"
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            if os.readlink(f"/proc/{pid}/ns/net") != inode:
+                continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"CoarseGrainedExecutorBackend" not in f.read():
+                    continue
+            os.kill(pid, signal.SIGKILL)
+            return
+        except OSError:
+            continue
+    raise RuntimeError(f"no Spark executor runs in {netns}")
+
+
 def _link(conf: dict, state: str) -> None:
     subprocess.run(["ip", "-n", conf["switch"], "link", "set", conf["port"], state], check=True,
                    capture_output=True, timeout=30)
@@ -138,6 +156,18 @@ def case_cut_while_feeding(spark, conf: dict, work: Path) -> dict:
     cut_at = time.monotonic()
     thread.join(conf["hang_secs"])
     hung = thread.is_alive()
+    shm_killed = None
+    if conf.get("kill_executor"):
+        # Item 9, the launcher killed: the cut host's executor ends while the link is still down
+        # (as when its worker ends it for the master that dropped it), and PySpark's daemon ends
+        # the launcher with SIGHUP, which runs no cleanup; the launcher cannot have heard of the
+        # abort either.  Its ring must go all the same.
+        _kill_executor(conf["cut_netns"])
+        killed_at = time.monotonic()
+        shm_killed = _shm_of_host(conf["cut_netns"], cluster.job_id)
+        while shm_killed and time.monotonic() < killed_at + 15:
+            time.sleep(0.5)
+            shm_killed = _shm_of_host(conf["cut_netns"], cluster.job_id)
     # The partition outlasts the master's worker timeout, so Spark drops the cut host's worker
     # and its executor, as in a real outage: when the link returns, that executor is ended.
     time.sleep(max(0.0, cut_at + WORKER_TIMEOUT + 10 - time.monotonic()))
@@ -163,7 +193,7 @@ def case_cut_while_feeding(spark, conf: dict, work: Path) -> dict:
         "error": "".join(traceback.format_exception_only(type(error), error)) if error is not None else None,
         "error_lost": getattr(error, "lost", None), "error_host": getattr(error, "host", None),
         "restarts": [dataclasses.asdict(r) for r in cluster.restarts],
-        "shm_before": shm_before, "shm_after": shm_after,
+        "shm_before": shm_before, "shm_after": shm_after, "shm_after_executor_killed": shm_killed,
         "shm_gone_secs": time.monotonic() - restored_at if not shm_after else None,
     }
 
@@ -194,7 +224,8 @@ def driver_main(inp: str, out: str) -> None:
 
 
 # ----------------------------------------------------------------------------- the tests
-def _scenario(tmp_path, monkeypatch, max_restarts: int, cores: int, hang_secs: float, wait: str = "send") -> dict:
+def _scenario(tmp_path, monkeypatch, max_restarts: int, cores: int, hang_secs: float, wait: str = "send",
+              kill_executor: bool = False) -> dict:
     from netns_cluster import NetnsCluster, NetnsUnavailable
 
     # The master drops a worker it has not heard from for WORKER_TIMEOUT seconds (default 60).
@@ -206,6 +237,7 @@ def _scenario(tmp_path, monkeypatch, max_restarts: int, cores: int, hang_secs: f
             cut = nc.worker_host(CUT)
             result = nc.run_driver(Path(__file__), {
                 "work": str(tmp_path), "max_restarts": max_restarts, "hang_secs": hang_secs, "wait": wait,
+                "kill_executor": kill_executor,
                 "cut_address": cut.address,
                 "cut_netns": cut.netns, "switch": nc.network.switch, "port": f"v-{CUT}"[:15]},
                 timeout=500, spark_conf=SPARK_CONF)
@@ -223,9 +255,10 @@ def _scenario(tmp_path, monkeypatch, max_restarts: int, cores: int, hang_secs: f
 
 def test_partition_while_feeding_fails_train_at_once_naming_node_and_host(tmp_path, monkeypatch):
     """Items 8 and 9: train() raises the lost node's NodeError within heartbeat_timeout of the
-    cut (the feeding Spark job, blocked sending to the unreachable node, is cancelled), and
-    the cut host's feed ring is gone once the link is back."""
-    r = _scenario(tmp_path, monkeypatch, max_restarts=0, cores=2, hang_secs=HANG_SECS)
+    cut (the feeding Spark job, blocked sending to the unreachable node, is cancelled); the
+    cut host's feed ring goes with its launcher when the host's executor ends while the link
+    is still down, and nothing of the job is there once the link is back."""
+    r = _scenario(tmp_path, monkeypatch, max_restarts=0, cores=2, hang_secs=HANG_SECS, kill_executor=True)
     assert len(r["cut_nodes"]) == 1, r  # one node per host
     cut_address = r["cluster_spec"]["worker"][int(r["cut_nodes"][0].split(":")[1])]
     assert not r["hung"], f"train() still blocked {HANG_SECS:.0f}s after the cut: {r}"
@@ -235,8 +268,10 @@ def test_partition_while_feeding_fails_train_at_once_naming_node_and_host(tmp_pa
     assert r["error_host"] == host and host in r["error"] and r["cut_nodes"][0] in r["error"], r
     assert "no heartbeat" in r["error"], r
     assert r["restarts"] == [], r
-    # Item 9: the ring existed on the cut host during the feed, and is gone after the link returned.
+    # Item 9: the ring existed on the cut host during the feed; it went with its launcher, which
+    # the executor's end killed while the link was still down; nothing is there after it returned.
     assert r["shm_before"], r
+    assert r["shm_after_executor_killed"] == [], f"the cut host kept {r['shm_after_executor_killed']}"
     assert r["shm_after"] == [], f"the cut host still holds {r['shm_after']} after the link returned"
 
 
