@@ -79,7 +79,8 @@ def spark_error_summary(error: BaseException, sc=None) -> str:
     return (ember_import_hint(sc, summary) if sc is not None else "") + summary
 
 
-_STAGE_FAILURE = re.compile(r"Job aborted due to stage failure: (.*?)(?=\n\s*at [\w$.]+\(|\nDriver stacktrace:|\Z)", re.S)
+_STAGE_FAILURE = re.compile(r"Job aborted due to stage failure: (.*?)(?=\n\s*at [\w$.]+\(|\nDriver stacktrace:|\Z)",
+                            re.S)
 
 
 def spark_failure_reason(error: BaseException) -> Optional[str]:
