@@ -12,7 +12,9 @@ PACKAGE = Path(ember.__file__).parent
 
 # Lowest first.  A module may import only from layers before its own.
 LAYERS = [
-    {"_names", "errors", "input_mode", "config", "_console", "_proc", "_arrow_rows", "collective", "_hadoop"},
+    {"_names", "errors", "input_mode", "config", "_proc", "_arrow_rows", "collective", "_hadoop"},
+    # the driver's console (reads config); a node's environment and rank rule; rings that die with their launcher
+    {"_console", "_node_env", "_ring_owner"},
     {"summary"},              # TensorBoard event files, written by the core
     {"checkpoint"},           # checkpoints, written and verified by the core
     {"tf", "torch", "keras"},  # framework adapters over numpy columns; the Keras callback
