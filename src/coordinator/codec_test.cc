@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "common/codec.h"
+#include "coordinator/kv_keys.h"
 
 namespace ember::coord {
 namespace {
@@ -320,6 +321,13 @@ TEST(CoordinatorCodec, ValidateMessageKnowsEveryKind) {
   EXPECT_EQ(unknown.code(), StatusCode::kCorruption);
   EXPECT_TRUE(Contains(unknown.message(), "unknown message type 63"));
   EXPECT_EQ(MsgTypeName(63), "unknown");
+}
+
+// The spellings docs/wire.md lists (and python/tests/test_flood.py reads).
+TEST(KvKeys, CollectiveKeysAsDocumented) {
+  EXPECT_EQ(kv::CollectiveRankKey("ember-j1-c0", 2), "ember-j1-c0/rank/2");
+  EXPECT_EQ(kv::CollectiveShmKey("ember-j1-c0", 4), "ember-j1-c0/shm/4");
+  EXPECT_EQ(kv::CollectivePortKey("ember-j1-c0", 0), "ember-j1-c0/port/0");
 }
 
 }  // namespace
