@@ -314,9 +314,8 @@ Status CommunicatorImpl::Setup(std::shared_ptr<Store> store, Deadline deadline) 
     auto ring = TcpRing::Listen(to);
     if (!ring.ok()) return ring.status();
     ring_ = std::move(*ring);
-    if (auto s = store->Set(kv::CollectivePortKey(options_.prefix, rank()), std::to_string(ring_->port())); !s.ok()) {
-      return s;
-    }
+    const std::string my_port = std::to_string(ring_->port());
+    if (auto s = store->Set(kv::CollectivePortKey(options_.prefix, rank()), my_port); !s.ok()) return s;
     std::vector<std::pair<std::string, int>> addresses;
     for (int r : ring_members) {
       auto port = store->Get(kv::CollectivePortKey(options_.prefix, r), deadline.remaining());

@@ -266,7 +266,11 @@ Status CoordinatorClient::KvSet(const std::string& key, const std::string& value
 Result<std::string> CoordinatorClient::KvGet(const std::string& key, Duration timeout) {
   EMBER_ASSIGN_OR_RAISE(std::string body, impl_->Call(coord::KvGetRequest{.key = key, .timeout = timeout},
                                                       WithGrace(timeout)));
-  return coord::DecodeKvGetReply(body);
+  Result<std::string> value = coord::DecodeKvGetReply(body);
+  if (!value.ok()) {
+    return value.status().WithContext("reply from the Ember coordinator at " + impl_->address);
+  }
+  return value;
 }
 
 Status CoordinatorClient::Log(const std::string& stream, const std::string& line) {
