@@ -36,6 +36,7 @@
 #include "common/deadline.h"
 #include "common/logging.h"
 #include "common/mutex.h"
+#include "coordinator/kv_keys.h"
 #include "ember/collective.h"
 
 namespace ember::collective {
@@ -272,7 +273,7 @@ Status CommunicatorImpl::Setup(std::shared_ptr<Store> store, Deadline deadline) 
     so.size = static_cast<int>(mine.size());
     so.rank_names = names(mine);
     so.buffer_bytes = options_.shm_buffer_bytes;
-    const std::string ready_key = options_.prefix + "/shm/" + std::to_string(mine.front());
+    const std::string ready_key = kv::CollectiveShmKey(options_.prefix, mine.front());
     if (local_rank_ == 0) {
       auto group = ShmGroup::Create(so);
       if (!group.ok()) return group.status();
@@ -313,11 +314,11 @@ Status CommunicatorImpl::Setup(std::shared_ptr<Store> store, Deadline deadline) 
     auto ring = TcpRing::Listen(to);
     if (!ring.ok()) return ring.status();
     ring_ = std::move(*ring);
-    const std::string port_key = options_.prefix + "/port/";
-    if (auto s = store->Set(port_key + std::to_string(rank()), std::to_string(ring_->port())); !s.ok()) return s;
+    const std::string my_port = std::to_string(ring_->port());
+    if (auto s = store->Set(kv::CollectivePortKey(options_.prefix, rank()), my_port); !s.ok()) return s;
     std::vector<std::pair<std::string, int>> addresses;
     for (int r : ring_members) {
-      auto port = store->Get(port_key + std::to_string(r), deadline.remaining());
+      auto port = store->Get(kv::CollectivePortKey(options_.prefix, r), deadline.remaining());
       if (!port.ok()) {
         return Status(port.status().code(), Describe(rank()) + ": " + Describe(r) +
                                                 " did not open its TCP listener: " + port.status().message());
@@ -689,14 +690,15 @@ Result<std::unique_ptr<Communicator>> Communicator::Create(const CommunicatorOpt
   const Deadline deadline = Deadline::After(options.connect_timeout);
 
   RankInfo self{options.host, options.name, static_cast<int64_t>(getpid())};
-  const std::string key_prefix = options.prefix + "/rank/";
-  if (auto s = store->Set(key_prefix + std::to_string(options.rank), EncodeRankInfo(self)); !s.ok()) return s;
+  if (auto s = store->Set(kv::CollectiveRankKey(options.prefix, options.rank), EncodeRankInfo(self)); !s.ok()) {
+    return s;
+  }
 
   std::vector<RankInfo> ranks(options.size);
   std::vector<int> missing;
   Status first_error;
   for (int r = 0; r < options.size; ++r) {
-    auto v = store->Get(key_prefix + std::to_string(r), missing.empty() ? deadline.remaining() : Duration(0));
+    auto v = store->Get(kv::CollectiveRankKey(options.prefix, r), missing.empty() ? deadline.remaining() : Duration(0));
     if (!v.ok()) {
       if (v.status().code() != StatusCode::kDeadlineExceeded) return v.status();
       missing.push_back(r);

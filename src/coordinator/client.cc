@@ -17,7 +17,7 @@
 #include "common/fd.h"
 #include "common/logging.h"
 #include "common/mutex.h"
-#include "coordinator/protocol.h"
+#include "coordinator/codec.h"
 #include "ember/coordinator.h"
 #include "transport/tcp/frame.h"
 #include "transport/tcp/handshake.h"
@@ -71,20 +71,22 @@ struct CoordinatorClient::Impl {
                            Deadline::After(kWriteTimeout), address);
   }
 
-  Status SendOneWay(MsgType type, const codec::Writer& fields) {
+  // A one-way message (coord::LogMessage, ...): request id 0, no reply.
+  template <class Message>
+  Status SendOneWay(const Message& message) {
     {
       MutexLock lock(&mu);
       if (lost) return Status::Unavailable(lost_reason);
       if (closed) return Status::Cancelled("the coordinator client was closed");
     }
-    codec::Writer w;
-    w.PutU32(0);
-    w.PutRaw(fields.data());
-    return Write(type, w.data());
+    return Write(Message::kType, coord::Encode(message));
   }
 
-  // Sends a request and waits up to `wait` for its reply; returns the body.
-  Result<std::string> Call(MsgType type, const codec::Writer& fields, Duration wait) {
+  // Sends `request` (coord::RegisterRequest, ...) under a fresh request id and
+  // waits up to `wait` for its reply; returns the reply's body.
+  template <class Request>
+  Result<std::string> Call(Request request, Duration wait) {
+    constexpr MsgType type = Request::kType;
     auto slot = std::make_shared<Pending>();
     uint32_t id;
     {
@@ -95,10 +97,8 @@ struct CoordinatorClient::Impl {
       if (next_id == 0) next_id = 1;  // 0 marks one-way messages and pushes
       pending[id] = slot;
     }
-    codec::Writer w;
-    w.PutU32(id);
-    w.PutRaw(fields.data());
-    Status sent = Write(type, w.data());
+    request.request_id = id;
+    Status sent = Write(type, coord::Encode(request));
     MutexLock lock(&mu);
     if (!sent.ok()) {
       pending.erase(id);
@@ -136,6 +136,12 @@ struct CoordinatorClient::Impl {
     cv.SignalAll();
   }
 
+  void QueuePush(Push push) {
+    MutexLock lock(&mu);
+    pushes.push_back(std::move(push));
+    cv.SignalAll();
+  }
+
   void ReaderLoop() {
     for (;;) {
       Result<tcp::Frame> frame =
@@ -143,30 +149,24 @@ struct CoordinatorClient::Impl {
       if (!frame.ok()) return FailAll(frame.status());
       const auto type = static_cast<MsgType>(frame->type);
       if (type == MsgType::kReply) {
-        uint32_t id = 0;
-        Status status;
-        std::string body;
-        Status parsed = coord::DecodeReply(frame->payload, &id, &status, &body);
-        if (!parsed.ok()) return FailAll(parsed);
+        Result<coord::Reply> reply = coord::DecodeReply(frame->payload);
+        if (!reply.ok()) return FailAll(reply.status());
         MutexLock lock(&mu);
-        auto it = pending.find(id);
+        auto it = pending.find(reply->request_id);
         if (it == pending.end()) continue;  // its caller gave up waiting
         it->second->done = true;
-        it->second->status = std::move(status);
-        it->second->body = std::move(body);
+        it->second->status = std::move(reply->status);
+        it->second->body = std::move(reply->body);
         pending.erase(it);
         cv.SignalAll();
-      } else if (type == MsgType::kAbort || type == MsgType::kStop) {
-        codec::Reader r(frame->payload);
-        uint32_t id = 0;
-        Push push{type == MsgType::kAbort ? Push::Kind::kAbort : Push::Kind::kStop, {}};
-        Status parsed = r.GetU32(&id);
-        if (parsed.ok()) parsed = r.GetString(&push.reason);
-        if (parsed.ok()) parsed = r.ExpectEnd();
-        if (!parsed.ok()) return FailAll(parsed);
-        MutexLock lock(&mu);
-        pushes.push_back(std::move(push));
-        cv.SignalAll();
+      } else if (type == MsgType::kAbort) {
+        Result<coord::AbortPush> abort = coord::DecodeAbort(frame->payload);
+        if (!abort.ok()) return FailAll(abort.status());
+        QueuePush({Push::Kind::kAbort, std::move(abort->reason)});
+      } else if (type == MsgType::kStop) {
+        Result<coord::StopPush> stop = coord::DecodeStop(frame->payload);
+        if (!stop.ok()) return FailAll(stop.status());
+        QueuePush({Push::Kind::kStop, std::move(stop->reason)});
       } else {
         return FailAll(Status::Corruption("unknown message type " + std::to_string(frame->type)));
       }
@@ -179,7 +179,7 @@ struct CoordinatorClient::Impl {
     while (!hb_cv.wait_for(lock, stop, interval, [] { return false; }) &&
            !stop.stop_requested()) {
       lock.unlock();
-      (void)SendOneWay(MsgType::kHeartbeat, codec::Writer());  // a dead link shows in the reader
+      (void)SendOneWay(coord::HeartbeatMessage{});  // a dead link shows in the reader
       lock.lock();
     }
   }
@@ -235,17 +235,13 @@ void CoordinatorClient::Close() {
 }
 
 Result<Registration> CoordinatorClient::Register(const NodeAddress& self, Duration timeout) {
-  codec::Writer w;
-  w.PutI32(self.executor_id);
-  w.PutString(self.host);
-  w.PutI32(self.port);
-  w.PutI64(self.pid);
-  w.PutI64(timeout.count());
-  EMBER_ASSIGN_OR_RAISE(std::string body, impl_->Call(MsgType::kRegister, w, WithGrace(timeout)));
-  Registration reg;
-  codec::Reader r(body);
-  EMBER_RETURN_NOT_OK(coord::DecodeRegistration(r, &reg).WithContext(
-      "registration reply from the Ember coordinator at " + impl_->address));
+  EMBER_ASSIGN_OR_RAISE(std::string body,
+                        impl_->Call(coord::RegisterRequest{.self = self, .timeout = timeout},
+                                    WithGrace(timeout)));
+  Result<Registration> reg = coord::DecodeRegisterReply(body);
+  if (!reg.ok()) {
+    return reg.status().WithContext("reply from the Ember coordinator at " + impl_->address);
+  }
   if (!impl_->heartbeat.joinable()) {
     impl_->heartbeat = std::jthread([impl = impl_.get()](std::stop_token st) {
       impl->HeartbeatLoop(std::move(st));
@@ -255,58 +251,42 @@ Result<Registration> CoordinatorClient::Register(const NodeAddress& self, Durati
 }
 
 Status CoordinatorClient::Attach(int executor_id) {
-  codec::Writer w;
-  w.PutI32(executor_id);
-  return impl_->Call(MsgType::kAttach, w, kRequestTimeout).status();
+  return impl_->Call(coord::AttachRequest{.executor_id = executor_id}, kRequestTimeout).status();
 }
 
 Status CoordinatorClient::Barrier(const std::string& name, Duration timeout) {
-  codec::Writer w;
-  w.PutString(name);
-  w.PutI64(timeout.count());
-  return impl_->Call(MsgType::kBarrier, w, WithGrace(timeout)).status();
+  return impl_->Call(coord::BarrierRequest{.name = name, .timeout = timeout}, WithGrace(timeout))
+      .status();
 }
 
 Status CoordinatorClient::KvSet(const std::string& key, const std::string& value) {
-  codec::Writer w;
-  w.PutString(key);
-  w.PutString(value);
-  return impl_->Call(MsgType::kKvSet, w, kRequestTimeout).status();
+  return impl_->Call(coord::KvSetRequest{.key = key, .value = value}, kRequestTimeout).status();
 }
 
 Result<std::string> CoordinatorClient::KvGet(const std::string& key, Duration timeout) {
-  codec::Writer w;
-  w.PutString(key);
-  w.PutI64(timeout.count());
-  EMBER_ASSIGN_OR_RAISE(std::string body, impl_->Call(MsgType::kKvGet, w, WithGrace(timeout)));
-  codec::Reader r(body);
-  std::string value;
-  EMBER_RETURN_NOT_OK(r.GetString(&value));
-  EMBER_RETURN_NOT_OK(r.ExpectEnd());
+  EMBER_ASSIGN_OR_RAISE(std::string body, impl_->Call(coord::KvGetRequest{.key = key, .timeout = timeout},
+                                                      WithGrace(timeout)));
+  Result<std::string> value = coord::DecodeKvGetReply(body);
+  if (!value.ok()) {
+    return value.status().WithContext("reply from the Ember coordinator at " + impl_->address);
+  }
   return value;
 }
 
 Status CoordinatorClient::Log(const std::string& stream, const std::string& line) {
-  codec::Writer w;
-  w.PutString(stream);
-  w.PutString(line);
-  return impl_->SendOneWay(MsgType::kLog, w);
+  return impl_->SendOneWay(coord::LogMessage{.stream = stream, .line = line});
 }
 
 Status CoordinatorClient::Report(const std::map<std::string, double>& metrics) {
-  codec::Writer w;
-  w.PutMap(metrics);
-  return impl_->SendOneWay(MsgType::kReport, w);
+  return impl_->SendOneWay(coord::ReportMessage{.metrics = metrics});
 }
 
 Status CoordinatorClient::Done() {
-  return impl_->Call(MsgType::kDone, codec::Writer(), kRequestTimeout).status();
+  return impl_->Call(coord::DoneRequest{}, kRequestTimeout).status();
 }
 
 Status CoordinatorClient::Fail(const std::string& error) {
-  codec::Writer w;
-  w.PutString(error);
-  return impl_->Call(MsgType::kFail, w, kRequestTimeout).status();
+  return impl_->Call(coord::FailRequest{.error = error}, kRequestTimeout).status();
 }
 
 std::optional<CoordinatorClient::Push> CoordinatorClient::NextPush(Duration timeout) {

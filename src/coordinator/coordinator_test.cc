@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "common/logging.h"
+#include "coordinator/codec.h"
 #include "coordinator/protocol.h"
 #include "ember/coordinator.h"
 #include "common/codec.h"
@@ -626,30 +627,6 @@ TEST(ProtocolTest, ClusterSpecEscapesAndOrders) {
   nodes[2].role = {"ps", 0};
   EXPECT_EQ(coord::ClusterSpecJson(nodes),
             "{\"ps\":[\"p:3\"],\"worker\":[\"h\\\\\\n:2\",\"w\\\"1:1\"]}");
-}
-
-TEST(ProtocolTest, RegistrationRoundTripAndTruncation) {
-  Registration reg;
-  reg.role = {"chief", 0};
-  reg.cluster_spec_json = "{}";
-  reg.num_nodes = 1;
-  reg.nodes.resize(1);
-  reg.nodes[0].address = {0, "h", 5, 77};
-  reg.nodes[0].role = {"chief", 0};
-  reg.nodes[0].state = NodeInfo::State::kRunning;
-  codec::Writer w;
-  coord::EncodeRegistration(w, reg);
-  Registration back;
-  codec::Reader r(w.data());
-  ASSERT_TRUE(coord::DecodeRegistration(r, &back).ok());
-  EXPECT_EQ(back.role.job_name, "chief");
-  EXPECT_EQ(back.nodes[0].address.pid, 77);
-  EXPECT_EQ(back.nodes[0].state, NodeInfo::State::kRunning);
-  for (size_t cut = 0; cut < w.data().size(); ++cut) {
-    codec::Reader t(std::string_view(w.data()).substr(0, cut));
-    Registration junk;
-    EXPECT_EQ(coord::DecodeRegistration(t, &junk).code(), StatusCode::kCorruption) << cut;
-  }
 }
 
 }  // namespace

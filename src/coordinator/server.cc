@@ -188,12 +188,8 @@ void CoordinatorServer::Impl::AbortLocked(const std::string& reason, Outbox& out
   AddEvent(std::move(e));
   for (const Waiter& w : waiters) Reply(w.conn, w.request_id, Status::Aborted(reason), {}, out);
   waiters.clear();
-  codec::Writer push;
-  push.PutU32(0);
-  push.PutString(reason);
-  for (const auto& c : conns) {
-    out.push_back({c, coord::MsgType::kAbort, push.data()});
-  }
+  const std::string push = coord::Encode(coord::AbortPush{.reason = reason});
+  for (const auto& c : conns) out.push_back({c, coord::MsgType::kAbort, push});
   state_cv.SignalAll();
 }
 
@@ -355,9 +351,7 @@ void CoordinatorServer::StopNodes(const std::vector<std::string>& job_names) {
   Outbox out;
   {
     MutexLock lock(&impl.mu);
-    codec::Writer push;
-    push.PutU32(0);
-    push.PutString("stopped by the driver");
+    const std::string push = coord::Encode(coord::StopPush{.reason = "stopped by the driver"});
     for (const auto& c : impl.conns) {
       if (c->executor_id < 0) continue;
       auto it = impl.nodes.find(c->executor_id);
@@ -367,7 +361,7 @@ void CoordinatorServer::StopNodes(const std::vector<std::string>& job_names) {
           std::find(job_names.begin(), job_names.end(), job) == job_names.end()) {
         continue;
       }
-      out.push_back({c, coord::MsgType::kStop, push.data()});
+      out.push_back({c, coord::MsgType::kStop, push});
     }
   }
   impl.Send(out);

@@ -1,6 +1,7 @@
 // CoordinatorServer internals, shared by server.cc (lifecycle, driver-side
 // API, monitor thread) and server_requests.cc (per-connection handler and
-// request handlers).
+// request handlers).  Bytes are coordinator/codec.h's business: handlers see
+// decoded requests and hand back replies to encode.
 //
 // Threads: the transport's (tcp::Server: accept thread, handshake, one
 // thread per connection, which runs ServeConnection), and one monitor
@@ -23,6 +24,7 @@
 
 #include "common/deadline.h"
 #include "common/mutex.h"
+#include "coordinator/codec.h"
 #include "coordinator/protocol.h"
 #include "ember/coordinator.h"
 #include "transport/tcp/server.h"
@@ -100,11 +102,38 @@ struct CoordinatorServer::Impl {
 
   // server_requests.cc
   void ServeConnection(tcp::Connection& link);
+  // Decodes one frame and runs its handler; an error drops the connection.
   Status HandleFrame(const std::shared_ptr<Conn>& conn, uint16_t type, std::string_view payload,
                      Outbox& out) EXCLUSIVE_LOCKS_REQUIRED(mu);
+  template <class Request>
+  Status Handle(const std::shared_ptr<Conn>& conn, Result<Request> request, Outbox& out)
+      EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // One handler per request kind: the state change and the replies.
+  void On(const std::shared_ptr<Conn>& conn, coord::RegisterRequest& m, Clock::time_point now,
+          Outbox& out) EXCLUSIVE_LOCKS_REQUIRED(mu);
+  void On(const std::shared_ptr<Conn>& conn, coord::AttachRequest& m, Clock::time_point now,
+          Outbox& out) EXCLUSIVE_LOCKS_REQUIRED(mu);
+  void On(const std::shared_ptr<Conn>& conn, coord::BarrierRequest& m, Clock::time_point now,
+          Outbox& out) EXCLUSIVE_LOCKS_REQUIRED(mu);
+  void On(const std::shared_ptr<Conn>& conn, coord::KvSetRequest& m, Clock::time_point now,
+          Outbox& out) EXCLUSIVE_LOCKS_REQUIRED(mu);
+  void On(const std::shared_ptr<Conn>& conn, coord::KvGetRequest& m, Clock::time_point now,
+          Outbox& out) EXCLUSIVE_LOCKS_REQUIRED(mu);
+  void On(const std::shared_ptr<Conn>& conn, coord::LogMessage& m, Clock::time_point now,
+          Outbox& out) EXCLUSIVE_LOCKS_REQUIRED(mu);
+  void On(const std::shared_ptr<Conn>& conn, coord::ReportMessage& m, Clock::time_point now,
+          Outbox& out) EXCLUSIVE_LOCKS_REQUIRED(mu);
+  void On(const std::shared_ptr<Conn>& conn, coord::HeartbeatMessage& m, Clock::time_point now,
+          Outbox& out) EXCLUSIVE_LOCKS_REQUIRED(mu);
+  void On(const std::shared_ptr<Conn>& conn, coord::DoneRequest& m, Clock::time_point now,
+          Outbox& out) EXCLUSIVE_LOCKS_REQUIRED(mu);
+  void On(const std::shared_ptr<Conn>& conn, coord::FailRequest& m, Clock::time_point now,
+          Outbox& out) EXCLUSIVE_LOCKS_REQUIRED(mu);
+  Event NodeEvent(const Conn& conn, Event::Kind kind) const EXCLUSIVE_LOCKS_REQUIRED(mu);
   void OnDisconnect(const std::shared_ptr<Conn>& conn, Outbox& out) EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Queues a Reply frame to `conn`.
   void Reply(const std::shared_ptr<Conn>& conn, uint32_t request_id, const Status& status,
-             std::string_view body, Outbox& out) EXCLUSIVE_LOCKS_REQUIRED(mu);
+             std::string body, Outbox& out) EXCLUSIVE_LOCKS_REQUIRED(mu);
 };
 
 }  // namespace ember

@@ -1,5 +1,7 @@
 // CoordinatorServer: per-connection reader threads and request handlers.
-// Message layouts: docs/wire.md.
+// Each frame is decoded by coordinator/codec.h, handled by one On() per
+// request kind (state change, replies into the Outbox), and the replies are
+// encoded by the codec too.
 #include <algorithm>
 
 #include "common/logging.h"
@@ -13,7 +15,12 @@ namespace {
 using coord::MsgType;
 constexpr int64_t kMaxWaitMs = int64_t{7} * 24 * 3600 * 1000;  // clamp for client-sent timeouts
 
-Duration ClampTimeout(int64_t ms) { return Duration(std::clamp<int64_t>(ms, 0, kMaxWaitMs)); }
+Duration ClampTimeout(Duration d) { return Duration(std::clamp<int64_t>(d.count(), 0, kMaxWaitMs)); }
+
+Status NeedIdentity(const Conn& conn, std::string_view what) {
+  return Status::InvalidArgument(std::string(what) + " from " + conn.peer +
+                                 " before Register or Attach");
+}
 
 }  // namespace
 
@@ -61,8 +68,9 @@ void CoordinatorServer::Impl::ServeConnection(tcp::Connection& link) {
 }
 
 void CoordinatorServer::Impl::Reply(const std::shared_ptr<Conn>& conn, uint32_t request_id,
-                                    const Status& status, std::string_view body, Outbox& out) {
-  out.push_back({conn, MsgType::kReply, coord::EncodeReply(request_id, status, body)});
+                                    const Status& status, std::string body, Outbox& out) {
+  out.push_back({conn, MsgType::kReply,
+                 coord::Encode(coord::Reply{request_id, status, std::move(body)})});
 }
 
 void CoordinatorServer::Impl::OnDisconnect(const std::shared_ptr<Conn>& conn, Outbox& out) {
@@ -79,232 +87,203 @@ void CoordinatorServer::Impl::OnDisconnect(const std::shared_ptr<Conn>& conn, Ou
 
 Status CoordinatorServer::Impl::HandleFrame(const std::shared_ptr<Conn>& conn, uint16_t type,
                                             std::string_view payload, Outbox& out) {
-  codec::Reader r(payload);
-  uint32_t rid = 0;
-  EMBER_RETURN_NOT_OK(r.GetU32(&rid));
-  const auto now = Clock::now();
-  if (conn->lifeline) last_seen[conn->executor_id] = now;  // any traffic proves liveness
-  const int num_nodes = options.layout.num_nodes;
-  const auto node_event = [&](Event::Kind kind) EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    Event e;
-    e.kind = kind;
-    e.executor_id = conn->executor_id;
-    auto it = nodes.find(conn->executor_id);
-    if (it != nodes.end()) {
-      e.job_name = it->second.role.job_name;
-      e.task_index = it->second.role.task_index;
-    }
-    return e;
-  };
-  const auto need_identity = [&](std::string_view what) {
-    return Status::InvalidArgument(std::string(what) + " from " + conn->peer +
-                                   " before Register or Attach");
-  };
-
   switch (static_cast<MsgType>(type)) {
-    case MsgType::kRegister: {
-      int32_t eid = 0, port = 0;
-      int64_t pid = 0, timeout_ms = 0;
-      std::string host;
-      EMBER_RETURN_NOT_OK(r.GetI32(&eid));
-      EMBER_RETURN_NOT_OK(r.GetString(&host));
-      EMBER_RETURN_NOT_OK(r.GetI32(&port));
-      EMBER_RETURN_NOT_OK(r.GetI64(&pid));
-      EMBER_RETURN_NOT_OK(r.GetI64(&timeout_ms));
-      EMBER_RETURN_NOT_OK(r.ExpectEnd());
-      if (aborted) {
-        Reply(conn, rid, Status::Aborted(abort_reason), {}, out);
-        break;
-      }
-      if (conn->executor_id >= 0) {
-        Reply(conn, rid, Status::InvalidArgument("this connection already speaks for executor " +
-                                                 std::to_string(conn->executor_id)), {}, out);
-        break;
-      }
-      Result<RoleAssignment> role = AssignRole(options.layout, eid);
-      if (!role.ok()) {
-        Reply(conn, rid, role.status(), {}, out);
-        break;
-      }
-      if (auto it = nodes.find(eid); it != nodes.end()) {
-        Reply(conn, rid, Status::InvalidArgument(
-                             "executor " + std::to_string(eid) + " is already registered by " +
-                             coord::DescribeNode(it->second) + "; refused the second claim from " +
-                             host + " pid " + std::to_string(pid)), {}, out);
-        break;
-      }
-      NodeInfo& node = nodes[eid];
-      node.address = NodeAddress{eid, host, port, pid};
-      node.role = *role;
-      conn->executor_id = eid;
-      conn->lifeline = true;
-      last_seen[eid] = now;
-      AddEvent(node_event(Event::Kind::kRegistered));
-      EMBER_LOG(INFO) << "registered " << coord::DescribeNode(node) << " (" << nodes.size()
-                      << " of " << num_nodes << ")";
-      if (static_cast<int>(nodes.size()) < num_nodes) {
-        waiters.push_back({Waiter::Kind::kRegister, conn, rid, now + ClampTimeout(timeout_ms), "",
-                           ClampTimeout(timeout_ms)});
-        break;
-      }
-      all_registered = true;
-      std::vector<NodeInfo> all;
-      for (auto& [id, n] : nodes) {
-        n.state = NodeInfo::State::kRunning;
-        last_seen[id] = now;
-        all.push_back(n);
-      }
-      cluster_spec = coord::ClusterSpecJson(all);
-      state_cv.SignalAll();
-      waiters.push_back({Waiter::Kind::kRegister, conn, rid, now, "", Duration(0)});
-      for (auto it = waiters.begin(); it != waiters.end();) {
-        if (it->kind != Waiter::Kind::kRegister) {
-          ++it;
-          continue;
-        }
-        codec::Writer body;
-        coord::EncodeRegistration(body, RegistrationFor(it->conn->executor_id));
-        Reply(it->conn, it->request_id, Status::OK(), body.data(), out);
-        it = waiters.erase(it);
-      }
-      break;
-    }
-    case MsgType::kAttach: {
-      int32_t eid = 0;
-      EMBER_RETURN_NOT_OK(r.GetI32(&eid));
-      EMBER_RETURN_NOT_OK(r.ExpectEnd());
-      Status st;
-      if (conn->executor_id >= 0) {
-        st = Status::InvalidArgument("this connection already speaks for executor " +
-                                     std::to_string(conn->executor_id));
-      } else if (!nodes.count(eid)) {
-        st = Status::InvalidArgument("cannot attach to executor " + std::to_string(eid) +
-                                     ": it has not registered");
-      } else {
-        conn->executor_id = eid;
-      }
-      Reply(conn, rid, st, {}, out);
-      break;
-    }
-    case MsgType::kBarrier: {
-      std::string name;
-      int64_t timeout_ms = 0;
-      EMBER_RETURN_NOT_OK(r.GetString(&name));
-      EMBER_RETURN_NOT_OK(r.GetI64(&timeout_ms));
-      EMBER_RETURN_NOT_OK(r.ExpectEnd());
-      if (aborted) {
-        Reply(conn, rid, Status::Aborted(abort_reason), {}, out);
-      } else if (conn->executor_id < 0) {
-        Reply(conn, rid, need_identity("Barrier '" + name + "'"), {}, out);
-      } else {
-        std::set<int>& arrived = barriers[name];
-        arrived.insert(conn->executor_id);
-        if (static_cast<int>(arrived.size()) < num_nodes) {
-          waiters.push_back({Waiter::Kind::kBarrier, conn, rid, now + ClampTimeout(timeout_ms),
-                             name, ClampTimeout(timeout_ms)});
-          break;
-        }
-        Reply(conn, rid, Status::OK(), {}, out);
-        for (auto it = waiters.begin(); it != waiters.end();) {
-          if (it->kind == Waiter::Kind::kBarrier && it->name == name) {
-            Reply(it->conn, it->request_id, Status::OK(), {}, out);
-            it = waiters.erase(it);
-          } else {
-            ++it;
-          }
-        }
-      }
-      break;
-    }
-    case MsgType::kKvSet: {
-      std::string key, value;
-      EMBER_RETURN_NOT_OK(r.GetString(&key));
-      EMBER_RETURN_NOT_OK(r.GetString(&value));
-      EMBER_RETURN_NOT_OK(r.ExpectEnd());
-      codec::Writer body;
-      body.PutString(value);
-      for (auto it = waiters.begin(); it != waiters.end();) {
-        if (it->kind == Waiter::Kind::kKvGet && it->name == key) {
-          Reply(it->conn, it->request_id, Status::OK(), body.data(), out);
-          it = waiters.erase(it);
-        } else {
-          ++it;
-        }
-      }
-      kv[key] = std::move(value);
-      state_cv.SignalAll();  // CoordinatorServer::WaitForKey
-      Reply(conn, rid, Status::OK(), {}, out);
-      break;
-    }
-    case MsgType::kKvGet: {
-      std::string key;
-      int64_t timeout_ms = 0;
-      EMBER_RETURN_NOT_OK(r.GetString(&key));
-      EMBER_RETURN_NOT_OK(r.GetI64(&timeout_ms));
-      EMBER_RETURN_NOT_OK(r.ExpectEnd());
-      if (auto it = kv.find(key); it != kv.end()) {
-        codec::Writer body;
-        body.PutString(it->second);
-        Reply(conn, rid, Status::OK(), body.data(), out);
-      } else if (aborted) {
-        Reply(conn, rid, Status::Aborted(abort_reason), {}, out);
-      } else {
-        waiters.push_back({Waiter::Kind::kKvGet, conn, rid, now + ClampTimeout(timeout_ms), key,
-                           ClampTimeout(timeout_ms)});
-      }
-      break;
-    }
-    case MsgType::kLog: {
-      Event e = node_event(Event::Kind::kLog);
-      EMBER_RETURN_NOT_OK(r.GetString(&e.stream));
-      EMBER_RETURN_NOT_OK(r.GetString(&e.text));
-      EMBER_RETURN_NOT_OK(r.ExpectEnd());
-      AddEvent(std::move(e));
-      break;
-    }
-    case MsgType::kReport: {
-      Event e = node_event(Event::Kind::kProgress);
-      EMBER_RETURN_NOT_OK(r.GetMap(&e.metrics));
-      EMBER_RETURN_NOT_OK(r.ExpectEnd());
-      AddEvent(std::move(e));
-      break;
-    }
-    case MsgType::kHeartbeat:
-      EMBER_RETURN_NOT_OK(r.ExpectEnd());
-      break;
-    case MsgType::kDone: {
-      EMBER_RETURN_NOT_OK(r.ExpectEnd());
-      if (conn->executor_id < 0) {
-        Reply(conn, rid, need_identity("Done"), {}, out);
-        break;
-      }
-      NodeInfo& node = nodes.at(conn->executor_id);
-      if (node.state == NodeInfo::State::kRegistered || node.state == NodeInfo::State::kRunning) {
-        node.state = NodeInfo::State::kDone;
-        AddEvent(node_event(Event::Kind::kNodeDone));
-        EMBER_LOG(INFO) << "node " << coord::DescribeNode(node) << " finished";
-        state_cv.SignalAll();
-      }
-      Reply(conn, rid, Status::OK(), {}, out);
-      break;
-    }
-    case MsgType::kFail: {
-      std::string error;
-      EMBER_RETURN_NOT_OK(r.GetString(&error));
-      EMBER_RETURN_NOT_OK(r.ExpectEnd());
-      if (conn->executor_id < 0) {
-        Reply(conn, rid, need_identity("Fail"), {}, out);
-        break;
-      }
-      Reply(conn, rid, Status::OK(), {}, out);  // before the abort push it triggers
-      NodeFailedLocked(conn->executor_id, NodeInfo::State::kFailed, error, out);
-      break;
-    }
+    case MsgType::kRegister: return Handle(conn, coord::DecodeRegister(payload), out);
+    case MsgType::kAttach: return Handle(conn, coord::DecodeAttach(payload), out);
+    case MsgType::kBarrier: return Handle(conn, coord::DecodeBarrier(payload), out);
+    case MsgType::kKvSet: return Handle(conn, coord::DecodeKvSet(payload), out);
+    case MsgType::kKvGet: return Handle(conn, coord::DecodeKvGet(payload), out);
+    case MsgType::kLog: return Handle(conn, coord::DecodeLog(payload), out);
+    case MsgType::kReport: return Handle(conn, coord::DecodeReport(payload), out);
+    case MsgType::kHeartbeat: return Handle(conn, coord::DecodeHeartbeat(payload), out);
+    case MsgType::kDone: return Handle(conn, coord::DecodeDone(payload), out);
+    case MsgType::kFail: return Handle(conn, coord::DecodeFail(payload), out);
     default:
       return Status::Corruption("unknown message type " + std::to_string(type) + " from " +
                                 conn->peer);
   }
+}
+
+template <class Request>
+Status CoordinatorServer::Impl::Handle(const std::shared_ptr<Conn>& conn, Result<Request> request,
+                                       Outbox& out) {
+  if (!request.ok()) return request.status();
+  const auto now = Clock::now();
+  if (conn->lifeline) last_seen[conn->executor_id] = now;  // any traffic proves liveness
+  On(conn, *request, now, out);
   return Status::OK();
+}
+
+Event CoordinatorServer::Impl::NodeEvent(const Conn& conn, Event::Kind kind) const {
+  Event e;
+  e.kind = kind;
+  e.executor_id = conn.executor_id;
+  if (auto it = nodes.find(conn.executor_id); it != nodes.end()) {
+    e.job_name = it->second.role.job_name;
+    e.task_index = it->second.role.task_index;
+  }
+  return e;
+}
+
+void CoordinatorServer::Impl::On(const std::shared_ptr<Conn>& conn, coord::RegisterRequest& m,
+                                 Clock::time_point now, Outbox& out) {
+  const int eid = m.self.executor_id;
+  if (aborted) return Reply(conn, m.request_id, Status::Aborted(abort_reason), {}, out);
+  if (conn->executor_id >= 0) {
+    return Reply(conn, m.request_id,
+                 Status::InvalidArgument("this connection already speaks for executor " +
+                                         std::to_string(conn->executor_id)),
+                 {}, out);
+  }
+  Result<RoleAssignment> role = AssignRole(options.layout, eid);
+  if (!role.ok()) return Reply(conn, m.request_id, role.status(), {}, out);
+  if (auto it = nodes.find(eid); it != nodes.end()) {
+    return Reply(conn, m.request_id,
+                 Status::InvalidArgument("executor " + std::to_string(eid) +
+                                         " is already registered by " +
+                                         coord::DescribeNode(it->second) +
+                                         "; refused the second claim from " + m.self.host +
+                                         " pid " + std::to_string(m.self.pid)),
+                 {}, out);
+  }
+  NodeInfo& node = nodes[eid];
+  node.address = m.self;
+  node.role = *role;
+  conn->executor_id = eid;
+  conn->lifeline = true;
+  last_seen[eid] = now;
+  AddEvent(NodeEvent(*conn, Event::Kind::kRegistered));
+  const int num_nodes = options.layout.num_nodes;
+  EMBER_LOG(INFO) << "registered " << coord::DescribeNode(node) << " (" << nodes.size() << " of "
+                  << num_nodes << ")";
+  if (static_cast<int>(nodes.size()) < num_nodes) {
+    waiters.push_back({Waiter::Kind::kRegister, conn, m.request_id, now + ClampTimeout(m.timeout), "",
+                       ClampTimeout(m.timeout)});
+    return;
+  }
+  all_registered = true;
+  std::vector<NodeInfo> all;
+  for (auto& [id, n] : nodes) {
+    n.state = NodeInfo::State::kRunning;
+    last_seen[id] = now;
+    all.push_back(n);
+  }
+  cluster_spec = coord::ClusterSpecJson(all);
+  state_cv.SignalAll();
+  waiters.push_back({Waiter::Kind::kRegister, conn, m.request_id, now, "", Duration(0)});
+  for (auto it = waiters.begin(); it != waiters.end();) {
+    if (it->kind != Waiter::Kind::kRegister) {
+      ++it;
+      continue;
+    }
+    Reply(it->conn, it->request_id, Status::OK(),
+          coord::EncodeRegisterReply(RegistrationFor(it->conn->executor_id)), out);
+    it = waiters.erase(it);
+  }
+}
+
+void CoordinatorServer::Impl::On(const std::shared_ptr<Conn>& conn, coord::AttachRequest& m,
+                                 Clock::time_point, Outbox& out) {
+  Status st;
+  if (conn->executor_id >= 0) {
+    st = Status::InvalidArgument("this connection already speaks for executor " +
+                                 std::to_string(conn->executor_id));
+  } else if (!nodes.count(m.executor_id)) {
+    st = Status::InvalidArgument("cannot attach to executor " + std::to_string(m.executor_id) +
+                                 ": it has not registered");
+  } else {
+    conn->executor_id = m.executor_id;
+  }
+  Reply(conn, m.request_id, st, {}, out);
+}
+
+void CoordinatorServer::Impl::On(const std::shared_ptr<Conn>& conn, coord::BarrierRequest& m,
+                                 Clock::time_point now, Outbox& out) {
+  if (aborted) return Reply(conn, m.request_id, Status::Aborted(abort_reason), {}, out);
+  if (conn->executor_id < 0) {
+    return Reply(conn, m.request_id, NeedIdentity(*conn, "Barrier '" + m.name + "'"), {}, out);
+  }
+  std::set<int>& arrived = barriers[m.name];
+  arrived.insert(conn->executor_id);
+  if (static_cast<int>(arrived.size()) < options.layout.num_nodes) {
+    waiters.push_back({Waiter::Kind::kBarrier, conn, m.request_id, now + ClampTimeout(m.timeout),
+                       m.name, ClampTimeout(m.timeout)});
+    return;
+  }
+  Reply(conn, m.request_id, Status::OK(), {}, out);
+  for (auto it = waiters.begin(); it != waiters.end();) {
+    if (it->kind == Waiter::Kind::kBarrier && it->name == m.name) {
+      Reply(it->conn, it->request_id, Status::OK(), {}, out);
+      it = waiters.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void CoordinatorServer::Impl::On(const std::shared_ptr<Conn>& conn, coord::KvSetRequest& m,
+                                 Clock::time_point, Outbox& out) {
+  for (auto it = waiters.begin(); it != waiters.end();) {
+    if (it->kind == Waiter::Kind::kKvGet && it->name == m.key) {
+      Reply(it->conn, it->request_id, Status::OK(), coord::EncodeKvGetReply(m.value), out);
+      it = waiters.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  kv[m.key] = std::move(m.value);
+  state_cv.SignalAll();  // CoordinatorServer::WaitForKey
+  Reply(conn, m.request_id, Status::OK(), {}, out);
+}
+
+void CoordinatorServer::Impl::On(const std::shared_ptr<Conn>& conn, coord::KvGetRequest& m,
+                                 Clock::time_point now, Outbox& out) {
+  if (auto it = kv.find(m.key); it != kv.end()) {
+    Reply(conn, m.request_id, Status::OK(), coord::EncodeKvGetReply(it->second), out);
+  } else if (aborted) {
+    Reply(conn, m.request_id, Status::Aborted(abort_reason), {}, out);
+  } else {
+    waiters.push_back({Waiter::Kind::kKvGet, conn, m.request_id, now + ClampTimeout(m.timeout),
+                       m.key, ClampTimeout(m.timeout)});
+  }
+}
+
+void CoordinatorServer::Impl::On(const std::shared_ptr<Conn>& conn, coord::LogMessage& m,
+                                 Clock::time_point, Outbox&) {
+  Event e = NodeEvent(*conn, Event::Kind::kLog);
+  e.stream = std::move(m.stream);
+  e.text = std::move(m.line);
+  AddEvent(std::move(e));
+}
+
+void CoordinatorServer::Impl::On(const std::shared_ptr<Conn>& conn, coord::ReportMessage& m,
+                                 Clock::time_point, Outbox&) {
+  Event e = NodeEvent(*conn, Event::Kind::kProgress);
+  e.metrics = std::move(m.metrics);
+  AddEvent(std::move(e));
+}
+
+void CoordinatorServer::Impl::On(const std::shared_ptr<Conn>&, coord::HeartbeatMessage&,
+                                 Clock::time_point, Outbox&) {}  // Handle noted the traffic
+
+void CoordinatorServer::Impl::On(const std::shared_ptr<Conn>& conn, coord::DoneRequest& m,
+                                 Clock::time_point, Outbox& out) {
+  if (conn->executor_id < 0) return Reply(conn, m.request_id, NeedIdentity(*conn, "Done"), {}, out);
+  NodeInfo& node = nodes.at(conn->executor_id);
+  if (node.state == NodeInfo::State::kRegistered || node.state == NodeInfo::State::kRunning) {
+    node.state = NodeInfo::State::kDone;
+    AddEvent(NodeEvent(*conn, Event::Kind::kNodeDone));
+    EMBER_LOG(INFO) << "node " << coord::DescribeNode(node) << " finished";
+    state_cv.SignalAll();
+  }
+  Reply(conn, m.request_id, Status::OK(), {}, out);
+}
+
+void CoordinatorServer::Impl::On(const std::shared_ptr<Conn>& conn, coord::FailRequest& m,
+                                 Clock::time_point, Outbox& out) {
+  if (conn->executor_id < 0) return Reply(conn, m.request_id, NeedIdentity(*conn, "Fail"), {}, out);
+  Reply(conn, m.request_id, Status::OK(), {}, out);  // before the abort push it triggers
+  NodeFailedLocked(conn->executor_id, NodeInfo::State::kFailed, m.error, out);
 }
 
 }  // namespace ember
