@@ -121,9 +121,9 @@ def _tell(rings, what, *args):
     servers = _FeedServers(rings)
     try:
         if what == "end_epoch":
-            assert _ember.feed_end_epoch(servers.eps, *args, _options()) == [False] * len(rings)
+            assert _ember.feed_end_epoch(servers.eps, *args, _options()) == [""] * len(rings)  # "" for each node told
         else:
-            assert _ember.feed_end_feed(servers.eps, _options()) == [False] * len(rings)
+            assert _ember.feed_end_feed(servers.eps, _options()) == [""] * len(rings)
     finally:
         servers.close()
 
