@@ -13,14 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import ember
+import ember.data
+from ember import _ember
+from ember.data import _fs
 
-import ember  # noqa: E402
-import ember.data  # noqa: E402
-from ember import _ember  # noqa: E402
-from ember.data import _fs  # noqa: E402
-
-from test_data import every_type_df  # noqa: E402
+from test_data import every_type_df
 
 EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "examples" / "fashion_mnist"
 
