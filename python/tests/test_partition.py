@@ -70,38 +70,31 @@ def idle_node(args, ctx):
 
 
 # ----------------------------------------------------------------------------- driver side
-def _shm_of_host(netns: str, job_id: str) -> list:
-    """The names of job `job_id` in /dev/shm of host `netns` (seen through its Spark worker's
-    mount namespace: each host has a private /dev/shm)."""
+def _pid_in_netns(netns: str, marker: bytes) -> int:
+    """The pid of the process of host `netns` whose command line holds `marker`."""
     inode = f"net:[{os.stat(f'/run/netns/{netns}').st_ino}]"
     for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
         try:
             if os.readlink(f"/proc/{pid}/ns/net") != inode:
                 continue
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"deploy.worker.Worker" not in f.read():
-                    continue
-            return sorted(n for n in os.listdir(f"/proc/{pid}/root/dev/shm") if job_id in n)
+                if marker in f.read():
+                    return pid
         except OSError:
             continue
-    raise RuntimeError(f"no Spark worker runs in {netns}")
+    raise RuntimeError(f"no process with {marker.decode()} in its command line runs in {netns}")
+
+
+def _shm_of_host(netns: str, job_id: str) -> list:
+    """The names of job `job_id` in /dev/shm of host `netns` (seen through its Spark worker's
+    mount namespace: each host has a private /dev/shm)."""
+    pid = _pid_in_netns(netns, b"deploy.worker.Worker")
+    return sorted(n for n in os.listdir(f"/proc/{pid}/root/dev/shm") if job_id in n)
 
 
 def _kill_executor(netns: str) -> None:
     """SIGKILLs the Spark executor JVM of host `netns`."""
-    inode = f"net:[{os.stat(f'/run/netns/{netns}').st_ino}]"
-    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
-        try:
-            if os.readlink(f"/proc/{pid}/ns/net") != inode:
-                continue
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"CoarseGrainedExecutorBackend" not in f.read():
-                    continue
-            os.kill(pid, signal.SIGKILL)
-            return
-        except OSError:
-            continue
-    raise RuntimeError(f"no Spark executor runs in {netns}")
+    os.kill(_pid_in_netns(netns, b"CoarseGrainedExecutorBackend"), signal.SIGKILL)
 
 
 def _link(conf: dict, state: str) -> None:
