@@ -239,7 +239,8 @@ def _scenario(tmp_path, monkeypatch, max_restarts: int, cores: int, hang_secs: f
     assert nc.leftovers == [], nc.leftovers
     assert result["ok"], f"the driver program failed:\n{result['error']}"
     print(f"partition scenario (max_restarts={max_restarts}, driver waiting in {wait}): "
-          f"{time.monotonic() - t0:.1f}s in all, driver case {result['secs']:.1f}s, train() raised {result['raised_after_cut_secs']}s after the cut, "
+          f"{time.monotonic() - t0:.1f}s in all, driver case {result['secs']:.1f}s, "
+          f"train() raised {result['raised_after_cut_secs']}s after the cut, "
           f"cut host's /dev/shm clean {result['shm_gone_secs']}s after the link returned "
           f"(held {result['shm_before']} during the feed, {result['shm_after']} at the end); "
           f"train() raised:\n{result['error']}")
