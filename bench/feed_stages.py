@@ -10,7 +10,6 @@ the feeding task and the driver, and this process for the node:
 
   encode      ember._feeding._framed (Arrow IPC stream behind the core's header room, into a
               new buffer: what a feeding task does per slice)
-  ring_raw    ShmRing write (producer process) -> read (this process), nothing else
   ring        the core's producer and consumer through the bindings, no Arrow: FeedProducer
               send_batch_in_place of encoded messages + end_partition (producer process), the
               driver's feed_end_epoch, FeedConsumer begin_epoch/next_epoch_batch of one
@@ -46,7 +45,6 @@ import pyarrow as pa
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 IMAGE = 784
-RAW_KIND = 1  # ring_raw's message kind: its messages are read raw, never by a FeedConsumer
 
 
 def make_batch(rows: int, seed: int = 0) -> pa.RecordBatch:
@@ -72,10 +70,10 @@ def timed(fn, repeats: int) -> float:
 def _producer(conn, rows_per_message: int) -> None:
     """The feeding task and the driver, in one process started before any timing.
 
-    Per command: ("raw", ring, nmsg) writes the encoded message nmsg times into the ring
-    directly; ("feed", endpoint, options, epoch, nmsg) feeds it as one partition of `epoch`
-    through the core's FeedProducer, exactly as ember._feeding.feed_partition sends a slice,
-    then ends the epoch as the driver does.  Answers each command when done; None ends.
+    Per command ("feed", endpoint, options, epoch, nmsg): feeds the encoded message nmsg times
+    as one partition of `epoch` through the core's FeedProducer, exactly as
+    ember._feeding.feed_partition sends a slice, then ends the epoch as the driver does.
+    Answers each command when done; None ends.
     """
     from ember import _ember
     from ember import _feeding
@@ -83,22 +81,15 @@ def _producer(conn, rows_per_message: int) -> None:
     rows = rows_per_message
     message = _feeding._framed(make_batch(rows))  # writable: the core fills its header in place
     while (cmd := conn.recv()) is not None:
-        if cmd[0] == "raw":
-            _, ring_name, nmsg = cmd
-            ring = _ember.ShmRing.open(ring_name)
+        _, endpoint, options, epoch, nmsg = cmd
+        producer = _ember.FeedProducer.open([endpoint], 0, epoch, 0, options)
+        try:
             for _ in range(nmsg):
-                ring.write(RAW_KIND, message, 60.0)
-            ring.close()
-        else:
-            _, endpoint, options, epoch, nmsg = cmd
-            producer = _ember.FeedProducer.open([endpoint], 0, epoch, 0, options)
-            try:
-                for _ in range(nmsg):
-                    producer.send_batch_in_place(0, message, rows)
-                producer.end_partition()
-            finally:
-                producer.close()
-            _ember.feed_end_epoch([endpoint], epoch, 1, options)
+                producer.send_batch_in_place(0, message, rows)
+            producer.end_partition()
+        finally:
+            producer.close()
+        _ember.feed_end_epoch([endpoint], epoch, 1, options)
         conn.send(True)
 
 
@@ -143,27 +134,13 @@ def main(argv=None) -> None:
     # One ring for all runs, as a node has one for the whole job (a fresh ring would add its
     # first-touch page faults to the first run); made as the launcher makes it.
     secret = os.urandom(32)
-    ring = _ember.ShmRing.create(f"/ember-bench-stages-{os.getpid()}", args.ring_bytes)
-    server = _ember.FeedServer.start(ring.name, secret, bind_host="127.0.0.1", port=0,
-                                     result_ring_prefix=f"/ember-bench-stages-{os.getpid()}-results")
-    endpoint = _ember.NodeEndpoint(0, "bench", ring.name, "127.0.0.1", server.port, ring.capacity)
+    host = _ember.FeedHost.start(f"ember-bench-stages-{os.getpid()}", 0, "bench", "127.0.0.1", "127.0.0.1",
+                                 secret, ring_bytes=args.ring_bytes)
+    endpoint = host.endpoint
     options = _feeding.feed_options(secret, transport="shm")
     feed = None
     try:
-        def raw_run() -> float:
-            t = time.perf_counter()
-            conn.send(("raw", ring.name, nmsg))
-            for _ in range(nmsg):
-                ring.read(10.0)
-            secs = time.perf_counter() - t
-            conn.recv()
-            return secs
-
-        # Read raw before the FeedConsumer opens the ring: a ring has one reader.
-        raw_run()
-        res["ring_raw"] = statistics.median([raw_run() for _ in range(args.repeats)])
-
-        feed = DataFeed(ring.name, "bench", timeout=60.0)
+        feed = DataFeed(endpoint.ring, "bench", timeout=60.0)
         consumer = feed._consumer  # the FeedConsumer inside DataFeed: the ring's one reader
         epoch = [0]
         last = []  # a received RowRange, for decode
@@ -206,8 +183,7 @@ def main(argv=None) -> None:
     finally:
         if feed is not None:
             feed._consumer.close()
-        server.close()
-        ring.close()  # aborts the ring: a producer still writing fails and exits
+        host.close()  # aborts the ring: a producer still writing fails and exits
         try:
             conn.send(None)
         except OSError:
@@ -224,7 +200,7 @@ def main(argv=None) -> None:
     res["slice"] = t_slice * nmsg
 
     print(f"{'stage':18s} {'seconds':>8s} {'rows/s':>12s} {'MiB/s':>8s}")
-    for k in ("memcpy", "encode", "ring_raw", "ring", "decode", "slice", "batch_to_columns", "consume",
+    for k in ("memcpy", "encode", "ring", "decode", "slice", "batch_to_columns", "consume",
               "ring_tf_malloc", "consume_tf_malloc"):
         s = res[k]
         print(f"{k:18s} {s:8.3f} {rows / s:12.0f} {rows * (IMAGE + 4) / s / 2**20:8.0f}")

@@ -43,12 +43,12 @@
 #include <string>
 #include <vector>
 
+#include "ember/deadline.h"
 #include "ember/result.h"
 #include "ember/status.h"
 
 namespace ember {
 
-using Duration = std::chrono::milliseconds;
 class CoordinatorClient;  // ember/coordinator.h
 
 namespace collective {

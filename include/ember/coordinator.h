@@ -22,12 +22,11 @@
 #include <string>
 #include <vector>
 
+#include "ember/deadline.h"
 #include "ember/result.h"
 #include "ember/status.h"
 
 namespace ember {
-
-using Duration = std::chrono::milliseconds;
 
 // The shape of a job, as TFoS spells it.  Roles are assigned from the
 // executor id (0..num_nodes-1), never from arrival order:

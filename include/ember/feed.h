@@ -49,11 +49,9 @@
 #include <string_view>
 #include <vector>
 
+#include "ember/deadline.h"
 #include "ember/result.h"
 
-namespace ember {
-using Duration = std::chrono::milliseconds;  // as in ember/coordinator.h
-}  // namespace ember
 
 namespace ember::feed {
 
@@ -108,6 +106,11 @@ std::string ResultRingPrefix(std::string_view node_ring);
 // of a failed stage's tasks).  Mappings stay valid.  Call once the node has
 // ended (its launcher does).  IOError naming /dev/shm if it cannot be listed.
 Status RemoveResultRings(std::string_view node_ring);
+
+// The name of the shm ring of node `executor_id` of job `job_id`:
+// "/<job_id>-<executor_id>".  Its result rings start with ResultRingPrefix
+// of it.
+std::string NodeRingName(std::string_view job_id, int64_t executor_id);
 
 // Where a node's feed is.  Value type; the launcher publishes it in the
 // coordinator's key/value store as Encode()'s bytes.
@@ -263,6 +266,57 @@ class InferenceProducer {
 
  private:
   explicit InferenceProducer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// What FeedHost::Start needs.  Value type.
+struct FeedHostOptions {
+  std::string job_id;        // the ring is NodeRingName(job_id, executor_id)
+  int64_t executor_id = 0;
+  std::string name;          // the node, as errors call it ("executor 3", "worker:0")
+  std::string host;          // where producers on other hosts reach it (the endpoint's host)
+  std::string bind_host = "0.0.0.0";  // the address its feed server listens on
+  std::string secret;        // the job's secret (>= 16 bytes)
+  uint64_t ring_bytes = uint64_t{64} << 20;
+  // How long the feed server lets a ring write, a session wait or a socket
+  // write make no progress, until a producer's own (FeedOptions) arrives.
+  Duration idle_timeout{600000};
+};
+
+// A training node's feed, hosted by its launcher for the node's life: the
+// shm ring the node reads (Consumer::Open(endpoint().ring)) and the TCP
+// feed server that relays producers on other hosts into it.  The launcher
+// outlives the node, so when the node ends, producers learn at once: its
+// failure (Abort) makes their writes fail with its reason, a normal end
+// (Terminate) makes them stop quietly.
+//
+// Thread-safe.
+class FeedHost {
+ public:
+  // Creates the ring and starts the server on a free port.  AlreadyExists
+  // if the ring exists; InvalidArgument for bad options; IOError if the
+  // address cannot be bound.
+  static Result<std::unique_ptr<FeedHost>> Start(const FeedHostOptions& options);
+  ~FeedHost();  // Close()s
+  FeedHost(const FeedHost&) = delete;
+  FeedHost& operator=(const FeedHost&) = delete;
+
+  // What producers need (publish endpoint().Encode()).
+  const NodeEndpoint& endpoint() const;
+
+  // The node failed: blocked and later writes fail with Aborted(`reason`).
+  void Abort(const std::string& reason);
+  // The node ended its feed: queued data is dropped, producers stop quietly.
+  void Terminate();
+
+  // Stops the server (dropping its connections), removes the ring and what
+  // is left of the node's result rings (RemoveResultRings).  Idempotent.
+  void Close();
+
+  struct Impl;
+
+ private:
+  explicit FeedHost(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

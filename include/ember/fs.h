@@ -27,12 +27,11 @@
 #include <string>
 #include <vector>
 
+#include "ember/deadline.h"
 #include "ember/result.h"
 #include "ember/status.h"
 
 namespace ember {
-
-using Duration = std::chrono::milliseconds;  // same alias as ember/coordinator.h
 
 namespace fs {
 

@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ember/coordinator.h"
@@ -76,6 +77,21 @@ struct NodeContext {
 
 // The environment variable naming the start-up pipe's descriptor.
 inline constexpr const char kStartupFdEnv[] = "EMBER_STARTUP_FD";
+
+namespace node {
+
+// The start-up message for `context` (docs/wire.md, "Node start-up"), what
+// a launcher writes to the pipe.  InvalidArgument if a field cannot be
+// represented (negative ids or timeout, a port outside 0..65535, a string or
+// list over 4 GiB).
+Result<std::string> EncodeStartup(const NodeContext& context);
+
+// Parses a whole message.  Corruption (naming the field and offset) for bad
+// magic, truncation, trailing bytes, out-of-range values or unsorted roles;
+// InvalidArgument for another version, naming both.
+Result<NodeContext> DecodeStartup(std::string_view bytes);
+
+}  // namespace node
 
 // Reads one start-up message from `fd` until end of file and decodes it.
 // Does not close `fd`.  IOError if the read fails; Corruption or

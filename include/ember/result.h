@@ -1,7 +1,6 @@
 // Result<T>: a value of type T, or the Status saying why there is none.
 #pragma once
 
-#include <cassert>
 #include <optional>
 #include <utility>
 
@@ -20,16 +19,20 @@ class [[nodiscard]] Result {
   bool ok() const { return value_.has_value(); }
   const Status& status() const { return status_; }
 
-  // Precondition: ok().
-  T& operator*() & { assert(ok()); return *value_; }
-  const T& operator*() const& { assert(ok()); return *value_; }
-  T* operator->() { assert(ok()); return &*value_; }
-  const T* operator->() const { assert(ok()); return &*value_; }
-  T MoveValueUnsafe() { assert(ok()); return std::move(*value_); }
+  // Precondition: ok().  Breaking it is a programming error, in every build:
+  // the process ends with the Status (ResultValueMissing, ember/status.h).
+  T& operator*() & { Check(); return *value_; }
+  const T& operator*() const& { Check(); return *value_; }
+  T* operator->() { Check(); return &*value_; }
+  const T* operator->() const { Check(); return &*value_; }
+  T MoveValueUnsafe() { Check(); return std::move(*value_); }
   // Returns the value, or `fallback` when not ok().
   T ValueOr(T fallback) const& { return ok() ? *value_ : std::move(fallback); }
 
  private:
+  void Check() const {
+    if (!value_.has_value()) [[unlikely]] ResultValueMissing(status_);
+  }
   Status status_;  // OK when value_ is set
   std::optional<T> value_;
 };

@@ -74,6 +74,10 @@ class [[nodiscard]] Status {
   std::shared_ptr<const State> state_;  // null when OK; immutable once made
 };
 
+// Ends the process, printing `status` to stderr: a Result's value was taken
+// although it held none (ember/result.h), a programming error.
+[[noreturn]] void ResultValueMissing(const Status& status);
+
 }  // namespace ember
 
 // Returns early from the calling function if `expr` is not OK.

@@ -66,7 +66,7 @@ def feed_endpoints(server, nodes, timeout: float = 60.0) -> List[feeding.NodeEnd
 # ------------------------------------------------------------------------ training
 def validation_epoch(epoch: int) -> int:
     """The number of the validation epoch fed after training epoch `epoch` (include/ember/feed.h)."""
-    return epoch | _ember.VALIDATION_EPOCH_BIT
+    return _ember.validation_epoch(epoch)
 
 
 def _feed_epoch(sc, data: Any, epoch: int, eps: List[feeding.NodeEndpoint], opts: feeding.FeedOptions,

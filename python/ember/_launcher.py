@@ -60,8 +60,7 @@ class NodeSpec:
     connect_timeout: float
     kill_grace_secs: float
     echo_logs: bool  # echo node output to the task's stderr (not in local mode: that is the driver's)
-    feed_ring_bytes: int = 64 << 20  # InputMode.SPARK: each training node's feed ring
-    feed_timeout: float = 600.0      # InputMode.SPARK: how long the feed server waits without progress
+    feed_ring_bytes: Optional[int] = None  # InputMode.SPARK: each training node's feed ring (None: the core's)
     argv: Optional[List[str]] = None  # a program node: the executable and its arguments
     hdfs_http_address: str = ""  # the NameNode's WebHDFS host:port when default_fs is hdfs://
     node_bind: str = ""  # where the node's listeners bind; "" = the node's own address (config.node_bind)
@@ -153,48 +152,36 @@ class NodeFeed:
     ended_how: Optional[str] = None  # set by settle()
 
     def __init__(self, spec: NodeSpec, executor_id: int, label: str, host: str, bind_host: str):
-
         self.key = FEED_ENDPOINT_KEY.format(executor_id=executor_id)
         # Owns the ring's names for the life of this process: however the launcher ends, its
         # reaper removes them (a lost launcher's ring must not stay in the host's memory).
-        self.owner = _ring_owner.RingOwner(f"{spec.job_id}-{executor_id}")
+        self.owner = _ring_owner.RingOwner(_ember.node_ring_name(spec.job_id, executor_id).lstrip("/"))
         try:
-            self.ring = _ember.ShmRing.create(f"/{spec.job_id}-{executor_id}", spec.feed_ring_bytes)
+            # The ring and the server relaying remote feeding tasks into it (ember/feed.h FeedHost);
+            # its endpoint is published as endpoint.encode(), the core's typed, versioned form.
+            self.host = _ember.FeedHost.start(spec.job_id, executor_id, label, host, bind_host, spec.secret,
+                                              ring_bytes=spec.feed_ring_bytes)
         except BaseException:
             self.owner.close()
             raise
-        try:
-            self.server = _ember.FeedServer.start(
-                self.ring.name, spec.secret, bind_host=bind_host, port=0,
-                result_ring_prefix=_ember.result_ring_prefix(self.ring.name),
-                idle_timeout=spec.feed_timeout)
-        except BaseException:
-            self.ring.close()
-            self.owner.close()
-            raise
-        # Published as endpoint.encode(): the core's typed, versioned form (docs/wire.md).
-        self.endpoint = _ember.NodeEndpoint(executor_id, label, self.ring.name, host, self.server.port,
-                                            self.ring.capacity)
+        self.endpoint = self.host.endpoint
 
     def settle(self, outcome: str, reason: str, returncode: Optional[int], label: str) -> None:
         """Tells feeding tasks how the node ended (see the class docstring); `ended_how`
         keeps the words, which the launcher also publishes for tasks that come later."""
         if outcome == "abort":
             self.ended_how = _short_reason(f"the job was aborted: {reason}")
-            self.ring.abort(self.ended_how)
+            self.host.abort(self.ended_how)
         elif outcome == "exit" and returncode not in (0, None):
             self.ended_how = (f"node {label} failed ({_proc.describe_exit(returncode)}); "
                               "see the driver's output for its traceback")
-            self.ring.abort(self.ended_how)
+            self.host.abort(self.ended_how)
         else:
             self.ended_how = f"node {label} ended its feed"
-            self.ring.terminate()
+            self.host.terminate()
 
     def close(self) -> None:
-        self.server.close()
-        self.ring.close()
-        # Result rings whose feeding task was killed before the node could map them.
-        _ember.remove_result_rings(self.ring.name)
+        self.host.close()  # also removes result rings whose feeding task was killed early
         self.owner.close()
 
 
@@ -284,7 +271,7 @@ class NodeLauncher:
             port_sock.close()  # the node's framework binds this port now
             traceback_path = os.path.join(tmpdir, "traceback.txt")
             startup = self._startup_message(role, index, cluster_spec, log_dir, traceback_path,
-                                            feed.ring.name if feed is not None else "")
+                                            feed.endpoint.ring if feed is not None else "")
             child = self._spawn_node(env, startup)
             forwarders = [self._forward(client, child.stdout, "stdout"),
                           self._forward(client, child.stderr, "stderr")]

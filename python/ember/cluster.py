@@ -275,11 +275,11 @@ class Cluster:
             self._feed_endpoints = _feed_driver.feed_endpoints(self._server, self.nodes())
         return self._feed_endpoints
 
-    def _feed_options(self, feed_timeout: float) -> _feeding.FeedOptions:
-        return _feeding.feed_options(secret=self._secret, feed_timeout=float(feed_timeout),
+    def _feed_options(self, feed_timeout: Optional[float]) -> _feeding.FeedOptions:
+        return _feeding.feed_options(secret=self._secret, feed_timeout=feed_timeout,
                                     transport=str(config.get("feed_transport", self._sc)))
 
-    def train(self, data: Any, num_epochs: int = 1, feed_timeout: float = 600.0, qname: str = "input",
+    def train(self, data: Any, num_epochs: int = 1, feed_timeout: Optional[float] = None, qname: str = "input",
               validation_data: Any = None) -> None:
         """Feeds a DataFrame or RDD to the training nodes (InputMode.SPARK); returns when all
         of it was delivered.
@@ -310,7 +310,8 @@ class Cluster:
                 values or numpy arrays.
             num_epochs: how many times to feed `data`.
             validation_data: fed after every training epoch as its validation epoch.
-            feed_timeout: seconds a feeding task may wait for a node that reads nothing.
+            feed_timeout: seconds a feeding task may wait for a node that reads nothing
+                (None: the feed's default, ``FeedOptions.idle_timeout`` in ember/feed.h: 10 minutes).
             qname: ignored; accepted for TFoS compatibility.
 
         Raises:
@@ -357,7 +358,7 @@ class Cluster:
                     self._console.info(f"feeding epoch {epoch}, which the failure interrupted, again "
                                        f"from its start (as epoch {self._epochs_fed})")
 
-    def _feed(self, data: Any, epoch: int, feed_timeout: float, validation_data: Any, fed: List[int]) -> Optional[int]:
+    def _feed(self, data: Any, epoch: int, feed_timeout: Optional[float], validation_data: Any, fed: List[int]) -> Optional[int]:
         """Feeds one epoch (``_feed_driver.train``) on a thread of its own, under the feed's job
         group, and returns what it returns, or raises the job's failure the moment one is known.
 
@@ -422,7 +423,7 @@ class Cluster:
             pass
         woken.set()
 
-    def train_stream(self, stream_df: Any, feed_timeout: float = 600.0,
+    def train_stream(self, stream_df: Any, feed_timeout: Optional[float] = None,
                      checkpoint_location: Optional[str] = None, trigger: Optional[dict] = None):
         """Feeds a Structured Streaming DataFrame to the nodes as it arrives (TFoS fed DStreams).
 
@@ -460,7 +461,7 @@ class Cluster:
             writer = writer.trigger(**trigger)
         return writer.start()
 
-    def inference(self, data: Any, feed_timeout: float = 600.0, output_schema: Any = None,
+    def inference(self, data: Any, feed_timeout: Optional[float] = None, output_schema: Any = None,
                   qname: str = "input") -> Any:
         """Runs the nodes' inference over a DataFrame or RDD (InputMode.SPARK).
 
@@ -471,7 +472,8 @@ class Cluster:
 
         Args:
             data: a DataFrame or an RDD.
-            feed_timeout: seconds a feeding task waits for a node that makes no progress.
+            feed_timeout: seconds a feeding task waits for a node that makes no progress
+                (None: the feed's default, 10 minutes).
             output_schema: for a DataFrame, the result columns as a DDL string or StructType
                 (default ``"prediction double"``); matched by name, else by position.
             qname: ignored; accepted for TFoS compatibility.

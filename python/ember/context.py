@@ -153,11 +153,9 @@ class Context:
                                    "this job uses InputMode.TENSORFLOW, where main_fun reads its own data")
             raise RuntimeError(f"node {self.job_name}:{self.task_index} is not fed: only chief, master and "
                                "worker nodes receive data in InputMode.SPARK")
-        from ember import _ember
         from ember.feed import DataFeed
         if getattr(self, "_feed", None) is None:
-            self._feed_ring_handle = _ember.ShmRing.open(self._feed_ring)
-            self._feed = DataFeed(self._feed_ring_handle, node=f"{self.job_name}:{self.task_index}",
+            self._feed = DataFeed(self._feed_ring, node=f"{self.job_name}:{self.task_index}",
                                   train_mode=train_mode, input_mapping=input_mapping, timeout=timeout)
         else:  # one ring per node: a second call re-configures the same feed
             self._feed.train_mode = train_mode
@@ -295,7 +293,6 @@ class Context:
         state["_summary_writer"] = None
         state.pop("_client_lock", None)
         state.pop("_feed", None)
-        state.pop("_feed_ring_handle", None)
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:

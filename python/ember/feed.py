@@ -38,7 +38,8 @@ class DataFeed:
     thread may call, also while another is reading (it ends that read as the end of the feed).
 
     Args:
-        ring: the node's feed ring: its name, or an ``ember._ember.ShmRing`` opened on it.
+        ring: the node's feed ring: its name (``NodeEndpoint.ring``), or an object whose ``name``
+            is it.
         node: the node's name for error messages, e.g. ``"worker:1"``.
         train_mode: False for inference: ``next_batch`` stops at partition ends and
             every row handed out must be answered through ``batch_results``.

@@ -17,7 +17,7 @@
 #include <string>
 #include <utility>
 
-#include "common/deadline.h"
+#include "ember/deadline.h"
 #include "ember/coordinator.h"
 #include "ember/result.h"
 #include "ember/status.h"

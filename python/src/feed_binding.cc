@@ -1,6 +1,5 @@
-// Bindings of the data feed: its public contract (ember/feed.h: options,
-// endpoints, producers, consumer) and the pieces the launcher and tests use
-// directly (shm::Ring, FeedServer, FeedClient).  Type conversion only:
+// Bindings of the data feed's public contract (ember/feed.h: options,
+// endpoints, the node's FeedHost, producers, consumer).  Type conversion only:
 // payloads go in as any buffer-protocol object (bytes, memoryview, numpy,
 // pyarrow.Buffer) without a copy and come out as read-only uint8 numpy arrays
 // that share-own the received bytes (no copy either); durations cross as
@@ -11,6 +10,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
@@ -24,20 +24,11 @@
 
 #include "bindings.h"
 #include "ember/feed.h"
-#include "feed/codec.h"
-#include "feed/feed_client.h"
-#include "feed/feed_server.h"
-#include "transport/shm/ring.h"
 
 namespace ember::python {
 namespace {
 
 using namespace nb::literals;
-using feed::FeedClient;
-using feed::FeedKind;
-using feed::FeedServer;
-using feed::FeedServerOptions;
-using shm::Ring;
 using Release = nb::call_guard<nb::gil_scoped_release>;
 
 std::string BytesToString(const nb::bytes& b) { return std::string(b.c_str(), b.size()); }
@@ -101,17 +92,6 @@ class BufferViews {
   std::vector<std::span<const uint8_t>> parts_;
 };
 
-// Moves `bytes` into a 1-D uint8 numpy array that owns them (via a capsule).
-nb::object OwnedArray(std::vector<uint8_t> bytes) {
-  auto holder = std::make_unique<std::vector<uint8_t>>(std::move(bytes));
-  if (holder->capacity() == 0) holder->reserve(1);  // a real data pointer even when empty
-  uint8_t* data = holder->data();
-  const size_t size = holder->size();
-  nb::capsule owner(holder.get(), [](void* p) noexcept { delete static_cast<std::vector<uint8_t>*>(p); });
-  holder.release();  // the capsule owns it now
-  return nb::cast(nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>(data, {size}, owner));
-}
-
 // A read-only uint8 numpy view of bytes[offset:] that keeps `bytes` alive.
 nb::object SharedArray(std::shared_ptr<const std::vector<uint8_t>> bytes, size_t offset) {
   auto* holder = new std::shared_ptr<const std::vector<uint8_t>>(std::move(bytes));
@@ -134,170 +114,43 @@ nb::object SharedArray(std::shared_ptr<const void> owner, std::span<const uint8_
   return nb::cast(nb::ndarray<nb::numpy, const uint8_t, nb::ndim<1>>(data, {bytes.size()}, capsule));
 }
 
-// shm::Ring::Close() is safe while other threads use the ring (its class
-// comment), so Python's close() needs no lock of its own.
-void BindShmRing(nb::module_& m) {
-  nb::class_<shm::Ring>(m, "ShmRing",
-                        "A node's bounded shared-memory feed ring (many producers, one consumer).\n"
-                        "Thread-safe; close() may be called while another thread reads or writes.")
-      .def_static(
-          "create", [](const std::string& name, size_t capacity) { return ValueOrThrow(shm::Ring::Create(name, capacity)); },
-          "name"_a, "capacity"_a, Release(),
-          "Creates ring `name` (\"/ember-...\") of `capacity` bytes; the caller is its consumer.\n"
-          "AlreadyExists if it exists; close() aborts and unlinks it.")
-      .def_static(
-          "open", [](const std::string& name) { return ValueOrThrow(shm::Ring::Open(name)); }, "name"_a, Release(),
-          "Opens an existing ring as a producer.  NotFound if there is none.")
-      .def_static("max_payload", &shm::Ring::MaxPayload, "capacity"_a,
-                  "Largest payload one message may carry in a ring of `capacity` bytes.")
-      .def_prop_ro("name", &shm::Ring::name)
-      .def_prop_ro("capacity", &shm::Ring::capacity)
-      .def(
-          "write",
-          [](shm::Ring& self, uint32_t kind, nb::handle payload, double timeout) {
-            BufferView view(payload);  // released with the GIL held, after `release` ends
-            Status st;
-            {
-              nb::gil_scoped_release release;
-              st = self.Write(kind, view.bytes(), Deadline::After(SecondsToDuration(timeout)));
-            }
-            ThrowIfError(st);
-          },
-          "kind"_a, "payload"_a, "timeout"_a,
-          "Producer: appends one message; `payload` is any contiguous buffer (not copied first).\n"
-          "Blocks while the ring is full: DeadlineExceeded after `timeout` seconds; Aborted if the\n"
-          "node failed; Cancelled if it terminated its feed; InvalidArgument if too large.")
-      .def(
-          "read",
-          [](shm::Ring& self, double timeout) {
-            uint32_t kind = 0;
-            auto payload = std::make_shared<std::vector<uint8_t>>();
-            Status st;
-            {
-              nb::gil_scoped_release release;
-              st = self.Read(&kind, payload.get(), Deadline::After(SecondsToDuration(timeout)));
-            }
-            ThrowIfError(st);
-            return nb::make_tuple(kind, SharedArray(std::move(payload), 0));
-          },
-          "timeout"_a,
-          "Consumer: (kind, payload) of the next message; payload is a read-only uint8 numpy array\n"
-          "that owns its bytes.  DeadlineExceeded if none arrives within `timeout` seconds;\n"
-          "Cancelled once the ring is terminated (a read waiting on another thread too).")
-      .def(
-          "lock_session",
-          [](shm::Ring& self, double idle_timeout) { ThrowIfError(self.LockSession(SecondsToDuration(idle_timeout))); },
-          "idle_timeout"_a, Release(),
-          "Producer: takes the ring's session lock (keeps this producer's messages contiguous).\n"
-          "Must be released by unlock_session() on the same thread.")
-      .def("unlock_session", &shm::Ring::UnlockSession, Release(),
-           "Releases the session lock taken by lock_session() on this thread; no-op if not held.")
-      .def(
-          "health", [](shm::Ring& self) { ThrowIfError(self.Health()); }, Release(),
-          "Producer: raises Aborted/Cancelled as write() would now, else returns None.")
-      .def("abort", &shm::Ring::Abort, "reason"_a, Release(),
-           "Consumer: fails blocked and future writes with Aborted(`reason`).")
-      .def("terminate", &shm::Ring::Terminate, Release(),
-           "Consumer: drops queued data; producers' writes (and reads of the ring) then raise\n"
-           "Cancelled: feeding tasks stop quietly.  Any thread, also while another reads.")
-      .def("close", &shm::Ring::Close, Release(),
-           "Releases the ring (a consumer also aborts and unlinks it).  Idempotent; safe while other\n"
-           "threads use the ring.");
-}
-
-void BindFeedServer(nb::module_& m) {
-  nb::class_<FeedServer>(m, "FeedServer",
-                         "Relays authenticated TCP feed connections from other hosts into a node's ring.")
+void BindFeedHost(nb::module_& m) {
+  using feed::FeedHost;
+  using feed::FeedHostOptions;
+  m.def("node_ring_name", &feed::NodeRingName, "job_id"_a, "executor_id"_a,
+        "The shm ring of node `executor_id` of job `job_id` (ember/feed.h NodeRingName).");
+  nb::class_<FeedHost>(m, "FeedHost",
+                       "A training node's feed, held by its launcher: the ring the node reads and the TCP\n"
+                       "feed server relaying producers on other hosts into it (ember/feed.h FeedHost).")
       .def_static(
           "start",
-          [](const std::string& ring_name, nb::bytes secret, std::string bind_host, int port,
-             std::string result_ring_prefix, size_t result_ring_capacity, double handshake_timeout,
-             double idle_timeout, size_t max_message_bytes) {
-            FeedServerOptions options;
-            options.ring_name = ring_name;
+          [](const std::string& job_id, int64_t executor_id, const std::string& name, const std::string& host,
+             const std::string& bind_host, nb::bytes secret, std::optional<uint64_t> ring_bytes,
+             std::optional<double> idle_timeout) {
+            FeedHostOptions options;  // its defaults stand where Python passes None
+            options.job_id = job_id;
+            options.executor_id = executor_id;
+            options.name = name;
+            options.host = host;
+            options.bind_host = bind_host;
             options.secret = BytesToString(secret);
-            options.bind_host = std::move(bind_host);
-            options.port = port;
-            options.result_ring_prefix = std::move(result_ring_prefix);
-            options.result_ring_capacity = result_ring_capacity;
-            options.handshake_timeout = SecondsToDuration(handshake_timeout);
-            options.idle_timeout = SecondsToDuration(idle_timeout);
-            options.max_message_bytes = max_message_bytes;
+            if (ring_bytes) options.ring_bytes = *ring_bytes;
+            if (idle_timeout) options.idle_timeout = SecondsToDuration(*idle_timeout);
             nb::gil_scoped_release release;
-            return ValueOrThrow(FeedServer::Start(options));
+            return ValueOrThrow(FeedHost::Start(options));
           },
-          "ring_name"_a, "secret"_a, "bind_host"_a = "0.0.0.0", "port"_a = 0,
-          "result_ring_prefix"_a = "/ember-results", "result_ring_capacity"_a = size_t{4} << 20,
-          "handshake_timeout"_a = 10.0, "idle_timeout"_a = 600.0, "max_message_bytes"_a = size_t{64} << 20,
-          "Opens the node's ring `ring_name` and listens (port 0: any free port).")
-      .def_prop_ro("port", &FeedServer::port)
-      .def(
-          "stats",
-          [](const FeedServer& s) {
-            const feed::FeedServerStats st = s.stats();
-            nb::dict d;
-            d["connections_accepted"] = st.connections_accepted;
-            d["connections_rejected"] = st.connections_rejected;
-            d["messages_relayed"] = st.messages_relayed;
-            d["bytes_relayed"] = st.bytes_relayed;
-            d["results_sent"] = st.results_sent;
-            return d;
-          },
-          "Counters: connections accepted/rejected, messages and bytes relayed, results sent.")
-      .def("close", &FeedServer::Close, Release(), "Drops every connection and joins all threads.  Idempotent.");
+          "job_id"_a, "executor_id"_a, "name"_a, "host"_a, "bind_host"_a, "secret"_a, "ring_bytes"_a = nb::none(),
+          "idle_timeout"_a = nb::none(),
+          "Creates the node's ring and starts its feed server on a free port of `bind_host`;\n"
+          "`host` is where producers on other hosts reach it.  None: the core's default.")
+      .def_prop_ro("endpoint", &FeedHost::endpoint, "Where producers reach the node (publish endpoint.encode()).")
+      .def("abort", &FeedHost::Abort, "reason"_a, Release(),
+           "The node failed: blocked and later writes of producers fail with Aborted(`reason`).")
+      .def("terminate", &FeedHost::Terminate, Release(),
+           "The node ended its feed: queued data is dropped, producers stop quietly.")
+      .def("close", &FeedHost::Close, Release(),
+           "Stops the server, removes the ring and the node's leftover result rings.  Idempotent.");
 }
-
-void BindFeedClient(nb::module_& m) {
-  nb::class_<FeedClient>(m, "FeedClient",
-                         "A feeding task's connection to a node's feed server on another host.\n"
-                         "One thread may write while another reads; close() is thread-safe.")
-      .def_static(
-          "connect",
-          [](const std::string& host, int port, nb::bytes secret, double timeout, size_t max_message_bytes,
-             double idle_timeout) {
-            std::string key = BytesToString(secret);
-            nb::gil_scoped_release release;
-            return ValueOrThrow(FeedClient::Connect(host, port, key, SecondsToDuration(timeout), max_message_bytes,
-                                                    SecondsToDuration(idle_timeout)));
-          },
-          "host"_a, "port"_a, "secret"_a, "timeout"_a = 10.0, "max_message_bytes"_a = size_t{64} << 20,
-          "idle_timeout"_a = 600.0,
-          "Connects and authenticates, then sends `idle_timeout` (kHello) for the server to apply.\n"
-          "Unavailable (naming host:port) or Unauthenticated on failure.")
-      .def(
-          "write",
-          [](FeedClient& self, uint32_t kind, nb::handle payload, double timeout) {
-            BufferView view(payload);  // released with the GIL held, after `release` ends
-            Status st;
-            {
-              nb::gil_scoped_release release;
-              st = self.Write(static_cast<FeedKind>(kind), view.bytes(), Deadline::After(SecondsToDuration(timeout)));
-            }
-            ThrowIfError(st);
-          },
-          "kind"_a, "payload"_a, "timeout"_a,
-          "Sends one message (any contiguous buffer, not copied first).  Cancelled if the node\n"
-          "terminated its feed; Aborted with the node's reason if it failed.")
-      .def(
-          "read",
-          [](FeedClient& self, double timeout) {
-            FeedKind kind{};
-            std::vector<uint8_t> payload;
-            Status st;
-            {
-              nb::gil_scoped_release release;
-              st = self.Read(&kind, &payload, Deadline::After(SecondsToDuration(timeout)));
-            }
-            ThrowIfError(st);
-            return nb::make_tuple(static_cast<uint32_t>(kind), OwnedArray(std::move(payload)));
-          },
-          "timeout"_a,
-          "(kind, payload) of the next result message (RESULTS, END_RESULTS or ERROR, whose payload\n"
-          "is the reason as UTF-8).  DeadlineExceeded, with nothing consumed, after `timeout` seconds.")
-      .def_prop_ro("peer", &FeedClient::peer)
-      .def("close", &FeedClient::Close, Release(), "Closes the connection.  Idempotent.");
-}
-
 
 // A Duration member as float seconds.
 template <typename T>
@@ -323,8 +176,8 @@ void BindFeedContract(nb::module_& m) {
   using feed::Transport;
 
   m.attr("BATCH_HEADER_BYTES") = feed::kBatchHeaderBytes;
-  m.attr("INFERENCE_EPOCH") = feed::kInferenceEpoch;
-  m.attr("VALIDATION_EPOCH_BIT") = feed::kValidationEpochBit;
+  m.def("validation_epoch", &feed::ValidationEpoch, "training_epoch"_a,
+        "The number of the validation epoch fed after training epoch `training_epoch` (ember/feed.h).");
 
   nb::enum_<Transport>(m, "Transport", "How a producer reaches a node (ember/feed.h).")
       .value("AUTO", Transport::kAuto)
@@ -399,14 +252,6 @@ void BindFeedContract(nb::module_& m) {
       [](int64_t rows, const std::vector<int64_t>& sent, size_t first) { return feed::SplitRows(rows, sent, first); },
       "rows"_a, "sent"_a, "first"_a, "How the next `rows` rows of a partition go to the nodes (ember/feed.h SplitRows).");
   m.def("max_batch_bytes", &feed::MaxBatchBytes, "ring_capacity"_a, "max_message_bytes"_a);
-  m.def(
-      "result_ring_prefix", [](const std::string& node_ring) { return feed::ResultRingPrefix(node_ring); }, "node_ring"_a,
-        "The names of a node's result rings start with this (ember/feed.h ResultRingPrefix).");
-  m.def(
-      "remove_result_rings", [](const std::string& node_ring) { ThrowIfError(feed::RemoveResultRings(node_ring)); },
-      nb::call_guard<nb::gil_scoped_release>(), "node_ring"_a,
-      "Unlinks what is left of a node's result rings once it has ended (ember/feed.h RemoveResultRings).");
-
   nb::class_<Producer>(m, "FeedProducer",
                        "One feeding task's partition of one training epoch, to every node (ember/feed.h Producer).\n"
                        "Not thread-safe.")
@@ -659,9 +504,7 @@ void BindFeedContract(nb::module_& m) {
 }  // namespace
 
 void BindFeed(nb::module_& m) {
-  BindShmRing(m);
-  BindFeedServer(m);
-  BindFeedClient(m);
+  BindFeedHost(m);
   BindFeedContract(m);
 }
 

@@ -1,5 +1,5 @@
 // Bindings of include/ember/node.h's start-up message: NodeContext and its
-// encoding (src/node/startup.h).  Type conversion only: bytes fields (secret,
+// encoding (ember/node.h, node::EncodeStartup).  Type conversion only: bytes fields (secret,
 // payload) cross as bytes, connect_timeout as float seconds, input_mode as
 // the int of ember.InputMode.
 #include <nanobind/nanobind.h>
@@ -11,7 +11,6 @@
 
 #include "bindings.h"
 #include "ember/node.h"
-#include "node/startup.h"
 
 namespace ember::python {
 namespace {

@@ -139,7 +139,8 @@ def test_train_inference_shutdown_map_tfos_arguments_onto_ember():
     assert cluster.inference("rdd", feed_timeout=7) == "rdd"
     cluster.shutdown(timeout=-1)  # TFoS: -1 disables the timeout
     cluster.shutdown(grace_secs=2)
-    assert cluster.ember_cluster.calls == [("train", 10, 600), ("train", 3, 5), ("inference", 7, None),
+    # No feed_timeout given: None reaches Ember, whose feed applies its own default (ember/feed.h).
+    assert cluster.ember_cluster.calls == [("train", 10, None), ("train", 3, 5), ("inference", 7, None),
                                            ("shutdown", 0, None), ("shutdown", 2, 259200.0)]
 
 
@@ -197,11 +198,12 @@ def test_terminate_on_the_main_thread_ends_a_read_blocked_in_the_generator_threa
     and the read ends as the end of the feed."""
     from ember import _ember
     from ember.feed import DataFeed as NodeFeed
-    ring = _ember.ShmRing.create(f"/ember-test-{secrets.token_hex(6)}", 1 << 20)
+    ring = _ember.FeedHost.start(f"ember-test-{secrets.token_hex(6)}", 1, "worker:1", "127.0.0.1", "127.0.0.1",
+                                 b"s" * 32, ring_bytes=1 << 20)
     try:
         ember_ctx = FakeEmberCtx()
         ember_ctx.get_data_feed = lambda train_mode=True, input_mapping=None: NodeFeed(
-            ring, "worker:1", train_mode, input_mapping, timeout=60)
+            ring.endpoint.ring, "worker:1", train_mode, input_mapping, timeout=60)
         feed = TFNode.DataFeed(TFNode.TFNodeContext(ember_ctx).mgr)
         got, entered = [], threading.Event()
 

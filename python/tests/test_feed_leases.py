@@ -1,22 +1,20 @@
 """The node reads fed batches in place from its ring (ring leases, include/ember/feed.h
 RowRange): numpy columns point into shared memory.  A node that keeps what it got must
 neither stall its feeders nor see its arrays change when the ring reuses the bytes."""
-import secrets
 import threading
 
 import numpy as np
 import pytest
 
-from ember import _ember
 from ember import _feeding as feeding
 from ember.feed import DataFeed
 
-from test_feed_unit import _end_epoch, _endpoint, _options, _tell
+from test_feed_unit import _Node, _end_epoch, _endpoint, _options, _tell
 
 
 @pytest.fixture
 def small_ring():
-    r = _ember.ShmRing.create(f"/ember-test-{secrets.token_hex(6)}", 64 << 10)
+    r = _Node(ring_bytes=64 << 10)
     yield r
     r.close()
 

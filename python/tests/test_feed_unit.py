@@ -76,56 +76,52 @@ def test_split_rows_spreads_the_odd_rows_over_the_nodes():
 
 
 # ------------------------------------------------------------------ ring + DataFeed
+class _Node:
+    """A node's feed as its launcher holds it (ember/feed.h FeedHost): its ring, which a
+    DataFeed reads by ``name``, and the TCP feed server on it, through which the driver tells
+    it END_EPOCH / END_FEED."""
+
+    def __init__(self, k: int = 0, ring_bytes: int = 1 << 20):
+        self.host = _ember.FeedHost.start(f"ember-test-{secrets.token_hex(6)}", k, f"worker:{k}", "127.0.0.1",
+                                          "127.0.0.1", b"s" * 32, ring_bytes=ring_bytes)
+        self.endpoint = self.host.endpoint
+        self.name = self.endpoint.ring
+        self.capacity = self.endpoint.ring_capacity
+
+    def close(self):
+        self.host.close()
+
+
 @pytest.fixture
 def two_nodes():
-    """Two nodes' rings and their endpoints."""
-    from ember import _ember
-    rings = [_ember.ShmRing.create(f"/ember-test-{secrets.token_hex(6)}", 1 << 20) for _ in range(2)]
-    eps = [feeding.NodeEndpoint(k, f"worker:{k}", r.name, "127.0.0.1", 0) for k, r in enumerate(rings)]
-    yield rings, eps
+    """Two nodes' feeds and their endpoints."""
+    rings = [_Node(k) for k in range(2)]
+    yield rings, [r.endpoint for r in rings]
     for r in rings:
         r.close()
 
 @pytest.fixture
 def ring():
-    from ember import _ember
-    r = _ember.ShmRing.create(f"/ember-test-{secrets.token_hex(6)}", 1 << 20)
+    r = _Node()
     yield r
     r.close()
 
 
 def _endpoint(ring):
-    return feeding.NodeEndpoint(0, "worker:0", ring.name, "127.0.0.1", 0)
+    return ring.endpoint
 
 
 def _options(**kw):
     return feeding.feed_options(b"s" * 32, feed_timeout=10.0, **kw)
 
 
-class _FeedServers:
-    """Each ring's TCP feed server, as the node's launcher runs it: the driver tells nodes
-    END_EPOCH / END_FEED through them."""
-
-    def __init__(self, rings):
-        self.servers = [_ember.FeedServer.start(r.name, b"s" * 32, bind_host="127.0.0.1") for r in rings]
-        self.eps = [feeding.NodeEndpoint(k, f"worker:{k}", r.name, "127.0.0.1", s.port)
-                    for k, (r, s) in enumerate(zip(rings, self.servers))]
-
-    def close(self):
-        for s in self.servers:
-            s.close()
-
-
 def _tell(rings, what, *args):
     """What the driver sends each node after a feeding job (END_EPOCH) or at shutdown (END_FEED)."""
-    servers = _FeedServers(rings)
-    try:
-        if what == "end_epoch":
-            assert _ember.feed_end_epoch(servers.eps, *args, _options()) == [""] * len(rings)  # "" for each node told
-        else:
-            assert _ember.feed_end_feed(servers.eps, _options()) == [""] * len(rings)
-    finally:
-        servers.close()
+    eps = [r.endpoint for r in rings]
+    if what == "end_epoch":
+        assert _ember.feed_end_epoch(eps, *args, _options()) == [""] * len(rings)  # "" for each node told
+    else:
+        assert _ember.feed_end_feed(eps, _options()) == [""] * len(rings)
 
 
 def _end_epoch(rings, epoch, num_partitions):
@@ -362,21 +358,17 @@ def test_inference_too_few_results_is_a_clear_error(ring):
 def test_feed_timeout_reaches_the_node_side(ring):
     """The node's feed server was started with a 10-minute idle timeout; the producer's
     feed_timeout (0.5 s) travels in its connection's hello and is what the server applies."""
-    server = _ember.FeedServer.start(ring.name, b"s" * 32, bind_host="127.0.0.1", idle_timeout=600.0)
-    try:
-        ep = feeding.NodeEndpoint(0, "worker:0", ring.name, "127.0.0.1", server.port, ring.capacity)
-        producer = _ember.FeedProducer.open([ep], 0, 0, 0, feeding.feed_options(b"s" * 32, feed_timeout=0.5,
-                                                                                transport="tcp"))
-        big = bytearray(_ember.BATCH_HEADER_BYTES + producer.max_batch_bytes(0))
-        for _ in range(3):  # two fill the ring (nobody reads), the third blocks the server
-            producer.send_batch_in_place(0, big, 1)
-        import time
-        time.sleep(2.0)
-        with pytest.raises(errors.Aborted, match="DeadlineExceeded.*worker:0|worker:0.*DeadlineExceeded"):
-            producer.send_batch_in_place(0, big, 1)
-        producer.close()
-    finally:
-        server.close()
+    ep = ring.endpoint  # its feed server's own idle timeout is the core's default, 10 minutes
+    producer = _ember.FeedProducer.open([ep], 0, 0, 0, feeding.feed_options(b"s" * 32, feed_timeout=0.5,
+                                                                            transport="tcp"))
+    big = bytearray(_ember.BATCH_HEADER_BYTES + producer.max_batch_bytes(0))
+    for _ in range(3):  # two fill the ring (nobody reads), the third blocks the server
+        producer.send_batch_in_place(0, big, 1)
+    import time
+    time.sleep(2.0)
+    with pytest.raises(errors.Aborted, match="DeadlineExceeded.*worker:0|worker:0.*DeadlineExceeded"):
+        producer.send_batch_in_place(0, big, 1)
+    producer.close()
 
 
 def test_node_endpoint_round_trips_through_its_binary_form():

@@ -26,12 +26,13 @@ import numpy as np
 import pytest
 
 import ember
+from ember import _feeding
 from conftest import no_leftovers
 
 pytestmark = pytest.mark.timeout(300)
 
 FLOOD = 200                # connections held per target
-FEED_HANDSHAKE_SECS = 10.0  # FeedServer's handshake_timeout (python/src/feed_binding.cc)
+FEED_HANDSHAKE_SECS = 10.0  # the feed server's handshake_timeout (src/feed/feed_server.h)
 RING_HANDSHAKE_SECS = 5.0   # TcpRingOptions::handshake_timeout (src/collective/tcp_ring.h)
 RANK1_DELAY_SECS = 1.0      # rank 1 joins the ring this late, so rank 0's listener is flooded first
 
@@ -190,7 +191,9 @@ def test_flood_of_unauthenticated_connections_does_not_lock_the_job_out(spark, m
             coordinator_secs = time.monotonic() - t
             ep = cluster._endpoints()[0]
             t = time.monotonic()
-            ember._ember.FeedClient.connect(ep.host, ep.port, cluster._secret, 30.0).close()
+            # A producer's open over TCP is its connection and handshake, nothing sent yet.
+            ember._ember.FeedProducer.open([ep], 0, 0, 0, _feeding.feed_options(cluster._secret,
+                                                                                transport="tcp")).close()
             feed_secs = time.monotonic() - t
             assert coordinator_secs < 5.0 and feed_secs < FEED_HANDSHAKE_SECS, (coordinator_secs, feed_secs)
             t = time.monotonic()

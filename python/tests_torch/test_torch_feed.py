@@ -25,26 +25,26 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.fixture
 def ring():
     from ember import _ember
-    r = _ember.ShmRing.create(f"/ember-test-{secrets.token_hex(6)}", 1 << 20)
+    # The node's feed as its launcher holds it: the ring and the feed server, the driver's way in.
+    r = _ember.FeedHost.start(f"ember-test-{secrets.token_hex(6)}", 0, "worker:0", "127.0.0.1", "127.0.0.1",
+                              b"s" * 32, ring_bytes=1 << 20)
     yield r
     r.close()
 
 
 def _feed_epochs(ring, epochs: int, rows: int) -> None:
     from ember import _ember
-    server = _ember.FeedServer.start(ring.name, b"s" * 32, bind_host="127.0.0.1")  # the driver's way in
-    ep = feeding.NodeEndpoint(0, "worker:0", ring.name, "127.0.0.1", server.port)
+    ep = ring.endpoint
     opts = feeding.feed_options(b"s" * 32, feed_timeout=10.0)
     for e in range(epochs):
         data = [(np.full(3, e * 100 + i, np.float32), i % 10) for i in range(rows)]
         feeding.feed_partition(feeding.rdd_rows_to_batches(data, chunk=7), 0, e, [ep], opts)
         _ember.feed_end_epoch([ep], e, 1, opts)
-    server.close()
 
 
 def test_each_pass_over_the_dataset_is_one_epoch_of_tensors(ring):
     _feed_epochs(ring, epochs=2, rows=10)
-    ds = DataFeed(ring, node="worker:0", timeout=5).to_torch_dataset(4)
+    ds = DataFeed(ring.endpoint.ring, node="worker:0", timeout=5).to_torch_dataset(4)
     assert isinstance(ds, torch.utils.data.IterableDataset)
     loader = torch.utils.data.DataLoader(ds, batch_size=None)
     epochs = [list(loader) for _ in range(2)]
@@ -58,7 +58,7 @@ def test_each_pass_over_the_dataset_is_one_epoch_of_tensors(ring):
 
 def test_transform_shapes_what_the_model_gets(ring):
     _feed_epochs(ring, epochs=1, rows=8)
-    ds = DataFeed(ring, node="worker:0", timeout=5).to_torch_dataset(
+    ds = DataFeed(ring.endpoint.ring, node="worker:0", timeout=5).to_torch_dataset(
         8, transform=lambda c: (torch.from_numpy(c["_0"]).sum(dim=1), torch.from_numpy(c["_1"])))
     model = torch.nn.Linear(1, 1)
     (x, y), = list(ds)

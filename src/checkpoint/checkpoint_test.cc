@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "checkpoint/checkpoint_test_util.h"
-#include "common/deadline.h"
+#include "ember/deadline.h"
 
 namespace ember::checkpoint {
 namespace {

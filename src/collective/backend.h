@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "collective/call.h"
-#include "common/deadline.h"
+#include "ember/deadline.h"
 #include "ember/status.h"
 
 namespace ember::collective {

@@ -33,7 +33,7 @@
 #include "collective/shm_group.h"
 #include "collective/tcp_ring.h"
 #include "common/codec.h"
-#include "common/deadline.h"
+#include "ember/deadline.h"
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "coordinator/kv_keys.h"

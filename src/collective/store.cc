@@ -1,7 +1,7 @@
 // The two Stores: in memory (tests) and the coordinator's key/value store.
 #include <map>
 
-#include "common/deadline.h"
+#include "ember/deadline.h"
 #include "common/mutex.h"
 #include "ember/collective.h"
 #include "ember/coordinator.h"

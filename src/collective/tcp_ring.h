@@ -65,7 +65,7 @@
 #include <sys/uio.h>
 
 #include "collective/backend.h"
-#include "common/deadline.h"
+#include "ember/deadline.h"
 #include "common/fd.h"
 #include "common/mutex.h"
 #include "ember/result.h"

@@ -1,4 +1,4 @@
-#include "common/deadline.h"
+#include "ember/deadline.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,7 @@
 #include "ember/status.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -60,6 +62,11 @@ Status Status::WithContext(std::string_view context) const {
   msg += ": ";
   msg += state_->message;
   return Status(state_->code, std::move(msg));
+}
+
+void ResultValueMissing(const Status& status) {
+  std::fprintf(stderr, "ember: a Result's value was taken although it holds none: %s\n", status.ToString().c_str());
+  std::abort();
 }
 
 }  // namespace ember

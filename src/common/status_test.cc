@@ -66,5 +66,11 @@ TEST(ResultTest, PropagatesThroughMacros) {
   EXPECT_EQ(r.ValueOr(7), 7);
 }
 
+TEST(ResultDeathTest, TakingAMissingValueEndsTheProcessWithItsStatusInEveryBuild) {
+  Result<int> r = Status::NotFound("no such node");
+  EXPECT_DEATH((void)*r, "holds none: NotFound: no such node");
+  EXPECT_DEATH((void)r.MoveValueUnsafe(), "holds none: NotFound: no such node");
+}
+
 }  // namespace
 }  // namespace ember

@@ -8,7 +8,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/deadline.h"
+#include "ember/deadline.h"
 #include "common/logging.h"
 
 namespace ember::testing {

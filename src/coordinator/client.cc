@@ -13,7 +13,7 @@
 #include <stop_token>
 #include <thread>
 
-#include "common/deadline.h"
+#include "ember/deadline.h"
 #include "common/fd.h"
 #include "common/logging.h"
 #include "common/mutex.h"

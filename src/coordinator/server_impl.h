@@ -22,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/deadline.h"
+#include "ember/deadline.h"
 #include "common/mutex.h"
 #include "coordinator/codec.h"
 #include "coordinator/protocol.h"

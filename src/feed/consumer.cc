@@ -6,7 +6,7 @@
 #include <map>
 #include <set>
 
-#include "common/deadline.h"
+#include "ember/deadline.h"
 #include "common/mutex.h"
 #include "common/shm.h"
 #include "common/thread_annotations.h"

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "common/deadline.h"
+#include "ember/deadline.h"
 #include "common/fd.h"
 #include "common/mutex.h"
 #include "ember/result.h"

@@ -40,7 +40,7 @@
 #include <memory>
 #include <string>
 
-#include "common/deadline.h"
+#include "ember/deadline.h"
 #include "ember/result.h"
 
 namespace ember::feed {

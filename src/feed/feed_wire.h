@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "common/deadline.h"
+#include "ember/deadline.h"
 #include "ember/result.h"
 #include "feed/codec.h"
 

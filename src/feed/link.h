@@ -6,7 +6,7 @@
 #include <span>
 #include <string>
 
-#include "common/deadline.h"
+#include "ember/deadline.h"
 #include "ember/feed.h"
 #include "feed/codec.h"
 #include "feed/feed_client.h"

@@ -23,14 +23,7 @@ namespace ember::node {
 inline constexpr char kStartupMagic[4] = {'E', 'M', 'B', 'N'};
 inline constexpr uint16_t kStartupVersion = 2;  // 2: hdfs_http_address
 
-// The message for `context`.  InvalidArgument if a field cannot be
-// represented (negative ids or timeout, a port outside 0..65535, a string or
-// list over 4 GiB).
-Result<std::string> EncodeStartup(const NodeContext& context);
-
-// Parses a whole message.  Corruption (naming the field and offset) for bad
-// magic, truncation, trailing bytes, out-of-range values or unsorted roles;
-// InvalidArgument for another version, naming both.
-Result<NodeContext> DecodeStartup(std::string_view bytes);
+// EncodeStartup and DecodeStartup are declared in ember/node.h (the launcher
+// writes the message through the bindings).
 
 }  // namespace ember::node

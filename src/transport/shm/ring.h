@@ -37,7 +37,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/deadline.h"
+#include "ember/deadline.h"
 #include "common/mutex.h"
 #include "common/shm.h"
 #include "ember/result.h"

@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "common/deadline.h"
+#include "ember/deadline.h"
 #include "ember/result.h"
 
 namespace ember::tcp {

@@ -16,7 +16,7 @@
 #include <functional>
 #include <string>
 
-#include "common/deadline.h"
+#include "ember/deadline.h"
 #include "common/fd.h"
 #include "ember/result.h"
 

@@ -35,7 +35,7 @@
 #include <string>
 #include <thread>
 
-#include "common/deadline.h"
+#include "ember/deadline.h"
 #include "common/fd.h"
 #include "common/mutex.h"
 #include "transport/tcp/pending.h"

@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <string>
 
-#include "common/deadline.h"
+#include "ember/deadline.h"
 #include "common/fd.h"
 #include "ember/result.h"
 

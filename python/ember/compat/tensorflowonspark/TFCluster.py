@@ -112,7 +112,7 @@ class TFCluster(object):
             raise NotImplementedError(f"TFCluster.{verb}(qname={qname!r}): Ember feeds each node one "
                                       f"stream, TFoS's 'input' queue; other queues are not supported")
 
-    def train(self, dataRDD: Any, num_epochs: int = 0, feed_timeout: float = 600, qname: str = "input") -> None:
+    def train(self, dataRDD: Any, num_epochs: int = 0, feed_timeout: Optional[float] = None, qname: str = "input") -> None:
         """*InputMode.SPARK*: feeds `dataRDD` to the worker nodes `num_epochs` times; returns
         once every epoch was delivered (``ember.Cluster.train``).
 
@@ -126,7 +126,8 @@ class TFCluster(object):
             dataRDD: an RDD (or a DataFrame, fed as Arrow batches; an Ember extension).
             num_epochs: times to feed `dataRDD`; 0 for TFoS's default of 10.
             feed_timeout: seconds a feeding task waits for a node that reads nothing, after
-                which it fails naming the node (TFoS: the same, per partition).
+                which it fails naming the node (TFoS: the same, per partition; None: the feed's
+                default, 10 minutes).
             qname: TFoS's queue name; only ``'input'``.
 
         Raises:
@@ -145,7 +146,7 @@ class TFCluster(object):
         epochs = num_epochs if num_epochs > 0 else 10  # TFoS: "an arbitrarily large number"
         self.ember_cluster.train(dataRDD, num_epochs=epochs, feed_timeout=feed_timeout)
 
-    def inference(self, dataRDD: Any, feed_timeout: float = 600, qname: str = "input",
+    def inference(self, dataRDD: Any, feed_timeout: Optional[float] = None, qname: str = "input",
                   output_schema: Any = None) -> Any:
         """*InputMode.SPARK*: the nodes' answers for every row of `dataRDD`, as an RDD in input
         order (``ember.Cluster.inference``); lazy, like TFoS's: the feed runs with the first
@@ -154,7 +155,8 @@ class TFCluster(object):
         Args:
             dataRDD: an RDD; or a DataFrame (an Ember extension), which gives a DataFrame of
                 every input column plus `output_schema`'s columns.
-            feed_timeout: seconds a feeding task waits for a node that makes no progress.
+            feed_timeout: seconds a feeding task waits for a node that makes no progress
+                (None: the feed's default, 10 minutes).
             qname: TFoS's queue name; only ``'input'``.
             output_schema: for a DataFrame only: the result columns (DDL string or StructType;
                 default ``"prediction double"``).

@@ -1,5 +1,6 @@
+// Duration, the one unit of every timeout in the public headers, and
 // Deadline: a point on the steady clock by which something must finish.
-// Value type; thread-compatible.
+// Value types; thread-compatible.
 #pragma once
 
 #include <chrono>
@@ -8,7 +9,7 @@
 
 namespace ember {
 
-using Duration = std::chrono::milliseconds;  // same alias as ember/coordinator.h
+using Duration = std::chrono::milliseconds;
 
 class Deadline {
  public:
