@@ -6,7 +6,9 @@
 // Layout (codec.h encodings):
 //   4 bytes magic "EMBN" | u16 version (kStartupVersion) | fields of NodeContext
 //   in declaration order; the cluster spec as u32 role count, then per role
-//   (roles in strictly increasing byte order) string role | u32 n | n strings.
+//   (roles in strictly increasing byte order) string role | u32 n | n strings,
+//   followed by i32 training_rank (-1: none) | i32 training_size, which the
+//   encoder derives from the spec (ember/roles.h) and the decoder checks.
 // The decoder reads bytes from another process and is fuzzed
 // (node_startup_fuzz.cc): anything that decodes re-encodes to the same bytes.
 #pragma once
@@ -21,15 +23,17 @@
 namespace ember::node {
 
 inline constexpr char kStartupMagic[4] = {'E', 'M', 'B', 'N'};
-inline constexpr uint16_t kStartupVersion = 2;  // 2: hdfs_http_address
+inline constexpr uint16_t kStartupVersion = 3;  // 2: hdfs_http_address; 3: training rank/size, bind_host
 
-// The message for `context`.  InvalidArgument if a field cannot be
+// The message for `context` (its training rank and size computed from its
+// cluster spec).  InvalidArgument if a field cannot be
 // represented (negative ids or timeout, a port outside 0..65535, a string or
 // list over 4 GiB).
 Result<std::string> EncodeStartup(const NodeContext& context);
 
 // Parses a whole message.  Corruption (naming the field and offset) for bad
-// magic, truncation, trailing bytes, out-of-range values or unsorted roles;
+// magic, truncation, trailing bytes, out-of-range values, unsorted roles or
+// a training rank/size that disagrees with the cluster spec;
 // InvalidArgument for another version, naming both.
 Result<NodeContext> DecodeStartup(std::string_view bytes);
 
