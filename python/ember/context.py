@@ -194,7 +194,6 @@ class Context:
                                    "this job uses InputMode.TENSORFLOW, where main_fun reads its own data")
             raise RuntimeError(f"node {self.job_name}:{self.task_index} is not fed: only chief, master and "
                                "worker nodes receive data in InputMode.SPARK")
-        from ember import _ember
         from ember.feed import DataFeed
         if getattr(self, "_feed", None) is None:
             self._feed_ring_handle = _ember.ShmRing.open(self._feed_ring)
@@ -226,7 +225,7 @@ class Context:
             if not self.log_dir:
                 raise RuntimeError("ctx.summary_writer() needs a log directory: pass log_dir=... "
                                    "(or tensorboard=True) to Cluster.run")
-            from ember import _ember, summary
+            from ember import summary
             node_dir = _ember.summary_node_log_dir(self.log_dir, self.job_name, self.task_index)
             resolve = summary.resolve_options(self.default_fs, self.hdfs_http_address)
             self._summary_writer = summary.EventWriter(node_dir, flush_secs=flush_secs, resolve=resolve)
@@ -303,7 +302,6 @@ class Context:
             if self._client is None:
                 if self._coordinator is None:
                     raise RuntimeError("this Context is not connected to a job's coordinator")
-                from ember import _ember
                 host, port, secret, connect_timeout = self._coordinator
                 client = _ember.CoordinatorClient.connect(host, port, secret,
                                                           connect_timeout=connect_timeout)
