@@ -61,27 +61,4 @@ std::vector<int64_t> SoftmaxModel::Predict(std::span<const uint8_t> pixels) cons
   return out;
 }
 
-std::string SoftmaxModel::ToBytes() const {
-  return std::string(reinterpret_cast<const char*>(params_.data()), params_.size() * sizeof(float));
-}
-
-bool SoftmaxModel::FromBytes(const std::string& bytes) {
-  if (bytes.size() != kParams * sizeof(float)) return false;
-  std::memcpy(params_.data(), bytes.data(), bytes.size());
-  return true;
-}
-
-bool SoftmaxModel::Average(const std::vector<std::string>& models) {
-  if (models.empty()) return true;
-  std::vector<float> sum(kParams, 0.0f), one(kParams);
-  for (const std::string& m : models) {
-    if (m.size() != kParams * sizeof(float)) return false;
-    std::memcpy(one.data(), m.data(), m.size());
-    for (size_t k = 0; k < kParams; ++k) sum[k] += one[k];
-  }
-  const float inv = 1.0f / static_cast<float>(models.size());
-  for (size_t k = 0; k < kParams; ++k) params_[k] = sum[k] * inv;
-  return true;
-}
-
 }  // namespace cpp_trainer

@@ -24,14 +24,9 @@ class SoftmaxModel {
   // The most likely class of each of the `pixels.size() / kPixels` images.
   std::vector<int64_t> Predict(std::span<const uint8_t> pixels) const;
 
-  // The parameters as bytes (float32, host order: every node runs the same
-  // binary), and back.  FromBytes returns false if `bytes` has the wrong size.
-  std::string ToBytes() const;
-  bool FromBytes(const std::string& bytes);
-
-  // Replaces the parameters with the mean of `models` (each ToBytes()).
-  // Returns false if one has the wrong size.
-  bool Average(const std::vector<std::string>& models);
+  // The parameters, W (kClasses x kPixels) then b (kClasses), in place: what
+  // the nodes average with an allreduce.
+  std::span<float> parameters() { return params_; }
 
  private:
   void Logits(const uint8_t* image, float* out) const;

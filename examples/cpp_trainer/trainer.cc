@@ -1,6 +1,6 @@
 // cpp_trainer: a C++ Ember node.  Softmax regression on Fashion-MNIST fed by
-// Spark (InputMode.SPARK), synchronous model averaging through the job's
-// key/value store, then inference through the same process.
+// Spark (InputMode.SPARK), synchronous model averaging with the job's
+// collectives, then inference through the same process.
 //
 //   ember.Cluster.run(spark, ["build/cpp_trainer/cpp_trainer", "--epochs=3"],
 //                     num_executors=2, input_mode=ember.InputMode.SPARK)
@@ -11,9 +11,8 @@
 // --epochs feed epochs (cluster.train's num_epochs), then answers inference
 // rows until the feed ends (cluster.shutdown).  Every node reads the same
 // number of batches per epoch (the feed's equal-rows rule), so every node
-// reaches each averaging round; a round is: publish my parameters under
-// "cpp_trainer/round/<r>/<rank>", read every peer's (waiting for them), and
-// take the mean.
+// reaches each averaging round; a round is one allreduce (average) of the
+// parameters over the training nodes' communicator (Node::OpenCommunicator).
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -59,26 +58,10 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
   return flags->epochs >= 0 && flags->batch_size > 0 && flags->sync_every > 0;
 }
 
-// The training nodes in a fixed order (chief, master, worker), and this node's rank.
-std::vector<std::string> TrainingNodes(const ember::NodeContext& c, int* rank) {
-  std::vector<std::string> names;
-  for (const char* role : {"chief", "master", "worker"}) {
-    auto it = c.cluster_spec.find(role);
-    if (it == c.cluster_spec.end()) continue;
-    for (size_t i = 0; i < it->second.size(); ++i) {
-      if (c.job_name == role && static_cast<size_t>(c.task_index) == i) *rank = static_cast<int>(names.size());
-      names.push_back(std::string(role) + ":" + std::to_string(i));
-    }
-  }
-  return names;
-}
-
 class Trainer {
  public:
-  Trainer(ember::Node& node, ember::feed::Consumer& feed, Flags flags)
-      : node_(node), feed_(feed), flags_(flags) {
-    peers_ = TrainingNodes(node.context(), &rank_);
-  }
+  Trainer(ember::Node& node, ember::feed::Consumer& feed, ember::collective::Communicator& comm, Flags flags)
+      : node_(node), feed_(feed), comm_(comm), flags_(flags) {}
 
   Status Train() {
     // TensorBoard: with a log dir (Cluster.run(..., log_dir=...)) each node writes its own
@@ -165,26 +148,23 @@ class Trainer {
   }
 
  private:
+  // Every node's parameters replaced by their mean; the result is bitwise the same on
+  // every node (ember/collective.h), so the replicas stay in sync.
   Status AverageWithPeers() {
-    const std::string prefix = "cpp_trainer/round/" + std::to_string(round_++) + "/";
-    EMBER_RETURN_NOT_OK(node_.KvSet(prefix + std::to_string(rank_), model_.ToBytes()));
-    std::vector<std::string> models;
-    for (size_t r = 0; r < peers_.size(); ++r) {
-      auto value = node_.KvGet(prefix + std::to_string(r), Duration(600000));
-      if (!value.ok()) return value.status().WithContext("averaging with " + peers_[r]);
-      models.push_back(value.MoveValueUnsafe());
-    }
-    if (!model_.Average(models)) return Status::Corruption(prefix + "*: a peer's parameters have the wrong size");
+    std::span<float> params = model_.parameters();
+    Status st = comm_.Allreduce(params.data(), params.size(), ember::collective::DataType::kFloat32,
+                                ember::collective::ReduceOp::kAverage);
+    if (!st.ok()) return st.WithContext("averaging round " + std::to_string(round_));
+    ++round_;
     return Status::OK();
   }
 
   ember::Node& node_;
   ember::feed::Consumer& feed_;
+  ember::collective::Communicator& comm_;
   const Flags flags_;
   SoftmaxModel model_;
   RowDecoder decoder_;
-  std::vector<std::string> peers_;
-  int rank_ = 0;
   int round_ = 0;
   int64_t labelled_ = 0;
   int64_t correct_ = 0;
@@ -214,11 +194,17 @@ int Main(int argc, char** argv) {
   const ember::NodeContext& context = (*node)->context();
   auto feed = (*node)->OpenFeed();
   if (!feed.ok()) return Fail(&context, feed.status());
+  // Averaging rounds wait for the slowest node's batches (its feed included): the core's
+  // default call timeout (5 minutes) could end a round that is only slow.
+  ember::collective::CommunicatorOptions comm_options;
+  comm_options.timeout = Duration(600000);
+  auto comm = (*node)->OpenCommunicator(comm_options);
+  if (!comm.ok()) return Fail(&context, comm.status());
   std::printf("%s: %d epochs, batch %d, learning rate %g (x%g an epoch), averaging every %d steps "
               "over %d nodes\n", (*node)->label().c_str(), flags.epochs, flags.batch_size,
               flags.learning_rate, flags.lr_decay, flags.sync_every, context.num_workers());
 
-  Trainer trainer(**node, **feed, flags);
+  Trainer trainer(**node, **feed, **comm, flags);
   if (Status st = trainer.Train(); !st.ok()) return Fail(&context, st);
   auto answered = trainer.Infer();
   if (!answered.ok()) return Fail(&context, answered.status());

@@ -24,33 +24,10 @@
 
 #include "ember/deadline.h"
 #include "ember/result.h"
+#include "ember/roles.h"
 #include "ember/status.h"
 
 namespace ember {
-
-// The shape of a job, as TFoS spells it.  Roles are assigned from the
-// executor id (0..num_nodes-1), never from arrival order:
-//   [0, num_ps)                 -> "ps"
-//   next one if master_node set -> master_node ("chief" or "master")
-//   next one if eval_node       -> "evaluator"
-//   the rest                    -> "worker"
-// task_index counts from 0 within each role.
-struct ClusterLayout {
-  int num_nodes = 1;
-  int num_ps = 0;
-  std::string master_node;  // "" (none), "chief" or "master"
-  bool eval_node = false;
-};
-
-struct RoleAssignment {
-  std::string job_name;
-  int task_index = 0;
-};
-
-// Validates `layout` (num_nodes >= 1, enough nodes for the roles asked for,
-// master_node one of "", "chief", "master") and returns the role of
-// `executor_id`.  InvalidArgument names the offending field.
-Result<RoleAssignment> AssignRole(const ClusterLayout& layout, int executor_id);
 
 // What a node tells the coordinator about itself when it registers.
 struct NodeAddress {

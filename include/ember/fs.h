@@ -222,6 +222,15 @@ struct ResolveOptions {
   Duration io_timeout{120000};
 };
 
+// The ResolveOptions of a job whose fs.defaultFS is `default_fs` and whose
+// NameNode serves WebHDFS at `hdfs_http_address` ("host:port", Hadoop's
+// dfs.namenode.http-address; empty for the default above): the address is
+// filed under default_fs's URI authority ("nn:8020" of "hdfs://nn:8020/"),
+// where ResolveFileSystem looks it up for that NameNode's hdfs:// URIs and
+// for hdfs:///x.  Ignored when default_fs has no authority.  The other
+// fields keep their defaults.
+ResolveOptions JobResolveOptions(const std::string& default_fs, const std::string& hdfs_http_address);
+
 // Resolves `uri` ("/a/b", "file:///a/b", "hdfs://nn:8020/a/b", "hdfs:///a/b",
 // "webhdfs://nn:9870/a/b", "mem://..." is not resolvable) to its file system
 // and the path within it.  The one rule of where a path lives: a URI with a

@@ -24,10 +24,12 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "ember/collective.h"
 #include "ember/coordinator.h"
 #include "ember/feed.h"
 #include "ember/result.h"
@@ -49,7 +51,12 @@ struct NodeContext {
   std::string job_name;     // role: "ps", "chief", "master", "evaluator" or "worker"
   int task_index = 0;       // index within the role
   // {role: ["host:port", ...]} for every node of the job, each list ordered by task index.
-  std::map<std::string, std::vector<std::string>> cluster_spec;
+  ClusterSpec cluster_spec;  // ember/roles.h
+  // Where the node's own listeners (collectives, feed server, TensorBoard)
+  // bind: the job's spark.ember.node.bind, else the node's address in
+  // cluster_spec; "0.0.0.0" for every interface (docs/network.md).  Empty
+  // means the node's address in cluster_spec.
+  std::string bind_host;
   std::string coordinator_host;
   int coordinator_port = 0;
   std::string secret;       // the job's secret: authenticates the node to the coordinator
@@ -69,11 +76,23 @@ struct NodeContext {
   // Opaque to the core: a Python node's cloudpickled (main_fun, args); empty for a binary.
   std::string payload;
 
-  // Number of training nodes (chief + master + worker), as TFoS counts workers.
+  // Number of training nodes (chief + master + worker), as TFoS counts
+  // workers: the size of the job's collectives (TrainingSize, ember/roles.h).
   int num_workers() const;
+  // This node's rank among the training nodes (TrainingRank, ember/roles.h);
+  // nullopt for a ps or evaluator node.  The start-up message carries both
+  // numbers too, for programs that do not link the core.
+  std::optional<int> training_rank() const;
 
   bool operator==(const NodeContext&) const = default;
 };
+
+// The options of the communicator of `context`'s training nodes (see
+// Node::OpenCommunicator): `options` with rank, size, host, name, bind_host,
+// secret and prefix filled from the context.  InvalidArgument, naming the
+// node, if it is not a training node or the cluster spec does not list it.
+Result<collective::CommunicatorOptions> NodeCommunicatorOptions(
+    const NodeContext& context, collective::CommunicatorOptions options = {});
 
 // The environment variable naming the start-up pipe's descriptor.
 inline constexpr const char kStartupFdEnv[] = "EMBER_STARTUP_FD";
@@ -81,13 +100,15 @@ inline constexpr const char kStartupFdEnv[] = "EMBER_STARTUP_FD";
 namespace node {
 
 // The start-up message for `context` (docs/wire.md, "Node start-up"), what
-// a launcher writes to the pipe.  InvalidArgument if a field cannot be
-// represented (negative ids or timeout, a port outside 0..65535, a string or
-// list over 4 GiB).
+// a launcher writes to the pipe; its training rank and size are computed
+// from its cluster spec.  InvalidArgument if a field cannot be represented
+// (negative ids or timeout, a port outside 0..65535, a string or list over
+// 4 GiB).
 Result<std::string> EncodeStartup(const NodeContext& context);
 
 // Parses a whole message.  Corruption (naming the field and offset) for bad
-// magic, truncation, trailing bytes, out-of-range values or unsorted roles;
+// magic, truncation, trailing bytes, out-of-range values, unsorted roles or
+// a training rank/size that disagrees with the cluster spec;
 // InvalidArgument for another version, naming both.
 Result<NodeContext> DecodeStartup(std::string_view bytes);
 
@@ -146,6 +167,23 @@ class Node {
   // otherwise as feed::Consumer::Open.  Defined in node_feed.cc, so that a
   // program not reading the feed does not link the feed.
   Result<std::unique_ptr<feed::Consumer>> OpenFeed(feed::ConsumerOptions options = {}) const;
+
+  // The job's training nodes (chief/master/worker) as one collective
+  // communicator (ember/collective.h), the same one a Python node's
+  // ctx.communicator() opens: rank = TrainingRank (ember/roles.h), size =
+  // num_workers(), ranks meet in the coordinator's key/value store (over a
+  // connection of the communicator's own) under the prefix
+  // "ember-<job_id>-c0", each rank published at its host in the cluster
+  // spec.  From `options` only transport, timeouts and buffer sizes are
+  // used; rank, size, host, name, bind_host, secret and prefix come from the
+  // context.  Every training node must call it (Create meets the others
+  // within options.connect_timeout); call it once per node: a second
+  // communicator would meet under the same prefix.  The caller owns the
+  // communicator.  InvalidArgument if this node is a ps or evaluator
+  // node; otherwise as CoordinatorClient::Connect and Communicator::Create.
+  // Defined in node_collective.cc.
+  Result<std::unique_ptr<collective::Communicator>> OpenCommunicator(
+      collective::CommunicatorOptions options = {}) const;
 
   // A TensorBoard event writer (ember/summary.h) in this node's own
   // directory, summary::NodeLogDir(log_dir, job_name, task_index), e.g.

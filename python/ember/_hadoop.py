@@ -55,10 +55,7 @@ def active_spark_fs_conf() -> Tuple[str, str]:
 
 def resolve_options(default_fs: str, http_address: str):
     """The core's ResolveOptions (include/ember/fs.h) for ``default_fs`` (fs.defaultFS; "" for
-    local) and its NameNode's WebHDFS ``host:port`` ("" for the core's default, port 9870)."""
+    local) and its NameNode's WebHDFS ``host:port`` ("" for the core's default, port 9870),
+    filed under default_fs's authority by the core's rule (``JobResolveOptions``)."""
     from ember import _ember
-    opts = _ember.ResolveOptions()
-    opts.default_fs = default_fs or ""
-    if http_address:
-        opts.hdfs_http_addresses = {urlsplit(default_fs).netloc: http_address}
-    return opts
+    return _ember.fs_job_resolve_options(default_fs or "", http_address or "")

@@ -120,11 +120,9 @@ def _child_python_path() -> List[str]:
 
 
 def _runs_tensorboard(role: str, index: int, cluster_spec: Dict[str, List[str]]) -> bool:
-    """TensorBoard runs beside the chief (or master), else beside worker 0."""
-    if role in ("chief", "master"):
-        return True
-    has_chief = any(cluster_spec.get(r) for r in ("chief", "master"))
-    return role == "worker" and index == 0 and not has_chief
+    """TensorBoard runs beside the job's chief: training rank 0 (the chief or master, else
+    worker 0; include/ember/roles.h)."""
+    return _ember.training_rank(cluster_spec, role, index) == 0
 
 
 def _short_reason(text: str, limit: int = 1000) -> str:
@@ -323,7 +321,6 @@ class NodeLauncher:
     def _child_env(self, cluster_spec: Dict[str, List[str]], role: str, index: int) -> Dict[str, str]:
         env = node_env(os.environ, cluster_spec, role, index)  # TF_CONFIG, torch's variables, quiet defaults
         env["EMBER_JOB_ID"] = self.spec.job_id  # marks every process of the job
-        env["EMBER_NODE_BIND"] = self.bind_host  # the node's collectives listen there (config.node_bind)
         env["PYTHONUNBUFFERED"] = "1"  # lines reach the driver as they are printed
         extra = _child_python_path()
         if extra:
@@ -339,7 +336,8 @@ class NodeLauncher:
         ctx.executor_id = self.executor_id
         ctx.job_name = role
         ctx.task_index = index
-        ctx.cluster_spec = cluster_spec
+        ctx.cluster_spec = cluster_spec  # the core derives training_rank/training_size from it
+        ctx.bind_host = self.bind_host  # the node's own listeners bind there (config.node_bind)
         ctx.coordinator_host = spec.coordinator_host
         ctx.coordinator_port = spec.coordinator_port
         ctx.secret = spec.secret

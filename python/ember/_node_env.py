@@ -13,15 +13,16 @@ On top of the executor's environment a node gets:
   driver's environment in local mode) wins.  While that level hides INFO lines the launcher
   also leaves out the TensorFlow notices the level does not reach (:func:`notice_filter`).
 
-Imports only ember._names, so the launcher and the node context share its rules.
+The rank rules are the core's (include/ember/roles.h), so the launcher, the node context and a
+C++ node agree.
 """
 from __future__ import annotations
 
 import json
 import re
-from typing import Callable, Dict, List, Mapping, Optional
+from typing import Callable, Dict, List, Mapping
 
-from ember._names import WORKER_ROLES
+from ember import _ember
 
 # Every node prints these unless the user set them.  TF_CPP_MIN_LOG_LEVEL=1 hides TensorFlow's
 # C++ INFO lines (the oneDNN and CPU-instruction notices each node printed when it imported
@@ -36,26 +37,13 @@ _TF_NOTICE = re.compile(r"WARNING: All log messages before absl::InitializeLog\(
                         r"|I\d{4} [\d:.]+ +\d+ port\.cc:\d+\] oneDNN custom operations are on\b")
 
 
-def training_rank(cluster_spec: Mapping[str, List[str]], job_name: str, task_index: int) -> Optional[int]:
-    """A node's rank among the training nodes (chief/master first, then workers by task index),
-    as collectives number them; None for ps and evaluator nodes."""
-    if job_name not in WORKER_ROLES:
-        return None
-    rank = 0
-    for role in WORKER_ROLES:
-        if role == job_name:
-            return rank + task_index
-        rank += len(cluster_spec.get(role, []))
-    return None
-
-
 def torch_distributed_env(cluster_spec: Mapping[str, List[str]], job_name: str, task_index: int) -> Dict[str, str]:
     """MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE and LOCAL_RANK (this node's index among the
     training nodes on its host) of a training node; empty for ps and evaluator nodes."""
-    rank = training_rank(cluster_spec, job_name, task_index)
+    rank = _ember.training_rank(cluster_spec, job_name, task_index)
     if rank is None:
         return {}
-    addresses = [a for role in WORKER_ROLES for a in cluster_spec.get(role, [])]
+    addresses = _ember.training_addresses(cluster_spec)
     master_host, master_port = addresses[0].rsplit(":", 1)
     my_host = addresses[rank].rsplit(":", 1)[0]
     local_rank = sum(1 for a in addresses[:rank] if a.rsplit(":", 1)[0] == my_host)

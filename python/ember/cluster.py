@@ -38,7 +38,7 @@ from typing import Any, Callable, List, Optional, Sequence, Union
 from ember import _ember, _feed_driver, _feeding, _hadoop, config
 from ember._console import Console
 from ember._launcher import NodeSpec
-from ember._names import TENSORBOARD_URL_KEY, WORKER_ROLES
+from ember._names import SUPPORT_ROLES, TENSORBOARD_URL_KEY, WORKER_ROLES
 from ember._spark_job import (NodesJob, check_executor_python, check_slots, job_group, spark_context,
                               spark_error_summary, spark_failure_reason, task_slots)
 from ember._watcher import Watcher
@@ -537,8 +537,7 @@ class Cluster:
                 except Aborted as e:
                     self._watcher.raise_failure_or(ClusterError, f"the job was aborted: {e}")
             self._raise_if_failed(spark_must_run=False)
-            others = ["ps", "evaluator"]
-            self._server.stop_nodes(others)
+            self._server.stop_nodes(list(SUPPORT_ROLES))
             stop_wait = _STOP_TIMEOUT + 2 * config.get("kill_grace_secs", self._sc)
             self._wait_nodes(
                 [], time.monotonic() + stop_wait,

@@ -86,6 +86,22 @@ def _working_copy(x: Any) -> Tuple[Any, Callable[[Any], Any]]:
     return np.array(x, copy=True, order="C"), _same
 
 
+def communicator_options(transport: str = "auto", timeout: Optional[float] = None,
+                         connect_timeout: Optional[float] = None) -> "_ember.CommunicatorOptions":
+    """The core's CommunicatorOptions with the caller's transport ("auto" or "tcp") and timeouts
+    (seconds); those left None keep the core's defaults.  Raises ValueError for another
+    transport."""
+    options = _ember.CommunicatorOptions()
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport must be one of {list(TRANSPORTS)}, got {transport!r}")
+    options.transport = getattr(_ember.CollectiveTransport, transport.upper())
+    if timeout is not None:
+        options.timeout = float(timeout)
+    if connect_timeout is not None:
+        options.connect_timeout = float(connect_timeout)
+    return options
+
+
 class Communicator:
     """The job's training nodes as ranks 0..size-1 (see the module docstring).
 
@@ -105,16 +121,9 @@ class Communicator:
         """Joins ranks 0..size-1 meeting in `store` (every rank calls this with the same
         `prefix`, unique per communicator in a job).  Ranks with the same `host` share
         memory; others connect over TCP.  Options left out keep the core's defaults."""
-        options = _ember.CommunicatorOptions()
+        options = communicator_options(transport, timeout=timeout, connect_timeout=connect_timeout)
         options.rank, options.size, options.secret, options.host = rank, size, secret, host
         options.name, options.prefix = name, prefix
-        if transport not in TRANSPORTS:
-            raise ValueError(f"transport must be one of {list(TRANSPORTS)}, got {transport!r}")
-        options.transport = getattr(_ember.CollectiveTransport, transport.upper())
-        if timeout is not None:
-            options.timeout = float(timeout)
-        if connect_timeout is not None:
-            options.connect_timeout = float(connect_timeout)
         if bind_host is not None:
             options.bind_host = bind_host
         return cls(_ember.Communicator.create(options, store))

@@ -6,7 +6,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional
 
-from ember import _node_env, config
+from ember import _ember, _node_env
 from ember._names import WORKER_ROLES  # noqa: F401  (roles that train; re-exported: users know it here)
 from ember.input_mode import InputMode
 
@@ -40,8 +40,19 @@ def absolute_path(path: str, default_fs: Optional[str], working_dir: str) -> str
     Raises:
         ValueError: an empty path, or a default_fs that is not a URI.
     """
-    from ember import _ember, _hadoop
+    from ember import _hadoop
     return _ember.fs_qualify(path, _hadoop.resolve_options(default_fs or "", ""), working_dir)
+
+
+def _node_field(name: str, empty: Any = ""):
+    """A Context attribute that is field `name` of its NodeContext; `empty` stands for "" there."""
+    def get(self):
+        value = getattr(self._node, name)
+        return empty if value == "" else value
+
+    def set(self, value):
+        setattr(self._node, name, "" if value is empty else value)
+    return property(get, set)
 
 
 class Context:
@@ -68,20 +79,18 @@ class Context:
                  log_dir: Optional[str] = None, input_mode: InputMode = InputMode.TENSORFLOW,
                  job_id: str = "", coordinator: Optional[tuple] = None,
                  feed_ring: Optional[str] = None, hdfs_http_address: str = ""):
-        self.executor_id = executor_id
-        self.job_name = job_name
-        self.task_index = task_index
-        self.cluster_spec = cluster_spec
-        self.default_fs = default_fs
-        self.hdfs_http_address = hdfs_http_address
-        self.working_dir = working_dir
-        self.input_mode = InputMode(input_mode)
-        self.job_id = job_id
-        self.log_dir = self.absolute_path(log_dir) if log_dir else None
-        self._coordinator = coordinator  # (host, port, secret, connect_timeout) or None
-        self._feed_ring = feed_ring  # InputMode.SPARK: name of this node's feed ring
-        self._client = None
-        self._client_lock = threading.Lock()
+        node = _ember.NodeContext()
+        node.executor_id, node.job_name, node.task_index = executor_id, job_name, task_index
+        node.cluster_spec = cluster_spec
+        node.default_fs, node.working_dir = default_fs or "", working_dir
+        node.hdfs_http_address = hdfs_http_address
+        node.log_dir = absolute_path(log_dir, default_fs, working_dir) if log_dir else ""
+        node.input_mode = int(InputMode(input_mode))
+        node.job_id = job_id
+        if coordinator is not None:  # (host, port, secret, connect_timeout)
+            node.coordinator_host, node.coordinator_port, node.secret, node.connect_timeout = coordinator
+        node.feed_ring = feed_ring or ""
+        self._wrap(node)
 
     @classmethod
     def from_node_context(cls, node: Any) -> "Context":
@@ -89,16 +98,48 @@ class Context:
 
         Args:
             node: an ``ember._ember.NodeContext`` (the typed message of docs/wire.md,
-                "Node start-up").
+                "Node start-up"); the Context wraps it.
         """
-        return cls(executor_id=node.executor_id, job_name=node.job_name,
-                   task_index=node.task_index, cluster_spec=dict(node.cluster_spec),
-                   default_fs=node.default_fs, working_dir=node.working_dir,
-                   log_dir=node.log_dir or None, input_mode=InputMode(node.input_mode),
-                   job_id=node.job_id,
-                   coordinator=(node.coordinator_host, node.coordinator_port, node.secret,
-                                node.connect_timeout),
-                   feed_ring=node.feed_ring or None, hdfs_http_address=node.hdfs_http_address)
+        ctx = cls.__new__(cls)
+        ctx._wrap(node)
+        return ctx
+
+    def _wrap(self, node: Any) -> None:
+        self._node = node
+        self._cluster_spec = dict(node.cluster_spec)  # converted once: read often, as a dict
+        self._client = None
+        self._client_lock = threading.Lock()
+
+    executor_id = _node_field("executor_id")
+    job_name = _node_field("job_name")
+    task_index = _node_field("task_index")
+    default_fs = _node_field("default_fs")
+    hdfs_http_address = _node_field("hdfs_http_address")
+    working_dir = _node_field("working_dir")
+    job_id = _node_field("job_id")
+    log_dir = _node_field("log_dir", empty=None)
+    input_mode = property(lambda self: InputMode(self._node.input_mode),
+                          lambda self, mode: setattr(self._node, "input_mode", int(InputMode(mode))))
+
+    @property
+    def cluster_spec(self) -> Dict[str, List[str]]:
+        return self._cluster_spec
+
+    @cluster_spec.setter
+    def cluster_spec(self, spec: Dict[str, List[str]]) -> None:
+        self._node.cluster_spec = spec
+        self._cluster_spec = dict(self._node.cluster_spec)
+
+    @property
+    def _coordinator(self) -> Optional[tuple]:
+        """(host, port, secret, connect_timeout) of the job's coordinator, or None."""
+        n = self._node
+        return (n.coordinator_host, n.coordinator_port, n.secret, n.connect_timeout) if n.coordinator_host else None
+
+    @property
+    def _feed_ring(self) -> Optional[str]:
+        """InputMode.SPARK: the name of this node's feed ring, or None."""
+        return self._node.feed_ring or None
 
     @property
     def worker_num(self) -> int:
@@ -106,7 +147,7 @@ class Context:
 
     @property
     def num_workers(self) -> int:
-        return sum(len(self.cluster_spec.get(role, [])) for role in WORKER_ROLES)
+        return self._node.num_workers
 
     def absolute_path(self, path: str) -> str:
         """`path` as a fully qualified URI; see :func:`ember.context.absolute_path`."""
@@ -183,7 +224,7 @@ class Context:
             if not self.log_dir:
                 raise RuntimeError("ctx.summary_writer() needs a log directory: pass log_dir=... "
                                    "(or tensorboard=True) to Cluster.run")
-            from ember import _ember, summary
+            from ember import summary
             node_dir = _ember.summary_node_log_dir(self.log_dir, self.job_name, self.task_index)
             resolve = summary.resolve_options(self.default_fs, self.hdfs_http_address)
             self._summary_writer = summary.EventWriter(node_dir, flush_secs=flush_secs, resolve=resolve)
@@ -193,7 +234,7 @@ class Context:
     def training_rank(self) -> Optional[int]:
         """This node's rank among the training nodes (chief/master first, then workers by
         task index), as collectives number them; None for ps and evaluator nodes."""
-        return _node_env.training_rank(self.cluster_spec, self.job_name, self.task_index)
+        return self._node.training_rank
 
     @property
     def is_chief(self) -> bool:
@@ -220,24 +261,18 @@ class Context:
             transport: "auto" (shared memory on one host, TCP between hosts) or "tcp".
             connect_timeout: seconds to wait for the other nodes to join.
         """
-        from ember.collective import Communicator
+        from ember.collective import Communicator, communicator_options
         with self._client_lock:
             if getattr(self, "_communicator", None) is not None:
                 return self._communicator
-        rank = self.training_rank
-        if rank is None:
-            raise ValueError(f"node {self.job_name}:{self.task_index} is not a training node; "
-                             f"collectives join only {'/'.join(WORKER_ROLES)} nodes")
+        # rank, size, host, bind address, name and prefix: the core's rule (Node::OpenCommunicator)
+        options = _ember.node_communicator_options(
+            self._node, communicator_options(transport, timeout=timeout, connect_timeout=connect_timeout))
         if self._coordinator is None:
             raise RuntimeError("this Context is not connected to a job's coordinator")
-        from ember import _ember
         host, port, secret, ctimeout = self._coordinator
         store = _ember.CollectiveStore.coordinator(host, port, secret, ctimeout)
-        own = self.cluster_spec[self.job_name][self.task_index].rsplit(":", 1)[0]
-        comm = Communicator.create(
-            rank, self.num_workers, secret, store, host=own, bind_host=config.get("node_bind") or own,
-            name=f"{self.job_name}:{self.task_index}", prefix=f"ember-{self.job_id or 'job'}-c0",
-            transport=transport, timeout=timeout, connect_timeout=connect_timeout)
+        comm = Communicator(_ember.Communicator.create(options, store))
         with self._client_lock:
             self._communicator = comm
         return comm
@@ -266,7 +301,6 @@ class Context:
             if self._client is None:
                 if self._coordinator is None:
                     raise RuntimeError("this Context is not connected to a job's coordinator")
-                from ember import _ember
                 host, port, secret, connect_timeout = self._coordinator
                 client = _ember.CoordinatorClient.connect(host, port, secret,
                                                           connect_timeout=connect_timeout)
@@ -288,6 +322,7 @@ class Context:
 
     def __getstate__(self) -> Dict[str, Any]:
         state = dict(self.__dict__)
+        state["_node"] = _ember.encode_node_startup(self._node)  # the typed message, not a pickle
         state["_client"] = None
         state["_communicator"] = None
         state["_summary_writer"] = None
@@ -296,6 +331,7 @@ class Context:
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
+        state = dict(state, _node=_ember.decode_node_startup(state["_node"]))
         self.__dict__.update(state)
         self._client_lock = threading.Lock()
 

@@ -22,6 +22,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
+from ember import _ember
 from ember._console import Console
 from ember.cluster import Cluster
 from ember.errors import Aborted, ClusterError, DeadlineExceeded, EmberError, NodeError
@@ -278,7 +279,7 @@ class Run:
         server = self.cluster._server
         if server is not None:
             try:
-                server.stop_nodes(["chief", "master", "worker", "ps", "evaluator"])
+                server.stop_nodes(list(_ember.ROLES))
             except EmberError:
                 pass  # the run is ending anyway
 

@@ -87,8 +87,11 @@ inline Status WaitInterruptibly(double timeout, const std::function<Status(Durat
 // the StatusError translator.  Defined in module.cc.
 void RegisterStatusErrors(nb::module_& m);
 
-// Binds ClusterLayout, AssignRole, CoordinatorServer, CoordinatorClient and
-// the value types they use.  Defined in coordinator_binding.cc.
+// Defined in roles_binding.cc: ClusterLayout, AssignRole and the training-rank
+// rules of ember/roles.h.
+void BindRoles(nb::module_& m);
+// Binds CoordinatorServer, CoordinatorClient and the value types they use.
+// Defined in coordinator_binding.cc; after BindRoles (it uses ClusterLayout).
 void BindCoordinator(nb::module_& m);
 // Defined in feed_binding.cc: shm::Ring, FeedServer, FeedClient.
 void BindFeed(nb::module_& m);

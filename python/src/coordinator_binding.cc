@@ -35,40 +35,6 @@ const char* NodeStateName(NodeInfo::State s) {
 }
 
 void BindValueTypes(nb::module_& m) {
-  nb::class_<ClusterLayout>(m, "ClusterLayout",
-                            "The shape of a job: how many nodes, and which roles they take.")
-      .def(
-          "__init__",
-          [](ClusterLayout* self, int num_nodes, int num_ps, std::string master_node,
-             bool eval_node) {
-            new (self) ClusterLayout{num_nodes, num_ps, std::move(master_node), eval_node};
-          },
-          "num_nodes"_a = 1, "num_ps"_a = 0, "master_node"_a = "", "eval_node"_a = false)
-      .def_rw("num_nodes", &ClusterLayout::num_nodes)
-      .def_rw("num_ps", &ClusterLayout::num_ps)
-      .def_rw("master_node", &ClusterLayout::master_node)
-      .def_rw("eval_node", &ClusterLayout::eval_node)
-      .def("__repr__", [](const ClusterLayout& l) {
-        return "ClusterLayout(num_nodes=" + std::to_string(l.num_nodes) +
-               ", num_ps=" + std::to_string(l.num_ps) + ", master_node='" + l.master_node +
-               "', eval_node=" + (l.eval_node ? "True" : "False") + ")";
-      });
-
-  nb::class_<RoleAssignment>(m, "RoleAssignment")
-      .def_ro("job_name", &RoleAssignment::job_name)
-      .def_ro("task_index", &RoleAssignment::task_index)
-      .def("__repr__", [](const RoleAssignment& r) {
-        return "RoleAssignment('" + r.job_name + "', " + std::to_string(r.task_index) + ")";
-      });
-
-  m.def(
-      "assign_role",
-      [](const ClusterLayout& layout, int executor_id) {
-        return ValueOrThrow(AssignRole(layout, executor_id));
-      },
-      "layout"_a, "executor_id"_a,
-      "Role of `executor_id` in `layout`; InvalidArgument names a bad layout field.");
-
   nb::class_<NodeAddress>(m, "NodeAddress")
       .def(
           "__init__",

@@ -33,6 +33,9 @@ void BindFileSystem(nb::module_& m) {
           "io_timeout", [](const fs::ResolveOptions& o) { return DurationToSeconds(o.io_timeout); },
           [](fs::ResolveOptions& o, double s) { o.io_timeout = SecondsToDuration(s); });
 
+  m.def("fs_job_resolve_options", &fs::JobResolveOptions, nb::arg("default_fs"), nb::arg("hdfs_http_address"),
+        "ResolveOptions for fs.defaultFS `default_fs` with the NameNode's WebHDFS `host:port` filed "
+        "under its authority (ember/fs.h JobResolveOptions); \"\" for the default port 9870.");
   m.def(
       "fs_qualify",
       [](const std::string& path, const fs::ResolveOptions& options, const std::string& working_dir) {

@@ -81,6 +81,7 @@ void RegisterStatusErrors(nb::module_& m) {
 NB_MODULE(_ember, m) {
   m.doc() = "Ember's native core: coordinator server and client (thin bindings, no logic).";
   ember::python::RegisterStatusErrors(m);
+  ember::python::BindRoles(m);  // before BindCoordinator: its options hold a ClusterLayout
   ember::python::BindCoordinator(m);
   ember::python::BindFeed(m);
   ember::python::BindNode(m);

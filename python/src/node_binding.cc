@@ -1,9 +1,10 @@
 // Bindings of include/ember/node.h's start-up message: NodeContext and its
-// encoding (ember/node.h, node::EncodeStartup).  Type conversion only: bytes fields (secret,
+// encoding (ember/node.h, node::EncodeStartup), and the options of a node's communicator.  Type conversion only: bytes fields (secret,
 // payload) cross as bytes, connect_timeout as float seconds, input_mode as
 // the int of ember.InputMode.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -32,6 +33,7 @@ void BindNode(nb::module_& m) {
       .def_rw("job_name", &NodeContext::job_name)
       .def_rw("task_index", &NodeContext::task_index)
       .def_rw("cluster_spec", &NodeContext::cluster_spec)
+      .def_rw("bind_host", &NodeContext::bind_host)
       .def_rw("coordinator_host", &NodeContext::coordinator_host)
       .def_rw("coordinator_port", &NodeContext::coordinator_port)
       .def_prop_rw(
@@ -53,6 +55,7 @@ void BindNode(nb::module_& m) {
           "payload", [](const NodeContext& c) { return ToBytes(c.payload); },
           [](NodeContext& c, nb::bytes b) { c.payload = FromBytes(b); })
       .def_prop_ro("num_workers", &NodeContext::num_workers)
+      .def_prop_ro("training_rank", &NodeContext::training_rank)
       .def("__eq__", [](const NodeContext& a, const NodeContext& b) { return a == b; })
       .def("__repr__", [](const NodeContext& c) {
         return "NodeContext(job_id='" + c.job_id + "', executor_id=" + std::to_string(c.executor_id) +
@@ -71,6 +74,14 @@ void BindNode(nb::module_& m) {
       "read_node_startup", [](int fd) { return ValueOrThrow(ReadNodeContext(fd)); }, "fd"_a,
       nb::call_guard<nb::gil_scoped_release>(),
       "Reads a start-up message from descriptor `fd` until end of file (does not close it).");
+  m.def(
+      "node_communicator_options",
+      [](const NodeContext& c, const collective::CommunicatorOptions& options) {
+        return ValueOrThrow(NodeCommunicatorOptions(c, options));
+      },
+      "context"_a, "options"_a,
+      "`options` with rank, size, host, name, bind_host, secret and prefix filled from the node's "
+      "context (Node::OpenCommunicator's rule); InvalidArgument for a node that does not train.");
   m.attr("STARTUP_FD_ENV") = kStartupFdEnv;
 }
 

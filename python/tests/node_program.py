@@ -13,9 +13,10 @@ import sys
 
 from ember import _ember
 
-# What every node's environment has, whatever program it runs (ember/_node_env.py).
+# What every node's environment has, whatever program it runs (ember/_node_env.py), and
+# EMBER_NODE_BIND, which the launcher does not set (the bind address is in the start-up message).
 NODE_ENV_KEYS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "TF_CONFIG",
-                 "TF_CPP_MIN_LOG_LEVEL", "EMBER_JOB_ID", "PYTHONUNBUFFERED")
+                 "TF_CPP_MIN_LOG_LEVEL", "EMBER_JOB_ID", "PYTHONUNBUFFERED", "EMBER_NODE_BIND")
 
 
 def main() -> int:

@@ -68,6 +68,38 @@ def test_context_fields():
                                                                    ctx.log_dir)
 
 
+def test_training_ranks_and_roles_are_the_cores():
+    """ctx.training_rank/num_workers, the role lists and TFoS's cluster template come from the
+    core's one roles module (include/ember/roles.h), as a C++ node's do."""
+    from ember import _ember, _names
+    from ember.compat.tensorflowonspark import TFCluster
+    assert [_ctx(job_name=j, task_index=i).training_rank for j, i in
+            (("chief", 0), ("worker", 0), ("worker", 1), ("ps", 0), ("evaluator", 0))] == [0, 1, 2, None, None]
+    assert _names.WORKER_ROLES == ("chief", "master", "worker")
+    assert set(_names.SUPPORT_ROLES) == {"ps", "evaluator"}
+    assert set(_ember.ROLES) == set(_names.WORKER_ROLES) | set(_names.SUPPORT_ROLES)
+    assert TFCluster._cluster_template(6, 2, "chief", True) == \
+        {"ps": [0, 1], "chief": [2], "evaluator": [3], "worker": [4, 5]}
+    assert TFCluster._cluster_template(2, 0, None, False) == {"worker": [0, 1]}
+
+
+def test_context_wraps_its_node_context():
+    """Context's fields are its NodeContext's (the start-up message), read and written through;
+    its communicator's options are the core's (Node::OpenCommunicator's rule)."""
+    from ember import _ember
+    ctx = _ctx(job_id="ember-j", coordinator=("driver", 7077, b"s" * 32, 2.5))
+    ctx.task_index = 1
+    assert ctx._node.task_index == 1 and ctx.training_rank == 2
+    assert ctx._coordinator == ("driver", 7077, b"s" * 32, 2.5) and _ctx()._coordinator is None
+    options = _ember.node_communicator_options(ctx._node, _ember.CommunicatorOptions())
+    assert (options.rank, options.size, options.host, options.bind_host, options.name, options.prefix) == \
+        (2, 3, "h", "h", "worker:1", "ember-ember-j-c0")
+    ctx._node.bind_host = "0.0.0.0"
+    assert _ember.node_communicator_options(ctx._node, _ember.CommunicatorOptions()).bind_host == "0.0.0.0"
+    with pytest.raises(ValueError, match="ps:0 is not a training node"):
+        _ctx(job_name="ps").communicator()
+
+
 def test_report_without_a_coordinator_says_so():
     with pytest.raises(RuntimeError, match="not connected"):
         _ctx().report(step=1, loss=0.5)

@@ -56,6 +56,19 @@ def test_startup_message_round_trips_through_the_core():
         _ember.decode_node_startup(data[:4] + b"\x07\x00" + data[6:])
 
 
+def test_the_message_carries_the_bind_address_and_the_training_rank():
+    """bind_host travels in the message (not in EMBER_NODE_BIND); training_rank/num_workers are
+    the core's, also carried on the wire for programs that do not link the core."""
+    c = _full_context()
+    c.bind_host = "0.0.0.0"
+    back = _ember.decode_node_startup(_ember.encode_node_startup(c))
+    assert (back.bind_host, back.training_rank, back.num_workers) == ("0.0.0.0", 2, 3)
+    ctx = Context.from_node_context(back)
+    assert ctx._node is back and (ctx.training_rank, ctx.num_workers) == (2, 3)
+    c.job_name, c.task_index = "ps", 0
+    assert _ember.decode_node_startup(_ember.encode_node_startup(c)).training_rank is None
+
+
 def test_context_is_built_from_the_typed_message():
     ctx = Context.from_node_context(_full_context())
     assert (ctx.executor_id, ctx.job_name, ctx.task_index, ctx.num_workers) == (2, "worker", 1, 3)
@@ -214,6 +227,9 @@ def test_a_program_node_gets_the_environment_of_a_main_fun_node(spark, tmp_path)
             assert json.loads(env["TF_CONFIG"]) == {"cluster": cluster.cluster_spec,
                                                     "task": {"type": "worker", "index": rank}}, kind
             assert env["EMBER_JOB_ID"] == cluster.job_id and env["PYTHONUNBUFFERED"] == "1", kind
+            # The bind address travels in the start-up message: the launcher adds no variable
+            # (the node sees only what its executor had, e.g. a user's own setting).
+            assert env["EMBER_NODE_BIND"] == os.environ.get("EMBER_NODE_BIND"), kind
             # The quiet default (item 7), unless this process's environment (which local[N]
             # executors inherit) sets a level: then the user's level wins.
             assert env["TF_CPP_MIN_LOG_LEVEL"] == os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1"), kind

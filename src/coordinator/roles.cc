@@ -1,7 +1,9 @@
-// AssignRole: executor id -> (job_name, task_index), TFoS order.
-#include <string>
+// include/ember/roles.h: role assignment (executor id -> (job_name,
+// task_index), TFoS order) and the training-rank rules derived from it.
+#include "ember/roles.h"
 
-#include "ember/coordinator.h"
+#include <algorithm>
+#include <string>
 
 namespace ember {
 
@@ -44,6 +46,42 @@ Result<RoleAssignment> AssignRole(const ClusterLayout& layout, int executor_id) 
     --id;
   }
   return RoleAssignment{"worker", id};
+}
+
+bool IsTrainingRole(std::string_view job_name) {
+  return std::find(kTrainingRoles.begin(), kTrainingRoles.end(), job_name) != kTrainingRoles.end();
+}
+
+int TrainingSize(const ClusterSpec& spec) {
+  int n = 0;
+  for (std::string_view role : kTrainingRoles) {
+    auto it = spec.find(std::string(role));
+    if (it != spec.end()) n += static_cast<int>(it->second.size());
+  }
+  return n;
+}
+
+std::optional<int> TrainingRank(const ClusterSpec& spec, std::string_view job_name, int task_index) {
+  int rank = 0;
+  for (std::string_view role : kTrainingRoles) {
+    auto it = spec.find(std::string(role));
+    const int n = it == spec.end() ? 0 : static_cast<int>(it->second.size());
+    if (role == job_name) {
+      if (task_index < 0 || task_index >= n) return std::nullopt;
+      return rank + task_index;
+    }
+    rank += n;
+  }
+  return std::nullopt;
+}
+
+std::vector<std::string> TrainingAddresses(const ClusterSpec& spec) {
+  std::vector<std::string> out;
+  for (std::string_view role : kTrainingRoles) {
+    auto it = spec.find(std::string(role));
+    if (it != spec.end()) out.insert(out.end(), it->second.begin(), it->second.end());
+  }
+  return out;
 }
 
 }  // namespace ember

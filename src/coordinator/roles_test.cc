@@ -1,6 +1,10 @@
 #include <gtest/gtest.h>
 
-#include "ember/coordinator.h"
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "ember/roles.h"
 
 namespace ember {
 namespace {
@@ -47,6 +51,42 @@ TEST(RolesTest, InvalidLayoutsNameTheField) {
   EXPECT_NE(Role(Layout(2, -1), 0).find("num_ps"), std::string::npos);
   EXPECT_NE(Role(Layout(2, 0), 2).find("out of range"), std::string::npos);
   EXPECT_NE(Role(Layout(2, 0), -1).find("out of range"), std::string::npos);
+}
+
+const ClusterSpec kSpec = {{"ps", {"h:1"}},
+                           {"chief", {"h:2"}},
+                           {"evaluator", {"h:3"}},
+                           {"worker", {"h:4", "h:5"}}};
+
+TEST(RolesTest, TrainingRanksCountChiefThenWorkers) {
+  EXPECT_EQ(TrainingSize(kSpec), 3);
+  EXPECT_EQ(TrainingRank(kSpec, "chief", 0), 0);
+  EXPECT_EQ(TrainingRank(kSpec, "worker", 0), 1);
+  EXPECT_EQ(TrainingRank(kSpec, "worker", 1), 2);
+  EXPECT_EQ(TrainingAddresses(kSpec), (std::vector<std::string>{"h:2", "h:4", "h:5"}));
+  const ClusterSpec master = {{"master", {"m:1"}}, {"worker", {"w:1"}}};
+  EXPECT_EQ(TrainingRank(master, "master", 0), 0);
+  EXPECT_EQ(TrainingRank(master, "worker", 0), 1);
+  EXPECT_EQ(TrainingSize(ClusterSpec{}), 0);
+}
+
+TEST(RolesTest, PsEvaluatorAndUnlistedNodesHaveNoTrainingRank) {
+  EXPECT_EQ(TrainingRank(kSpec, "ps", 0), std::nullopt);
+  EXPECT_EQ(TrainingRank(kSpec, "evaluator", 0), std::nullopt);
+  EXPECT_EQ(TrainingRank(kSpec, "worker", 2), std::nullopt);
+  EXPECT_EQ(TrainingRank(kSpec, "worker", -1), std::nullopt);
+  EXPECT_EQ(TrainingRank(kSpec, "boss", 0), std::nullopt);
+  EXPECT_TRUE(IsTrainingRole("master"));
+  EXPECT_FALSE(IsTrainingRole("evaluator"));
+}
+
+TEST(RolesTest, AssignedRolesAreKnownRoles) {
+  ClusterLayout l = Layout(6, 2, "master", true);
+  for (int id = 0; id < l.num_nodes; ++id) {
+    Result<RoleAssignment> r = AssignRole(l, id);
+    ASSERT_TRUE(r.ok());
+    EXPECT_NE(std::find(kRoles.begin(), kRoles.end(), r->job_name), kRoles.end()) << r->job_name;
+  }
 }
 
 }  // namespace

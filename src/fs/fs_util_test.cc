@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <map>
 #include <string>
 
 #include "ember/fs.h"
@@ -277,6 +278,16 @@ TEST(ResolveTest, GlobOfAFileUriStaysLocalWhereDefaultFsIsHdfs) {
   auto none = GlobUris("file://" + dir + "/nothing-*", o);
   EXPECT_EQ(none.status().code(), StatusCode::kNotFound);
   ASSERT_TRUE(local->DeleteRecursively(dir).ok());
+}
+
+TEST(JobResolveOptionsTest, TheHttpAddressIsFiledUnderTheDefaultFsAuthority) {
+  ResolveOptions o = JobResolveOptions("hdfs://nn:8020/", "web:50070");
+  EXPECT_EQ(o.default_fs, "hdfs://nn:8020/");
+  EXPECT_EQ(o.hdfs_http_addresses, (std::map<std::string, std::string>{{"nn:8020", "web:50070"}}));
+  EXPECT_EQ(JobResolveOptions("hdfs://nn:8020", "web:50070").hdfs_http_addresses.at("nn:8020"), "web:50070");
+  EXPECT_TRUE(JobResolveOptions("hdfs://nn:8020", "").hdfs_http_addresses.empty());  // the default: port 9870
+  EXPECT_TRUE(JobResolveOptions("file:///", "web:50070").hdfs_http_addresses.empty());
+  EXPECT_TRUE(JobResolveOptions("", "").default_fs.empty());
 }
 
 TEST(QualifyPathTest, AUriWithASchemeIsKeptAsItIs) {

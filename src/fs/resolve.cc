@@ -116,6 +116,16 @@ Result<Resolved> Hdfs(const std::string& http_address, const std::string& defaul
 
 }  // namespace
 
+ResolveOptions JobResolveOptions(const std::string& default_fs, const std::string& hdfs_http_address) {
+  ResolveOptions options;
+  options.default_fs = default_fs;
+  if (!hdfs_http_address.empty()) {
+    Result<Uri> d = ParseUri(default_fs);
+    if (d.ok() && !d->authority.empty()) options.hdfs_http_addresses[d->authority] = hdfs_http_address;
+  }
+  return options;
+}
+
 Result<Resolved> ResolveFileSystem(const std::string& uri, const ResolveOptions& options) {
   EMBER_ASSIGN_OR_RAISE(Uri u, ParseUri(uri));
   if (u.scheme.empty()) {

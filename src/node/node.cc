@@ -12,15 +12,6 @@
 
 namespace ember {
 
-int NodeContext::num_workers() const {
-  int n = 0;
-  for (const char* role : {"chief", "master", "worker"}) {
-    auto it = cluster_spec.find(role);
-    if (it != cluster_spec.end()) n += static_cast<int>(it->second.size());
-  }
-  return n;
-}
-
 Result<NodeContext> ReadNodeContext(int fd) {
   std::string bytes;
   char buf[64 * 1024];

@@ -14,18 +14,7 @@ Result<std::unique_ptr<summary::EventWriter>> Node::OpenSummaryWriter(
     return Status::InvalidArgument("node " + label() +
                                    ": no log dir for summaries; pass log_dir to Cluster.run");
   }
-  fs::ResolveOptions resolve;
-  resolve.default_fs = context_.default_fs;
-  if (!context_.hdfs_http_address.empty()) {
-    // The NameNode's HTTP address for the authority of fs.defaultFS ("nn:8020").
-    const std::string& d = context_.default_fs;
-    const size_t start = d.find("://");
-    if (start != std::string::npos) {
-      const size_t end = d.find('/', start + 3);
-      resolve.hdfs_http_addresses[d.substr(start + 3, end == std::string::npos ? end : end - start - 3)] =
-          context_.hdfs_http_address;
-    }
-  }
+  const fs::ResolveOptions resolve = fs::JobResolveOptions(context_.default_fs, context_.hdfs_http_address);
   const std::string dir = summary::NodeLogDir(context_.log_dir, context_.job_name, context_.task_index);
   EMBER_ASSIGN_OR_RAISE(fs::Resolved r, fs::ResolveFileSystem(dir, resolve));
   auto writer = summary::EventWriter::Open(r.fs, r.path, std::move(options));

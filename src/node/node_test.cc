@@ -245,5 +245,80 @@ TEST_F(NodeTest, OpenSummaryWriterWritesInTheNodesOwnDirectory) {
   EXPECT_NE(none.status().message().find("log_dir"), std::string::npos) << none.status().ToString();
 }
 
+TEST_F(NodeTest, OpenCommunicatorJoinsTheTrainingNodes) {
+  StartJob(3);
+  // Like a job with one ps: the two workers are ranks 0 and 1, the ps has no rank.
+  const ClusterSpec spec = {{"ps", {"127.0.0.1:30002"}}, {"worker", {"127.0.0.1:30000", "127.0.0.1:30001"}}};
+  std::vector<std::unique_ptr<Node>> nodes;
+  for (int i = 0; i < 2; ++i) {
+    NodeContext c = ContextOf(i);
+    c.cluster_spec = spec;
+    auto node = Node::Open(c);
+    ASSERT_TRUE(node.ok()) << node.status().ToString();
+    nodes.push_back(node.MoveValueUnsafe());
+  }
+  std::vector<std::vector<float>> params = {{1.0f, 10.0f}, {3.0f, 30.0f}};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      collective::CommunicatorOptions o;
+      o.connect_timeout = kLong;
+      auto comm = nodes[i]->OpenCommunicator(o);
+      ASSERT_TRUE(comm.ok()) << comm.status().ToString();
+      EXPECT_EQ((*comm)->rank(), i);
+      EXPECT_EQ((*comm)->size(), 2);
+      EXPECT_NE((*comm)->Describe(i).find("worker:" + std::to_string(i)), std::string::npos);
+      Status st = (*comm)->Allreduce(params[i].data(), params[i].size(), collective::DataType::kFloat32,
+                                     collective::ReduceOp::kAverage);
+      EXPECT_TRUE(st.ok()) << st.ToString();
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(params[0], (std::vector<float>{2.0f, 20.0f}));
+  EXPECT_EQ(params[1], params[0]);
+}
+
+TEST_F(NodeTest, OpenCommunicatorNamesANodeThatDoesNotTrain) {
+  StartJob(1);
+  NodeContext c = ContextOf(0);
+  c.job_name = "ps";
+  c.cluster_spec = {{"ps", {"127.0.0.1:30000"}}};
+  auto node = Node::Open(c);
+  ASSERT_TRUE(node.ok()) << node.status().ToString();
+  auto comm = (*node)->OpenCommunicator();
+  EXPECT_EQ(comm.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(comm.status().message().find("ps:0 is not a training node"), std::string::npos)
+      << comm.status().ToString();
+
+  c = ContextOf(0);  // a worker its cluster spec does not list
+  auto options = NodeCommunicatorOptions(c);
+  EXPECT_EQ(options.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(options.status().message().find("not in its cluster spec"), std::string::npos)
+      << options.status().ToString();
+}
+
+TEST(NodeCommunicatorOptionsTest, FilledFromTheContext) {
+  NodeContext c;
+  c.job_id = "job-7";
+  c.job_name = "worker";
+  c.task_index = 1;
+  c.secret = kSecret;
+  c.cluster_spec = {{"chief", {"10.0.0.1:1"}}, {"worker", {"10.0.0.2:2", "10.0.0.3:3"}}};
+  collective::CommunicatorOptions in;
+  in.transport = collective::Transport::kTcp;
+  in.timeout = Duration(1234);
+  auto o = NodeCommunicatorOptions(c, in);
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->rank, 2);
+  EXPECT_EQ(o->size, 3);
+  EXPECT_EQ(o->host, "10.0.0.3");
+  EXPECT_EQ(o->bind_host, "10.0.0.3");
+  EXPECT_EQ(o->name, "worker:1");
+  EXPECT_EQ(o->secret, kSecret);
+  EXPECT_EQ(o->prefix, "ember-job-7-c0");
+  EXPECT_EQ(o->transport, collective::Transport::kTcp);  // the caller's choices are kept
+  EXPECT_EQ(o->timeout, Duration(1234));
+}
+
 }  // namespace
 }  // namespace ember

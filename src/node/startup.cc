@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "common/codec.h"
+#include "ember/roles.h"
 
 namespace ember::node {
 namespace {
@@ -58,6 +59,26 @@ Status DecodeClusterSpec(codec::Reader& r, std::map<std::string, std::vector<std
   return Status::OK();
 }
 
+// training_rank and training_size: derived from the cluster spec by the one
+// rule (ember/roles.h) and carried for programs that do not link the core; a
+// message whose numbers disagree with its spec is Corruption, so that every
+// reader sees the same ranks.
+Status DecodeTrainingRank(codec::Reader& r, const NodeContext& c) {
+  int32_t rank = 0, size = 0;
+  EMBER_RETURN_NOT_OK(Field(r, "training_rank", &rank, &codec::Reader::GetI32));
+  EMBER_RETURN_NOT_OK(Field(r, "training_size", &size, &codec::Reader::GetI32));
+  const int want_rank = c.training_rank().value_or(-1);
+  const int want_size = c.num_workers();
+  if (rank != want_rank || size != want_size) {
+    return Status::Corruption("start-up message fields training_rank " + std::to_string(rank) +
+                              " and training_size " + std::to_string(size) + " before offset " +
+                              std::to_string(r.offset()) + " disagree with its cluster spec, which makes " +
+                              c.job_name + ":" + std::to_string(c.task_index) + " rank " +
+                              std::to_string(want_rank) + " of " + std::to_string(want_size));
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 Result<std::string> EncodeStartup(const NodeContext& c) {
@@ -80,6 +101,7 @@ Result<std::string> EncodeStartup(const NodeContext& c) {
   }
   for (auto [name, size] : {std::pair<const char*, size_t>{"job_id", c.job_id.size()},
                             {"job_name", c.job_name.size()},
+                            {"bind_host", c.bind_host.size()},
                             {"coordinator_host", c.coordinator_host.size()},
                             {"secret", c.secret.size()},
                             {"feed_ring", c.feed_ring.size()},
@@ -111,6 +133,9 @@ Result<std::string> EncodeStartup(const NodeContext& c) {
       w.PutString(a);
     }
   }
+  w.PutI32(c.training_rank().value_or(-1));
+  w.PutI32(c.num_workers());
+  w.PutString(c.bind_host);
   w.PutString(c.coordinator_host);
   w.PutI32(c.coordinator_port);
   w.PutString(c.secret);
@@ -155,6 +180,8 @@ Result<NodeContext> DecodeStartup(std::string_view bytes) {
   EMBER_RETURN_NOT_OK(Field(r, "task_index", &c.task_index, &codec::Reader::GetI32));
   EMBER_RETURN_NOT_OK(NonNegative("task_index", c.task_index, r.offset()));
   EMBER_RETURN_NOT_OK(DecodeClusterSpec(r, &c.cluster_spec));
+  EMBER_RETURN_NOT_OK(DecodeTrainingRank(r, c));
+  EMBER_RETURN_NOT_OK(Field(r, "bind_host", &c.bind_host, &codec::Reader::GetString));
   EMBER_RETURN_NOT_OK(Field(r, "coordinator_host", &c.coordinator_host, &codec::Reader::GetString));
   EMBER_RETURN_NOT_OK(Field(r, "coordinator_port", &port, &codec::Reader::GetI32));
   if (port < 0 || port > 65535) {

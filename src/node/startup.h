@@ -6,7 +6,9 @@
 // Layout (codec.h encodings):
 //   4 bytes magic "EMBN" | u16 version (kStartupVersion) | fields of NodeContext
 //   in declaration order; the cluster spec as u32 role count, then per role
-//   (roles in strictly increasing byte order) string role | u32 n | n strings.
+//   (roles in strictly increasing byte order) string role | u32 n | n strings,
+//   followed by i32 training_rank (-1: none) | i32 training_size, which the
+//   encoder derives from the spec (ember/roles.h) and the decoder checks.
 // The decoder reads bytes from another process and is fuzzed
 // (node_startup_fuzz.cc): anything that decodes re-encodes to the same bytes.
 #pragma once
@@ -21,7 +23,7 @@
 namespace ember::node {
 
 inline constexpr char kStartupMagic[4] = {'E', 'M', 'B', 'N'};
-inline constexpr uint16_t kStartupVersion = 2;  // 2: hdfs_http_address
+inline constexpr uint16_t kStartupVersion = 3;  // 2: hdfs_http_address; 3: training rank/size, bind_host
 
 // EncodeStartup and DecodeStartup are declared in ember/node.h (the launcher
 // writes the message through the bindings).

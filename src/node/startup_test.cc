@@ -14,6 +14,7 @@ NodeContext FullContext() {
   c.job_name = "worker";
   c.task_index = 1;
   c.cluster_spec = {{"chief", {"h0:1000"}}, {"ps", {"h1:1001"}}, {"worker", {"h2:1002", "h3:1003"}}};
+  c.bind_host = "0.0.0.0";
   c.coordinator_host = "driver.example";
   c.coordinator_port = 40123;
   c.secret = std::string("\x00\x01secret\xff", 9);
@@ -38,6 +39,7 @@ TEST(NodeStartupTest, RoundTripsEveryField) {
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(*back, c);
   EXPECT_EQ(back->num_workers(), 3);
+  EXPECT_EQ(back->training_rank(), 2);  // after the chief and worker 0
 }
 
 TEST(NodeStartupTest, RoundTripsAnEmptyContext) {
@@ -87,7 +89,7 @@ TEST(NodeStartupTest, WrongMagicIsCorruption) {
 
 // Hand-built message with chosen values, to check the decoder's range checks.
 std::string Message(int32_t executor_id, int32_t port, int64_t timeout_ms, uint8_t mode,
-                    std::vector<std::string> roles = {}) {
+                    std::vector<std::string> roles = {}, int32_t training_rank = -1) {
   codec::Writer w;
   w.PutRaw("EMBN");
   w.PutU16(kStartupVersion);
@@ -100,6 +102,9 @@ std::string Message(int32_t executor_id, int32_t port, int64_t timeout_ms, uint8
     w.PutString(role);
     w.PutU32(0);
   }
+  w.PutI32(training_rank);
+  w.PutI32(0);  // training_size: no addresses in the spec
+  w.PutString("");  // bind_host
   w.PutString("host");
   w.PutI32(port);
   w.PutString("secret");
@@ -120,6 +125,26 @@ TEST(NodeStartupTest, OutOfRangeValuesAreCorruption) {
             StatusCode::kCorruption);
   EXPECT_EQ(DecodeStartup(Message(0, 1, 0, 0, {"ps", "ps"})).status().code(),
             StatusCode::kCorruption);
+}
+
+TEST(NodeStartupTest, ATrainingRankThatDisagreesWithTheSpecIsCorruption) {
+  // worker:0 of a spec that lists no worker address has no training rank.
+  auto r = DecodeStartup(Message(0, 1, 0, 0, {"worker"}, /*training_rank=*/0));
+  EXPECT_EQ(r.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(r.status().message().find("training_rank 0"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("rank -1 of 0"), std::string::npos) << r.status().message();
+}
+
+TEST(NodeStartupTest, TrainingRankAndSizeAreDerivedFromTheSpec) {
+  NodeContext c = FullContext();
+  c.job_name = "ps";
+  c.task_index = 0;
+  auto bytes = EncodeStartup(c);
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  auto back = DecodeStartup(*bytes);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->training_rank(), std::nullopt);
+  EXPECT_EQ(back->num_workers(), 3);
 }
 
 TEST(NodeStartupTest, HostileCountsFailWithoutAllocating) {

@@ -27,6 +27,7 @@ import os
 import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from ember import _ember
 from ember.compat.tensorflowonspark import TFNode
 
 logger = logging.getLogger(__name__)
@@ -200,15 +201,13 @@ class TFCluster(object):
 
 def _cluster_template(num_executors: int, num_ps: int, master_node: Optional[str],
                       eval_node: bool) -> Dict[str, List[int]]:
-    """TFoS's {job: [executor ids]}: ps first, then the master/chief, the evaluator, workers."""
-    executors = list(range(num_executors))
+    """TFoS's {job: [executor ids]}: ps first, then the master/chief, the evaluator, workers (the
+    core's role assignment, include/ember/roles.h, which the coordinator follows)."""
+    layout = _ember.ClusterLayout(num_nodes=num_executors, num_ps=num_ps, master_node=master_node or "",
+                                  eval_node=eval_node)
     template: Dict[str, List[int]] = {}
-    for job, count in (("ps", num_ps), (master_node, 1 if master_node else 0), ("evaluator", 1 if eval_node else 0)):
-        if count:
-            template[job] = executors[:count]
-            del executors[:count]
-    if executors:
-        template["worker"] = executors
+    for executor_id in range(num_executors):
+        template.setdefault(_ember.assign_role(layout, executor_id).job_name, []).append(executor_id)
     return template
 
 
