@@ -551,6 +551,9 @@ TEST(TcpRing, FloodOfUnauthenticatedConnectionsDoesNotKeepThePreviousRankOut) {
       }
     });
   }
+  // The flood is under way before the ring connects (the listeners' backlogs hold it until the
+  // acceptors start); otherwise a fast connect on a busy box can close the listeners first.
+  EXPECT_TRUE(ember::testing::WaitUntil([&] { return flood_connected.load() >= 8 * n; }));
   const auto t0 = Clock::now();
   OnRanks(n, [&](int r) {
     Status s = ring[r]->Connect(addrs, Soon(20000));
