@@ -1,19 +1,16 @@
 #include "collective/shm_group.h"
 
-#include <linux/futex.h>
 #include <sched.h>
-#include <signal.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <climits>
 #include <cstring>
 #include <new>
 #include <thread>
 
 #include "collective/reduce.h"
+#include "transport/shm/wait.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -27,7 +24,7 @@ constexpr uint32_t kVersion = 1;
 constexpr size_t kReasonBytes = 1024;
 constexpr size_t kPage = 4096;
 constexpr int kMaxSize = 256;
-constexpr int64_t kSliceMs = 50;  // longest sleep between looks at abort, liveness, deadline
+constexpr Duration kSlice{50};  // longest sleep between looks at abort, liveness, deadline
 
 // Header::abort_state
 constexpr uint32_t kNotAborted = 0, kAbortWriting = 1, kAborted = 2;
@@ -42,16 +39,6 @@ void Pause() {
 #endif
 }
 
-void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeout_ms) {
-  timespec ts{static_cast<time_t>(timeout_ms / 1000), static_cast<long>((timeout_ms % 1000) * 1000000)};
-  // Not FUTEX_PRIVATE_FLAG: the word is shared between processes.
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
-}
-
-void FutexWake(std::atomic<uint32_t>* word) {
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
-}
-
 // memcpy that accepts null pointers when there is nothing to copy (a
 // zero-element call may pass null buffers).
 void Copy(void* dst, const void* src, size_t n) {
@@ -59,8 +46,6 @@ void Copy(void* dst, const void* src, size_t n) {
 }
 
 bool Reached(uint32_t counter, uint32_t target) { return static_cast<int32_t>(counter - target) >= 0; }
-
-bool ProcessGone(int32_t pid) { return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH; }
 
 // FNV-1a over allgather's per-rank counts: ranks passing different counts
 // with the same total would otherwise take different steps.
@@ -160,7 +145,7 @@ ShmGroup::~ShmGroup() {
   if (!mapping_.valid()) return;
   Slot& me = slots_[rank_];
   uint32_t expected = kInGroup;
-  if (me.left.compare_exchange_strong(expected, kLeftClosed)) FutexWake(&me.arrived);
+  if (me.left.compare_exchange_strong(expected, kLeftClosed)) shm::FutexWake(&me.arrived);
 }
 
 Result<std::unique_ptr<ShmGroup>> ShmGroup::Create(const ShmGroupOptions& options) { return Attach(options, true); }
@@ -276,7 +261,7 @@ Status ShmGroup::Step(Call* call) {
   call->first = false;
   if (first) me.desc[t & 1] = ToSlot(*call->desc, call->extra);
   me.arrived.store(t, std::memory_order_seq_cst);
-  if (me.waiters.load(std::memory_order_seq_cst) != 0) FutexWake(&me.arrived);
+  if (me.waiters.load(std::memory_order_seq_cst) != 0) shm::FutexWake(&me.arrived);
   for (int k = 0; k < size_; ++k) {
     if (k == rank_) continue;
     EMBER_RETURN_NOT_OK(WaitFor(k, t, call));
@@ -319,29 +304,35 @@ Status ShmGroup::WaitFor(int k, uint32_t target, const Call* call) {
     if ((i & 255) == 255) sched_yield();
   }
   const std::string what = call->desc ? call->desc->ToString() : "the group's start";
-  for (;;) {
-    if (Reached(s.arrived.load(std::memory_order_acquire), target)) return Status::OK();
-    if (header_->abort_state.load(std::memory_order_acquire) == kAborted) return AbortedByPeer();
-    if (const uint32_t left = s.left.load(std::memory_order_acquire); left != kInGroup) {
-      return Status::Aborted(Describe(k) +
-                             (left == kLeftClosed ? " closed the group" : " failed and left the group") +
-                             " before " + what);
-    }
-    if (call->deadline.expired()) {
-      const auto waited = std::chrono::round<Duration>(call->deadline.when() - call->start);
-      return Status::DeadlineExceeded(Describe(k) + " did not reach " + what + " within " +
-                                      FormatDuration(waited) + "; it may be stalled, or making a different call");
-    }
-    if (const int32_t pid = s.pid.load(std::memory_order_relaxed); ProcessGone(pid)) {
-      return Status::Aborted(Describe(k) + " died (process " + std::to_string(pid) + " is gone) before " + what);
-    }
-    int64_t sleep_ms = kSliceMs;
-    if (!call->deadline.infinite()) sleep_ms = std::clamp<int64_t>(call->deadline.remaining().count(), 1, kSliceMs);
-    s.waiters.fetch_add(1, std::memory_order_seq_cst);
-    const uint32_t v = s.arrived.load(std::memory_order_seq_cst);
-    if (!Reached(v, target)) FutexWait(&s.arrived, v, sleep_ms);
-    s.waiters.fetch_sub(1, std::memory_order_seq_cst);
-  }
+  return shm::WaitShared(
+      call->deadline, kSlice,
+      [&]() -> std::optional<Status> {
+        if (Reached(s.arrived.load(std::memory_order_acquire), target)) return Status::OK();
+        if (header_->abort_state.load(std::memory_order_acquire) == kAborted) return AbortedByPeer();
+        if (const uint32_t left = s.left.load(std::memory_order_acquire); left != kInGroup) {
+          return Status::Aborted(Describe(k) +
+                                 (left == kLeftClosed ? " closed the group" : " failed and left the group") +
+                                 " before " + what);
+        }
+        return std::nullopt;
+      },
+      [&]() -> std::optional<Status> {
+        if (const int32_t pid = s.pid.load(std::memory_order_relaxed); shm::ProcessGone(pid)) {
+          return Status::Aborted(Describe(k) + " died (process " + std::to_string(pid) + " is gone) before " + what);
+        }
+        return std::nullopt;
+      },
+      [&] {
+        const auto waited = std::chrono::round<Duration>(call->deadline.when() - call->start);
+        return Status::DeadlineExceeded(Describe(k) + " did not reach " + what + " within " +
+                                        FormatDuration(waited) + "; it may be stalled, or making a different call");
+      },
+      [&](int64_t ms) {
+        s.waiters.fetch_add(1, std::memory_order_seq_cst);
+        const uint32_t v = s.arrived.load(std::memory_order_seq_cst);
+        if (!Reached(v, target)) shm::FutexWaitMs(&s.arrived, v, ms);
+        s.waiters.fetch_sub(1, std::memory_order_seq_cst);
+      });
 }
 
 Status ShmGroup::AbortedByPeer() const {
@@ -361,12 +352,12 @@ Status ShmGroup::Fail(const Status& s) {
   Slot& me = slots_[rank_];
   uint32_t expected = kInGroup;
   if (me.left.load(std::memory_order_relaxed) == kInGroup) me.left_step.store(step_, std::memory_order_relaxed);
-  if (me.left.compare_exchange_strong(expected, kLeftFailed)) FutexWake(&me.arrived);
+  if (me.left.compare_exchange_strong(expected, kLeftFailed)) shm::FutexWake(&me.arrived);
   return first;
 }
 
 void ShmGroup::WakeAll() {
-  for (int k = 0; k < size_; ++k) FutexWake(&slots_[k].arrived);
+  for (int k = 0; k < size_; ++k) shm::FutexWake(&slots_[k].arrived);
 }
 
 void ShmGroup::Abort(const std::string& reason) {

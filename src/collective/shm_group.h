@@ -47,10 +47,10 @@
 //     reduces piece r of every buffer into its output; one step.
 //   barrier: one step with no data.
 //
-// Waiting: a short spin, then FUTEX_WAIT (process-shared) on the awaited
-// rank's counter in slices of at most 50 ms; between slices the waiter
-// looks at the abort word, the awaited rank's `left` and pid, and the
-// deadline.  The waiter increments `waiters` before re-reading the counter
+// Waiting: a short spin, then shm::WaitShared (transport/shm/wait.h):
+// FUTEX_WAIT (process-shared) on the awaited rank's counter in slices of at
+// most 50 ms; between slices the waiter looks at the abort word and the
+// awaited rank's `left`, its pid, and the deadline.  The waiter increments `waiters` before re-reading the counter
 // and the writer reads `waiters` after storing it (both seq_cst), so a
 // wake-up is never lost and an uncontended step makes no system call.
 //

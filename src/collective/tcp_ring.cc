@@ -1,7 +1,6 @@
 #include "collective/tcp_ring.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -9,7 +8,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <list>
 #include <optional>
 #include <thread>
 
@@ -18,7 +16,6 @@
 #include "common/logging.h"
 #include "transport/tcp/frame.h"
 #include "transport/tcp/handshake.h"
-#include "transport/tcp/pending.h"
 #include "transport/tcp/socket.h"
 
 namespace ember::collective {
@@ -53,169 +50,6 @@ void EncodeHeader(uint16_t type, size_t len, std::byte out[tcp::kFrameHeaderByte
                         uint8_t(tcp::kProtocolVersion >> 8)};
   std::memcpy(out, h, 8);
 }
-
-// Accepts the previous rank during Connect: one thread accepts, one thread
-// per accepted connection runs the handshake and reads the hello (at most
-// kMaxPendingHandshakes at once: beyond that an older pending one is dropped,
-// tcp::PendingHandshakes, so a flood cannot shut the previous rank out).
-class PrevAcceptor {
- public:
-  PrevAcceptor(int listen_fd, const TcpRingOptions& o, const std::vector<std::string>& names, Deadline deadline)
-      : listen_fd_(listen_fd), o_(o), names_(names), deadline_(deadline), pending_(kMaxPendingHandshakes) {}
-  ~PrevAcceptor() { Stop(); }
-
-  Status Start() {
-    int p[2];
-    if (::pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) return Status::FromErrno(errno, "pipe2");
-    wake_r_ = Fd(p[0]);
-    wake_w_ = Fd(p[1]);
-    accept_thread_ = std::thread([this] { AcceptLoop(); });
-    return Status::OK();
-  }
-
-  // The authenticated connection from the previous rank, or DeadlineExceeded.
-  Result<Fd> Wait(Deadline deadline) {
-    MutexLock lock(&mu_);
-    while (!prev_.valid()) {
-      if (deadline.infinite()) {
-        cv_.Wait(&mu_);
-      } else if (!cv_.WaitUntil(&mu_, deadline.when())) {
-        break;
-      }
-    }
-    if (prev_.valid()) return std::move(prev_);
-    return Status::DeadlineExceeded(last_rejection_.empty() ? "" : " (last rejected connection: " + last_rejection_ + ")");
-  }
-
-  void Stop() {
-    if (!accept_thread_.joinable()) return;
-    {
-      MutexLock lock(&mu_);
-      stopping_ = true;
-    }
-    pending_.ShutdownAll();  // wakes handshakes in progress
-    const char b = 1;
-    (void)!::write(wake_w_.get(), &b, 1);
-    accept_thread_.join();
-    std::list<Worker> workers;
-    {
-      MutexLock lock(&mu_);
-      workers.swap(workers_);
-    }
-    for (auto& w : workers) w.thread.join();
-  }
-
- private:
-  struct Worker {
-    std::thread thread;
-    bool done = false;
-  };
-
-  std::string Who() const { return "tcp ring " + names_[o_.rank]; }
-
-  void AcceptLoop() {
-    for (;;) {
-      Fd fd = tcp::AcceptUntilWoken(listen_fd_, wake_r_.get(), Who().c_str());
-      MutexLock lock(&mu_);
-      ReapLocked();
-      if (!fd.valid() || stopping_) return;
-      const uint64_t id = next_id_++;
-      const std::string dropped = pending_.Start(id, fd.get(), tcp::PeerAddress(fd.get()));
-      if (!dropped.empty()) {
-        const uint64_t n = pending_.dropped();
-        if ((n & (n - 1)) == 0) {  // 1, 2, 4, ...: a flood must not flood the log too
-          EMBER_LOG(WARN) << Who() << ": dropped the pending handshake of " << dropped
-                          << " to admit a newer connection: " << kMaxPendingHandshakes
-                          << " were pending (a flood of unauthenticated connections?); " << n << " dropped so far";
-        }
-      }
-      workers_.emplace_back();
-      Worker* w = &workers_.back();
-      w->thread = std::thread([this, w, id, f = std::move(fd)]() mutable { Handshake(std::move(f), id, w); });
-    }
-  }
-
-  void ReapLocked() EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (auto it = workers_.begin(); it != workers_.end();) {
-      if (it->done) {
-        it->thread.join();
-        it = workers_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
-
-  void Handshake(Fd fd, uint64_t id, Worker* self) {
-    const std::string peer = tcp::PeerAddress(fd.get());
-    bool dropped = false;
-    Status s = Admit(fd, peer, id, &dropped);
-    if (!s.ok() && !dropped) dropped = pending_.Finish(id);
-    MutexLock lock(&mu_);
-    if (!s.ok()) {
-      if (!stopping_ && !dropped) {
-        EMBER_LOG(WARN) << Who() << ": rejected connection from " << peer << ": " << s.message();
-        last_rejection_ = peer + ": " + s.ToString();
-      }
-    }
-    if (s.ok()) {
-      prev_ = std::move(fd);
-      cv_.SignalAll();
-    }
-    self->done = true;
-    // fd (if not handed over) closes here, after it left pending_, so a drop never shuts a reused number.
-  }
-
-  // Handshake and hello; OK once the connection is the previous rank's.
-  Status Admit(const Fd& fd, const std::string& peer, uint64_t id, bool* dropped) {
-    Deadline d = std::min(deadline_, Deadline::After(o_.handshake_timeout));
-    // Out of the pending set once the peer proved the secret, before it is told so.
-    auto verified = [&]() -> Status {
-      *dropped = pending_.Finish(id);
-      return *dropped ? Status::Unavailable("dropped from the handshake") : Status::OK();
-    };
-    EMBER_RETURN_NOT_OK(tcp::ServerHandshake(fd.get(), o_.secret, d, peer, verified));
-    EMBER_ASSIGN_OR_RAISE(tcp::Frame f, tcp::ReadFrame(fd.get(), kMaxHelloBytes, d, peer));
-    Hello h;
-    Status s = f.type == kHello ? DecodeHello(f.payload, &h)
-                                : Status::Corruption("expected a hello frame, got type " + std::to_string(f.type));
-    const int prev = Mod(o_.rank - 1, o_.size);
-    if (s.ok() && (h.size != o_.size || h.ring_id != o_.ring_id || h.from != prev || h.to != o_.rank)) {
-      s = Status::InvalidArgument("hello from rank " + std::to_string(h.from) + " of a ring of " +
-                                  std::to_string(h.size) + " (id '" + h.ring_id + "') for rank " +
-                                  std::to_string(h.to) + "; this is rank " + std::to_string(o_.rank) + " of " +
-                                  std::to_string(o_.size) + " (id '" + o_.ring_id + "') expecting rank " +
-                                  std::to_string(prev));
-    }
-    if (s.ok()) {
-      MutexLock lock(&mu_);
-      if (claimed_ || stopping_) s = Status::AlreadyExists("rank " + std::to_string(prev) + " is already connected");
-      claimed_ = true;
-    }
-    if (!s.ok()) {
-      (void)tcp::WriteFrame(fd.get(), kHelloReject, EncodeHello({0, 0, 0, s.message().substr(0, 256)}), d, peer);
-      return s;
-    }
-    return tcp::WriteFrame(fd.get(), kHelloAck, EncodeHello({o_.size, o_.rank, prev, o_.ring_id}), d, peer);
-  }
-
-  const int listen_fd_;
-  const TcpRingOptions& o_;
-  const std::vector<std::string>& names_;
-  const Deadline deadline_;
-  Fd wake_r_, wake_w_;
-  std::thread accept_thread_;
-
-  Mutex mu_;
-  CondVar cv_;
-  Fd prev_ GUARDED_BY(mu_);
-  bool claimed_ GUARDED_BY(mu_) = false;
-  bool stopping_ GUARDED_BY(mu_) = false;
-  uint64_t next_id_ = 1;  // the accept thread's only
-  tcp::PendingHandshakes pending_;
-  std::list<Worker> workers_ GUARDED_BY(mu_);
-  std::string last_rejection_ GUARDED_BY(mu_);
-};
 
 }  // namespace
 
@@ -329,14 +163,15 @@ Status TcpRing::Connect(const std::vector<std::pair<std::string, int>>& addresse
   }
   if (n > 1) {
     const auto start = Deadline::Clock::now();
-    PrevAcceptor acceptor(listener_.get(), options_, names_, deadline);
-    EMBER_RETURN_NOT_OK(acceptor.Start());
+    EMBER_ASSIGN_OR_RAISE(std::unique_ptr<tcp::Acceptor> acceptor, AcceptPrev(deadline));
     EMBER_RETURN_NOT_OK(ConnectNext(addresses[next()].first, addresses[next()].second, deadline));
-    Result<Fd> prev = acceptor.Wait(deadline);
-    acceptor.Stop();
+    Result<Fd> prev = acceptor->Take(deadline);
+    const std::string rejected = acceptor->last_rejection();
+    acceptor->Close();  // and with it the listener
     if (!prev.ok()) {
       return Status::DeadlineExceeded(Where() + ": " + names_[this->prev()] + " did not connect within " +
-                                      Ms(Deadline::Clock::now() - start) + prev.status().message());
+                                      Ms(Deadline::Clock::now() - start) +
+                                      (rejected.empty() ? "" : " (last rejected connection: " + rejected + ")"));
     }
     recv_fd_ = prev.MoveValueUnsafe();
     inbox_.resize(kInboxBytes);
@@ -348,6 +183,41 @@ Status TcpRing::Connect(const std::vector<std::pair<std::string, int>>& addresse
   return error_;
 }
 
+Result<std::unique_ptr<tcp::Acceptor>> TcpRing::AcceptPrev(Deadline deadline) {
+  tcp::AcceptorOptions a;
+  a.name = Where();
+  a.secret = options_.secret;
+  a.handshake_timeout = options_.handshake_timeout;
+  a.max_pending_handshakes = kMaxPendingHandshakes;
+  return tcp::Acceptor::HandOver(a, std::move(listener_), [this, deadline](int fd, const std::string& peer,
+                                                                          Deadline handshake) {
+    return AdmitPrev(fd, peer, std::min(deadline, handshake));
+  });
+}
+
+Status TcpRing::AdmitPrev(int fd, const std::string& peer, Deadline d) {
+  EMBER_ASSIGN_OR_RAISE(tcp::Frame f, tcp::ReadFrame(fd, kMaxHelloBytes, d, peer));
+  Hello h;
+  Status s = f.type == kHello ? DecodeHello(f.payload, &h)
+                              : Status::Corruption("expected a hello frame, got type " + std::to_string(f.type));
+  const int from = prev();
+  const TcpRingOptions& o = options_;
+  if (s.ok() && (h.size != o.size || h.ring_id != o.ring_id || h.from != from || h.to != o.rank)) {
+    s = Status::InvalidArgument("hello from rank " + std::to_string(h.from) + " of a ring of " +
+                                std::to_string(h.size) + " (id '" + h.ring_id + "') for rank " + std::to_string(h.to) +
+                                "; this is rank " + std::to_string(o.rank) + " of " + std::to_string(o.size) +
+                                " (id '" + o.ring_id + "') expecting rank " + std::to_string(from));
+  }
+  if (s.ok() && prev_claimed_.exchange(true)) {
+    s = Status::AlreadyExists("rank " + std::to_string(from) + " is already connected");
+  }
+  if (!s.ok()) {
+    (void)tcp::WriteFrame(fd, kHelloReject, EncodeHello({0, 0, 0, s.message().substr(0, 256)}), d, peer);
+    return s;
+  }
+  return tcp::WriteFrame(fd, kHelloAck, EncodeHello({o.size, o.rank, from, o.ring_id}), d, peer);
+}
+
 Status TcpRing::ConnectNext(const std::string& host, int port, Deadline deadline) {
   const int n = next();
   const std::string who = names_[n] + " at " + host + ":" + std::to_string(port);
@@ -355,31 +225,19 @@ Status TcpRing::ConnectNext(const std::string& host, int port, Deadline deadline
   Duration backoff{5};
   Status last;
   for (;;) {
-    Result<Fd> fd = tcp::Connect(host, port, deadline);
+    const Deadline d = std::min(deadline, Deadline::After(options_.handshake_timeout));
+    Result<Fd> fd = tcp::Dial(host, port, options_.secret, d, who);
     if (fd.ok()) {
-      const Deadline d = std::min(deadline, Deadline::After(options_.handshake_timeout));
-      Status s = tcp::ClientHandshake(fd->get(), options_.secret, d, who);
-      if (s.code() == StatusCode::kUnauthenticated) return s.WithContext(Where() + ": connecting to " + who);
-      if (s.ok()) s = tcp::WriteFrame(fd->get(), kHello, EncodeHello({options_.size, options_.rank, n, options_.ring_id}), d, who);
-      Result<tcp::Frame> reply = s.ok() ? tcp::ReadFrame(fd->get(), kMaxHelloBytes, d, who) : Result<tcp::Frame>(s);
-      if (reply.ok()) {
-        Hello h;
-        s = DecodeHello(reply->payload, &h);
-        if (s.ok() && reply->type == kHelloReject) {
-          return Status::Unavailable(Where() + ": " + who + " rejected the connection: " + h.ring_id);
-        }
-        if (s.ok() && (reply->type != kHelloAck || h.size != options_.size || h.from != n ||
-                       h.to != options_.rank || h.ring_id != options_.ring_id)) {
-          return Status::Unavailable(Where() + ": " + who + " is not " + names_[n] + " of this ring");
-        }
-        if (s.ok()) {
-          send_fd_ = fd.MoveValueUnsafe();
-          return Status::OK();
-        }
-      } else {
-        s = reply.status();
+      bool refused = false;
+      Status s = ExchangeHello(fd->get(), who, d, &refused);
+      if (s.ok()) {
+        send_fd_ = fd.MoveValueUnsafe();
+        return Status::OK();
       }
+      if (refused) return s;
       last = s;
+    } else if (fd.status().code() == StatusCode::kUnauthenticated) {
+      return fd.status().WithContext(Where() + ": connecting to " + who);
     } else {
       last = fd.status();
     }
@@ -391,6 +249,25 @@ Status TcpRing::ConnectNext(const std::string& host, int port, Deadline deadline
     std::this_thread::sleep_for(std::min(backoff, deadline.remaining()));
     backoff = std::min(backoff * 2, Duration(200));
   }
+}
+
+Status TcpRing::ExchangeHello(int fd, const std::string& who, Deadline d, bool* refused) {
+  *refused = false;
+  const int n = next();
+  const TcpRingOptions& o = options_;
+  EMBER_RETURN_NOT_OK(tcp::WriteFrame(fd, kHello, EncodeHello({o.size, o.rank, n, o.ring_id}), d, who));
+  EMBER_ASSIGN_OR_RAISE(tcp::Frame reply, tcp::ReadFrame(fd, kMaxHelloBytes, d, who));
+  Hello h;
+  EMBER_RETURN_NOT_OK(DecodeHello(reply.payload, &h));
+  if (reply.type == kHelloReject) {
+    *refused = true;
+    return Status::Unavailable(Where() + ": " + who + " rejected the connection: " + h.ring_id);
+  }
+  if (reply.type != kHelloAck || h.size != o.size || h.from != n || h.to != o.rank || h.ring_id != o.ring_id) {
+    *refused = true;
+    return Status::Unavailable(Where() + ": " + who + " is not " + names_[n] + " of this ring");
+  }
+  return Status::OK();
 }
 
 Status TcpRing::BeginCall() {
@@ -442,303 +319,342 @@ void TcpRing::SendAbort(const std::string& payload, bool to_next, bool to_prev, 
   ::shutdown(recv_fd_.get(), SHUT_WR);
 }
 
-Status TcpRing::Run(const CallDesc& desc, Plan& plan, Deadline deadline) {
-  {
-    codec::Writer w;
-    EncodeCallDesc(desc, &w);
-    std::memcpy(plan.call_out, w.data().data(), kCallDescBytes);
-  }
-  const auto start = Deadline::Clock::now();
-  const int sfd = send_fd_.get(), rfd = recv_fd_.get();
-  const std::string& prev_name = names_[prev()];
-  const std::string& next_name = names_[next()];
+// Where a call stands: what was sent and received, the frame in progress
+// each way, and the timing.  On Run()'s stack: the hot path allocates
+// nothing for it.
+struct TcpRing::CallState {
+  CallState(const CallDesc& d, Plan& p, Deadline dl, int send_fd, int recv_fd, const std::string& prev,
+            const std::string& next)
+      : desc(d), plan(p), deadline(dl), start(Deadline::Clock::now()), sfd(send_fd), rfd(recv_fd),
+        prev_name(prev), next_name(next), grace(dl) {}
+
+  const CallDesc& desc;
+  Plan& plan;
+  const Deadline deadline;
+  const Deadline::Clock::time_point start;
+  const int sfd, rfd;
+  const std::string& prev_name;
+  const std::string& next_name;
 
   size_t si = 0, soff = 0;  // next frame to send, bytes of it sent (header included)
-  size_t ri = 0;            // next frame to receive
+  std::byte tail_hdr[8];    // header of the frame cut in the middle (Tail())
+
+  size_t ri = 0;  // next frame to receive
   std::byte rhdr[8];
   size_t rhave = 0, rgot = 0;  // header bytes, payload bytes of the frame being received
   uint16_t rtype = 0;
   size_t rlen = 0;
   std::byte* rdst = nullptr;
   std::string abort_in;
+
   std::byte bhdr[8];  // an abort frame arriving backwards from next
   size_t bhave = 0, bgot = 0;
   std::string back;
   bool back_closed = false;
-  bool timed_out = false;
-  Deadline grace = deadline;
 
-  // The unsent rest of a frame cut in the middle, so an abort frame can follow it.
-  std::byte tail_hdr[8];
-  auto tail = [&]() -> std::vector<iovec> {
-    std::vector<iovec> v;
-    if (soff == 0 || si >= plan.sends.size()) return v;
-    const auto& op = plan.sends[si];
-    EncodeHeader(op.type, op.len, tail_hdr);
-    if (soff < 8) v.push_back({tail_hdr + soff, 8 - soff});
-    const size_t p = soff > 8 ? soff - 8 : 0;
-    v.push_back({const_cast<std::byte*>(op.p) + p, op.len - p});
-    return v;
-  };
-  // A failure found here: every neighbour learns it.
-  auto fail = [&](Status s) {
-    const auto t = tail();
-    SendAbort(EncodeAbort(s, options_.rank), true, true, t);
-    return s;
-  };
-  // An abort frame that arrived on `from_fd`: passed on to the other side.
-  auto received_abort = [&](const std::string& payload, int from_fd, const std::string& from) {
-    int origin = -1;
-    Status s = DecodeAbort(payload, options_.size, &origin);
-    if (s.code() == StatusCode::kCorruption) return fail(s.WithContext(Where() + ": from " + from));
-    const auto t = tail();
-    // Onward only, and not back to where it started.
-    const bool from_prev = from_fd == rfd;
-    SendAbort(payload, from_prev && next() != origin, !from_prev && prev() != origin, t);
-    return s;
-  };
-  auto io_failure = [&](int err, const std::string& who, const char* what) {
-    if (err == 0 || err == EPIPE || err == ECONNRESET) {
-      return fail(Status::Aborted(who + " closed the connection during " + desc.ToString() + " (seen by " +
-                                  names_[options_.rank] + ")"));
-    }
-    return fail(Status::Aborted(Where() + ": " + what + " " + who + " failed during " + desc.ToString() + ": " +
-                                std::strerror(err)));
-  };
-
-  // Only abort frames travel backwards (next -> this rank): reads what has
-  // arrived of one; its status once whole.
-  auto read_back = [&]() -> std::optional<Status> {
-    for (;;) {
-      const bool in_header = bhave < 8;
-      std::byte* dst = in_header ? bhdr + bhave : reinterpret_cast<std::byte*>(back.data()) + bgot;
-      const size_t want = in_header ? 8 - bhave : back.size() - bgot;
-      const ssize_t r = want == 0 ? 0 : ::recv(sfd, dst, want, MSG_DONTWAIT);
-      if (want > 0 && r < 0 && errno == EINTR) continue;
-      if (want > 0 && r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return std::nullopt;
-      if (want > 0 && r <= 0) {
-        // next may close once it has all it needs of this call: an error
-        // only while this rank still has data for it.
-        if (si == plan.sends.size()) {
-          back_closed = true;
-          return std::nullopt;
-        }
-        return io_failure(r == 0 ? 0 : errno, next_name, "reading from");
-      }
-      if (in_header) {
-        bhave += static_cast<size_t>(r);
-        if (bhave < 8) continue;
-        codec::Reader hr(std::string_view(reinterpret_cast<const char*>(bhdr), 8));
-        uint32_t len = 0;
-        uint16_t type = 0, version = 0;
-        (void)hr.GetU32(&len);
-        (void)hr.GetU16(&type);
-        (void)hr.GetU16(&version);
-        if (type != kAbort || version != tcp::kProtocolVersion || len > kMaxAbortBytes) {
-          return fail(Status::Corruption(Where() + ": unexpected frame from " + next_name + " (type " +
-                                         std::to_string(type) + ", " + std::to_string(len) + " bytes)"));
-        }
-        back.assign(len, '\0');
-        bgot = 0;
-        continue;
-      }
-      bgot += static_cast<size_t>(r);
-      if (bgot == back.size()) return received_abort(back, sfd, next_name);
-    }
-  };
-
+  bool timed_out = false;  // the deadline passed with data still in flight
+  Deadline grace;          // then: how long an abort frame naming the staller gets to arrive
   bool final_check = false;
+};
+
+Status TcpRing::Run(const CallDesc& desc, Plan& plan, Deadline deadline) {
+  {
+    codec::Writer w;
+    EncodeCallDesc(desc, &w);
+    std::memcpy(plan.call_out, w.data().data(), kCallDescBytes);
+  }
+  CallState c(desc, plan, deadline, send_fd_.get(), recv_fd_.get(), names_[prev()], names_[next()]);
   for (;;) {
-    // Send every frame whose data is ready, several per syscall.
     bool want_out = false;
-    const size_t ri_at_send = ri;
-    while (si < plan.sends.size()) {
-      iovec iov[kMaxIov];
-      std::byte hdrs[kMaxIov / 2][8];
-      int niov = 0;
-      size_t total = 0;
-      for (size_t k = si, off = soff; k < plan.sends.size() && niov + 2 <= kMaxIov && total < kSendBatchBytes;
-           ++k, off = 0) {
-        const auto& op = plan.sends[k];
-        if (op.dep >= static_cast<int>(ri)) break;
-        std::byte* h = hdrs[niov / 2];
-        EncodeHeader(op.type, op.len, h);
-        if (off < 8) iov[niov++] = {h + off, 8 - off};
-        const size_t p = off > 8 ? off - 8 : 0;
-        iov[niov++] = {const_cast<std::byte*>(op.p) + p, op.len - p};
-        total += 8 + op.len - off;
-      }
-      if (niov == 0) break;
-      msghdr m{};
-      m.msg_iov = iov;
-      m.msg_iovlen = niov;
-      const ssize_t w = ::sendmsg(sfd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) {
-          want_out = true;
-          break;
-        }
-        return io_failure(errno, next_name, "sending to");
-      }
-      for (size_t left = static_cast<size_t>(w); left > 0;) {
-        const size_t rest = 8 + plan.sends[si].len - soff;
-        if (left >= rest) {
-          left -= rest;
-          ++si;
-          soff = 0;
-        } else {
-          soff += left;
-          left = 0;
-        }
-      }
-      if (static_cast<size_t>(w) < total) {
-        want_out = true;
-        break;
-      }
-    }
-
-    // Receive whatever has arrived; reduce each chunk as it completes.
-    while (ri < plan.recvs.size()) {
-      const bool in_header = rhave < 8;
-      std::byte* dst = in_header ? rhdr + rhave : rdst + rgot;
-      const size_t want = in_header ? 8 - rhave : rlen - rgot;
-      size_t got = 0;
-      if (want > 0) {
-        if (inbox_begin_ < inbox_end_) {
-          got = std::min(want, inbox_end_ - inbox_begin_);
-          std::memcpy(dst, inbox_.data() + inbox_begin_, got);
-          inbox_begin_ += got;
-        } else {
-          const bool direct = want >= kDirectReadBytes;
-          const ssize_t r = ::recv(rfd, direct ? dst : inbox_.data(), direct ? want : inbox_.size(), MSG_DONTWAIT);
-          if (r < 0 && errno == EINTR) continue;
-          if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-          if (r <= 0) return io_failure(r == 0 ? 0 : errno, prev_name, "receiving from");
-          if (direct) {
-            got = static_cast<size_t>(r);
-          } else {
-            inbox_begin_ = 0;
-            inbox_end_ = static_cast<size_t>(r);
-            continue;
-          }
-        }
-      }
-      if (in_header) {
-        rhave += got;
-        if (rhave < 8) continue;
-        codec::Reader hr(std::string_view(reinterpret_cast<const char*>(rhdr), 8));
-        uint32_t len = 0;
-        uint16_t version = 0;
-        (void)hr.GetU32(&len);
-        (void)hr.GetU16(&rtype);
-        (void)hr.GetU16(&version);
-        rlen = len;
-        rgot = 0;
-        const auto& op = plan.recvs[ri];
-        if (version == tcp::kProtocolVersion && rtype == kAbort && rlen <= kMaxAbortBytes) {
-          abort_in.resize(rlen);
-          rdst = reinterpret_cast<std::byte*>(abort_in.data());
-        } else if (version == tcp::kProtocolVersion && rtype == op.type && rlen == op.len) {
-          rdst = op.reduce ? staging_.data() : op.dst;
-        } else {
-          return fail(Status::Corruption(Where() + ": unexpected frame from " + prev_name + " during " +
-                                         desc.ToString() + ": type " + std::to_string(rtype) + ", version " +
-                                         std::to_string(version) + ", " + std::to_string(rlen) +
-                                         " bytes; expected type " + std::to_string(op.type) + ", " +
-                                         std::to_string(op.len) + " bytes"));
-        }
-        continue;
-      }
-      rgot += got;
-      if (rgot < rlen) continue;
-      // A whole frame.
-      rhave = 0;
-      if (rtype == kAbort) return received_abort(abort_in, rfd, prev_name);
-      const auto& op = plan.recvs[ri];
-      if (op.type == kCall) {
-        codec::Reader cr(std::string_view(reinterpret_cast<const char*>(op.dst), kCallDescBytes));
-        CallDesc theirs;
-        Status s = DecodeCallDesc(&cr, &theirs);
-        if (!s.ok()) return fail(s.WithContext(Where() + ": call frame from " + prev_name));
-        s = CheckSameCall(desc, names_[options_.rank], theirs, prev_name);
-        if (!s.ok()) return fail(s);
-      } else if (op.reduce) {
-        ReduceInto(plan.dtype, plan.op, op.dst, staging_.data(), op.len / plan.elem);
-      }
-      ++ri;
-    }
-
-    if (si == plan.sends.size() && ri == plan.recvs.size()) {
-      if (timed_out) {
-        return fail(Status::DeadlineExceeded(desc.ToString() + " timed out on " + names_[options_.rank] + " after " +
-                                             Ms(Deadline::Clock::now() - start)));
-      }
-      if (final_check) return Status::OK();
-      // A rank that arrives late can find all its data waiting although the
-      // others already failed: look for an abort frame before succeeding.
-      final_check = true;
-      pollfd f[2] = {{sfd, POLLIN, 0}, {rfd, POLLIN, 0}};
-      if (::poll(f, 2, 0) <= 0) return Status::OK();
-      if (f[0].revents != 0 && !back_closed) {
-        if (auto st = read_back()) return *st;
-      }
-      std::byte h[8];
-      size_t have = std::min<size_t>(8, inbox_end_ - inbox_begin_);
-      if (have > 0) {
-        std::memcpy(h, inbox_.data() + inbox_begin_, have);
-      } else if (f[1].revents != 0) {
-        const ssize_t r = ::recv(rfd, h, 8, MSG_PEEK | MSG_DONTWAIT);
-        have = r > 0 ? static_cast<size_t>(r) : 0;
-      }
-      const uint16_t next_type = have == 8 ? static_cast<uint16_t>(uint8_t(h[4]) | uint8_t(h[5]) << 8) : 0;
-      if (next_type != kAbort) return Status::OK();
-      plan.recvs.push_back({nullptr, 0, kAbort, false});  // read it like any frame
-      continue;
+    const size_t ri_at_send = c.ri;
+    if (auto s = SendReady(c, &want_out)) return *s;
+    if (auto s = ReceiveReady(c)) return *s;
+    if (c.si == plan.sends.size() && c.ri == plan.recvs.size()) {
+      if (auto s = Finish(c)) return *s;
+      continue;  // an abort frame is on its way: read it like any frame
     }
     // Frames just received may have released sends.
-    if (ri != ri_at_send && !want_out && si < plan.sends.size()) continue;
-    // Wait for the sockets, an abort frame from next, or Abort().
-    pollfd fds[3] = {{back_closed ? -1 : sfd, static_cast<short>(POLLIN | (want_out ? POLLOUT : 0)), 0},
-                     {rfd, static_cast<short>(ri < plan.recvs.size() ? POLLIN : 0), 0},
-                     {wake_.get(), POLLIN, 0}};
-    const int rc = ::poll(fds, 3, (timed_out ? grace : deadline).PollTimeoutMs());
-    if (rc < 0 && errno != EINTR) return fail(Status::FromErrno(errno, Where() + ": poll"));
-    if (rc == 0) {
-      const auto elapsed = Ms(Deadline::Clock::now() - start);
-      if (ri == 0) {
-        return fail(Status::DeadlineExceeded(prev_name + " did not start " + desc.ToString() + " within " + elapsed +
-                                             " (seen by " + names_[options_.rank] + ")"));
-      }
-      if (!timed_out) {
-        // prev is in the call but stalled behind someone: an abort frame
-        // naming the rank that stalls is probably on its way.
-        timed_out = true;
-        const auto budget = std::chrono::duration_cast<Duration>(deadline.when() - start) / 2;
-        grace = Deadline::After(std::clamp(budget, Duration(20), Duration(250)));
-        continue;
-      }
-      return fail(Status::DeadlineExceeded(
-          desc.ToString() + " timed out on " + names_[options_.rank] + " after " + elapsed + ": waiting " +
-          (ri < plan.recvs.size() ? "for data from " + prev_name : "for " + next_name + " to take data")));
+    if (c.ri != ri_at_send && !want_out && c.si < plan.sends.size()) continue;
+    if (auto s = Wait(c, want_out)) return *s;
+  }
+}
+
+std::optional<Status> TcpRing::SendReady(CallState& c, bool* want_out) {
+  // Every frame whose data is ready, several per syscall.
+  const Plan& plan = c.plan;
+  while (c.si < plan.sends.size()) {
+    iovec iov[kMaxIov];
+    std::byte hdrs[kMaxIov / 2][8];
+    int niov = 0;
+    size_t total = 0;
+    for (size_t k = c.si, off = c.soff; k < plan.sends.size() && niov + 2 <= kMaxIov && total < kSendBatchBytes;
+         ++k, off = 0) {
+      const auto& op = plan.sends[k];
+      if (op.dep >= static_cast<int>(c.ri)) break;
+      std::byte* h = hdrs[niov / 2];
+      EncodeHeader(op.type, op.len, h);
+      if (off < 8) iov[niov++] = {h + off, 8 - off};
+      const size_t p = off > 8 ? off - 8 : 0;
+      iov[niov++] = {const_cast<std::byte*>(op.p) + p, op.len - p};
+      total += 8 + op.len - off;
     }
-    if (rc < 0) continue;
-    if (fds[2].revents != 0) {
-      std::string payload;
-      {
-        MutexLock lock(&mu_);
-        payload = std::move(abort_payload_);
-        abort_payload_.clear();
+    if (niov == 0) break;
+    msghdr m{};
+    m.msg_iov = iov;
+    m.msg_iovlen = niov;
+    const ssize_t w = ::sendmsg(c.sfd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        *want_out = true;
+        break;
       }
-      const auto t = tail();
-      if (!payload.empty()) SendAbort(payload, true, true, t);
-      MutexLock lock(&mu_);
-      return error_;
+      return IoFailure(c, errno, c.next_name, "sending to");
     }
-    if (fds[0].revents & (POLLIN | POLLERR | POLLHUP)) {
-      if (auto st = read_back()) return *st;
+    for (size_t left = static_cast<size_t>(w); left > 0;) {
+      const size_t rest = 8 + plan.sends[c.si].len - c.soff;
+      if (left >= rest) {
+        left -= rest;
+        ++c.si;
+        c.soff = 0;
+      } else {
+        c.soff += left;
+        left = 0;
+      }
+    }
+    if (static_cast<size_t>(w) < total) {
+      *want_out = true;
+      break;
     }
   }
+  return std::nullopt;
+}
+
+std::optional<Status> TcpRing::ReceiveReady(CallState& c) {
+  // Whatever has arrived; each chunk is reduced as it completes.
+  const Plan& plan = c.plan;
+  while (c.ri < plan.recvs.size()) {
+    const bool in_header = c.rhave < 8;
+    std::byte* dst = in_header ? c.rhdr + c.rhave : c.rdst + c.rgot;
+    const size_t want = in_header ? 8 - c.rhave : c.rlen - c.rgot;
+    size_t got = 0;
+    if (want > 0) {
+      if (inbox_begin_ < inbox_end_) {
+        got = std::min(want, inbox_end_ - inbox_begin_);
+        std::memcpy(dst, inbox_.data() + inbox_begin_, got);
+        inbox_begin_ += got;
+      } else {
+        const bool direct = want >= kDirectReadBytes;
+        const ssize_t r = ::recv(c.rfd, direct ? dst : inbox_.data(), direct ? want : inbox_.size(), MSG_DONTWAIT);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+        if (r <= 0) return IoFailure(c, r == 0 ? 0 : errno, c.prev_name, "receiving from");
+        if (direct) {
+          got = static_cast<size_t>(r);
+        } else {
+          inbox_begin_ = 0;
+          inbox_end_ = static_cast<size_t>(r);
+          continue;
+        }
+      }
+    }
+    if (in_header) {
+      c.rhave += got;
+      if (c.rhave < 8) continue;
+      codec::Reader hr(std::string_view(reinterpret_cast<const char*>(c.rhdr), 8));
+      uint32_t len = 0;
+      uint16_t version = 0;
+      (void)hr.GetU32(&len);
+      (void)hr.GetU16(&c.rtype);
+      (void)hr.GetU16(&version);
+      c.rlen = len;
+      c.rgot = 0;
+      const auto& op = plan.recvs[c.ri];
+      if (version == tcp::kProtocolVersion && c.rtype == kAbort && c.rlen <= kMaxAbortBytes) {
+        c.abort_in.resize(c.rlen);
+        c.rdst = reinterpret_cast<std::byte*>(c.abort_in.data());
+      } else if (version == tcp::kProtocolVersion && c.rtype == op.type && c.rlen == op.len) {
+        c.rdst = op.reduce ? staging_.data() : op.dst;
+      } else {
+        return Fail(c, Status::Corruption(Where() + ": unexpected frame from " + c.prev_name + " during " +
+                                          c.desc.ToString() + ": type " + std::to_string(c.rtype) + ", version " +
+                                          std::to_string(version) + ", " + std::to_string(c.rlen) +
+                                          " bytes; expected type " + std::to_string(op.type) + ", " +
+                                          std::to_string(op.len) + " bytes"));
+      }
+      continue;
+    }
+    c.rgot += got;
+    if (c.rgot < c.rlen) continue;
+    // A whole frame.
+    c.rhave = 0;
+    if (c.rtype == kAbort) return ReceivedAbort(c, c.abort_in, c.rfd, c.prev_name);
+    const auto& op = plan.recvs[c.ri];
+    if (op.type == kCall) {
+      codec::Reader cr(std::string_view(reinterpret_cast<const char*>(op.dst), kCallDescBytes));
+      CallDesc theirs;
+      Status s = DecodeCallDesc(&cr, &theirs);
+      if (!s.ok()) return Fail(c, s.WithContext(Where() + ": call frame from " + c.prev_name));
+      s = CheckSameCall(c.desc, names_[options_.rank], theirs, c.prev_name);
+      if (!s.ok()) return Fail(c, s);
+    } else if (op.reduce) {
+      ReduceInto(plan.dtype, plan.op, op.dst, staging_.data(), op.len / plan.elem);
+    }
+    ++c.ri;
+  }
+  return std::nullopt;
+}
+
+std::optional<Status> TcpRing::Finish(CallState& c) {
+  if (c.timed_out) {
+    return Fail(c, Status::DeadlineExceeded(c.desc.ToString() + " timed out on " + names_[options_.rank] + " after " +
+                                            Ms(Deadline::Clock::now() - c.start)));
+  }
+  if (c.final_check) return Status::OK();
+  // A rank that arrives late can find all its data waiting although the
+  // others already failed: look for an abort frame before succeeding.
+  c.final_check = true;
+  pollfd f[2] = {{c.sfd, POLLIN, 0}, {c.rfd, POLLIN, 0}};
+  if (::poll(f, 2, 0) <= 0) return Status::OK();
+  if (f[0].revents != 0 && !c.back_closed) {
+    if (auto st = ReadBack(c)) return *st;
+  }
+  std::byte h[8];
+  size_t have = std::min<size_t>(8, inbox_end_ - inbox_begin_);
+  if (have > 0) {
+    std::memcpy(h, inbox_.data() + inbox_begin_, have);
+  } else if (f[1].revents != 0) {
+    const ssize_t r = ::recv(c.rfd, h, 8, MSG_PEEK | MSG_DONTWAIT);
+    have = r > 0 ? static_cast<size_t>(r) : 0;
+  }
+  const uint16_t next_type = have == 8 ? static_cast<uint16_t>(uint8_t(h[4]) | uint8_t(h[5]) << 8) : 0;
+  if (next_type != kAbort) return Status::OK();
+  c.plan.recvs.push_back({nullptr, 0, kAbort, false});
+  return std::nullopt;
+}
+
+std::optional<Status> TcpRing::Wait(CallState& c, bool want_out) {
+  // The sockets, an abort frame from next, or Abort().
+  const Plan& plan = c.plan;
+  pollfd fds[3] = {{c.back_closed ? -1 : c.sfd, static_cast<short>(POLLIN | (want_out ? POLLOUT : 0)), 0},
+                   {c.rfd, static_cast<short>(c.ri < plan.recvs.size() ? POLLIN : 0), 0},
+                   {wake_.get(), POLLIN, 0}};
+  const int rc = ::poll(fds, 3, (c.timed_out ? c.grace : c.deadline).PollTimeoutMs());
+  if (rc < 0 && errno != EINTR) return Fail(c, Status::FromErrno(errno, Where() + ": poll"));
+  if (rc == 0) {
+    const auto elapsed = Ms(Deadline::Clock::now() - c.start);
+    if (c.ri == 0) {
+      return Fail(c, Status::DeadlineExceeded(c.prev_name + " did not start " + c.desc.ToString() + " within " +
+                                              elapsed + " (seen by " + names_[options_.rank] + ")"));
+    }
+    if (!c.timed_out) {
+      // prev is in the call but stalled behind someone: an abort frame
+      // naming the rank that stalls is probably on its way.
+      c.timed_out = true;
+      const auto budget = std::chrono::duration_cast<Duration>(c.deadline.when() - c.start) / 2;
+      c.grace = Deadline::After(std::clamp(budget, Duration(20), Duration(250)));
+      return std::nullopt;
+    }
+    return Fail(c, Status::DeadlineExceeded(
+                       c.desc.ToString() + " timed out on " + names_[options_.rank] + " after " + elapsed +
+                       ": waiting " +
+                       (c.ri < plan.recvs.size() ? "for data from " + c.prev_name : "for " + c.next_name + " to take data")));
+  }
+  if (rc < 0) return std::nullopt;
+  if (fds[2].revents != 0) {
+    std::string payload;
+    {
+      MutexLock lock(&mu_);
+      payload = std::move(abort_payload_);
+      abort_payload_.clear();
+    }
+    const auto t = Tail(c);
+    if (!payload.empty()) SendAbort(payload, true, true, t);
+    MutexLock lock(&mu_);
+    return error_;
+  }
+  if (fds[0].revents & (POLLIN | POLLERR | POLLHUP)) {
+    if (auto st = ReadBack(c)) return *st;
+  }
+  return std::nullopt;
+}
+
+std::optional<Status> TcpRing::ReadBack(CallState& c) {
+  // Only abort frames travel backwards (next -> this rank): reads what has
+  // arrived of one; its status once whole.
+  for (;;) {
+    const bool in_header = c.bhave < 8;
+    std::byte* dst = in_header ? c.bhdr + c.bhave : reinterpret_cast<std::byte*>(c.back.data()) + c.bgot;
+    const size_t want = in_header ? 8 - c.bhave : c.back.size() - c.bgot;
+    const ssize_t r = want == 0 ? 0 : ::recv(c.sfd, dst, want, MSG_DONTWAIT);
+    if (want > 0 && r < 0 && errno == EINTR) continue;
+    if (want > 0 && r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return std::nullopt;
+    if (want > 0 && r <= 0) {
+      // next may close once it has all it needs of this call: an error
+      // only while this rank still has data for it.
+      if (c.si == c.plan.sends.size()) {
+        c.back_closed = true;
+        return std::nullopt;
+      }
+      return IoFailure(c, r == 0 ? 0 : errno, c.next_name, "reading from");
+    }
+    if (in_header) {
+      c.bhave += static_cast<size_t>(r);
+      if (c.bhave < 8) continue;
+      codec::Reader hr(std::string_view(reinterpret_cast<const char*>(c.bhdr), 8));
+      uint32_t len = 0;
+      uint16_t type = 0, version = 0;
+      (void)hr.GetU32(&len);
+      (void)hr.GetU16(&type);
+      (void)hr.GetU16(&version);
+      if (type != kAbort || version != tcp::kProtocolVersion || len > kMaxAbortBytes) {
+        return Fail(c, Status::Corruption(Where() + ": unexpected frame from " + c.next_name + " (type " +
+                                          std::to_string(type) + ", " + std::to_string(len) + " bytes)"));
+      }
+      c.back.assign(len, '\0');
+      c.bgot = 0;
+      continue;
+    }
+    c.bgot += static_cast<size_t>(r);
+    if (c.bgot == c.back.size()) return ReceivedAbort(c, c.back, c.sfd, c.next_name);
+  }
+}
+
+std::vector<iovec> TcpRing::Tail(CallState& c) {
+  std::vector<iovec> v;
+  if (c.soff == 0 || c.si >= c.plan.sends.size()) return v;
+  const auto& op = c.plan.sends[c.si];
+  EncodeHeader(op.type, op.len, c.tail_hdr);
+  if (c.soff < 8) v.push_back({c.tail_hdr + c.soff, 8 - c.soff});
+  const size_t p = c.soff > 8 ? c.soff - 8 : 0;
+  v.push_back({const_cast<std::byte*>(op.p) + p, op.len - p});
+  return v;
+}
+
+Status TcpRing::Fail(CallState& c, Status s) {
+  const auto t = Tail(c);
+  SendAbort(EncodeAbort(s, options_.rank), true, true, t);
+  return s;
+}
+
+Status TcpRing::ReceivedAbort(CallState& c, const std::string& payload, int from_fd, const std::string& from) {
+  int origin = -1;
+  Status s = DecodeAbort(payload, options_.size, &origin);
+  if (s.code() == StatusCode::kCorruption) return Fail(c, s.WithContext(Where() + ": from " + from));
+  const auto t = Tail(c);
+  // Onward only, and not back to where it started.
+  const bool from_prev = from_fd == c.rfd;
+  SendAbort(payload, from_prev && next() != origin, !from_prev && prev() != origin, t);
+  return s;
+}
+
+Status TcpRing::IoFailure(CallState& c, int err, const std::string& who, const char* what) {
+  if (err == 0 || err == EPIPE || err == ECONNRESET) {
+    return Fail(c, Status::Aborted(who + " closed the connection during " + c.desc.ToString() + " (seen by " +
+                                   names_[options_.rank] + ")"));
+  }
+  return Fail(c, Status::Aborted(Where() + ": " + what + " " + who + " failed during " + c.desc.ToString() + ": " +
+                                 std::strerror(err)));
 }
 
 Status TcpRing::Allreduce(const CallDesc& desc, void* data, Deadline deadline) {

@@ -55,8 +55,10 @@
 // Abort() may be called from any thread at any time.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -68,6 +70,7 @@
 #include "ember/deadline.h"
 #include "common/fd.h"
 #include "common/mutex.h"
+#include "transport/tcp/acceptor.h"
 #include "ember/result.h"
 
 namespace ember::collective {
@@ -138,21 +141,48 @@ class TcpRing : public Backend {
   Status BeginCall() LOCKS_EXCLUDED(mu_);
   // Ends it: records a failure as the ring's error; returns what the caller returns.
   Status EndCall(Status status) LOCKS_EXCLUDED(mu_);
-  // Runs `plan` (call frame first) under `deadline`.
+  // Runs `plan` (call frame first) under `deadline`: sends what is ready,
+  // receives what has arrived, and waits for the sockets, until every frame
+  // moved or the call failed.
   Status Run(const CallDesc& desc, Plan& plan, Deadline deadline);
+  // Run()'s steps on the call's state; a status returned ends the call.
+  std::optional<Status> SendReady(CallState& c, bool* want_out);  // every frame whose data is ready
+  std::optional<Status> ReceiveReady(CallState& c);  // what has arrived; reduces complete chunks
+  std::optional<Status> Finish(CallState& c);  // all moved: OK, unless an abort frame came (nullopt: read it)
+  std::optional<Status> Wait(CallState& c, bool want_out);  // poll: sockets, Abort(), deadline
+  std::optional<Status> ReadBack(CallState& c);  // an abort frame from next (the only backward traffic)
+  // A failure found here: every neighbour learns it.
+  Status Fail(CallState& c, Status s);
+  // An abort frame that arrived on `from_fd`: passed on to the other side.
+  Status ReceivedAbort(CallState& c, const std::string& payload, int from_fd, const std::string& from);
+  Status IoFailure(CallState& c, int err, const std::string& who, const char* what);
+  // The unsent rest of a frame cut in the middle, so an abort frame can follow it.
+  std::vector<iovec> Tail(CallState& c);
   // Breaks the ring after a failure detected here or received: sends an
   // abort frame to the neighbours chosen, shuts the sockets' write sides.
   // `mid_frame` is the unsent tail of the frame in progress on the send
   // connection, finished first when possible.
   void SendAbort(const std::string& payload, bool to_next, bool to_prev, std::span<const iovec> mid_frame);
 
+  // Connect()'s steps.  The listener, handed to an acceptor that admits
+  // the previous rank's connection (handshake, then AdmitPrev).
+  Result<std::unique_ptr<tcp::Acceptor>> AcceptPrev(Deadline deadline);
+  // On the acceptor's thread: reads the hello; acks the previous rank of
+  // this ring, once; rejects anything else (reject frame, then an error).
+  Status AdmitPrev(int fd, const std::string& peer, Deadline deadline);
+  // Dials the next rank (tcp::Dial) and exchanges hellos, retrying until
+  // `deadline` while it is not reachable.
   Status ConnectNext(const std::string& host, int port, Deadline deadline);
+  // The dialling side's hello; *refused when next answered but refused us
+  // (another ring, or not the rank expected): dialling again cannot help.
+  Status ExchangeHello(int fd, const std::string& who, Deadline deadline, bool* refused);
   std::string Where() const;  // "tcp ring rank 0 (...)"
 
   const TcpRingOptions options_;
   std::vector<std::string> names_;
-  Fd listener_;
+  Fd listener_;  // until Connect() hands it to its acceptor
   const int port_;
+  std::atomic<bool> prev_claimed_{false};  // Connect(): the previous rank's connection was admitted
   Fd wake_;         // eventfd: Abort() wakes a call blocked in poll
   Fd send_fd_;      // to next
   Fd recv_fd_;      // from prev

@@ -13,6 +13,7 @@
 #include "ember/feed.h"
 #include "feed/codec.h"
 #include "feed/epoch.h"
+#include "feed/feed_ring.h"
 #include "transport/shm/ring.h"
 
 namespace ember::feed {
@@ -186,7 +187,7 @@ Status Consumer::Impl::Handle(uint32_t kind, std::shared_ptr<const void> owner, 
       session->partition = m->partition;
       session->epoch = m->epoch;
       if (m->wants_results()) {
-        Result<std::unique_ptr<shm::Ring>> results = shm::Ring::Open(m->result_ring);
+        Result<std::unique_ptr<shm::Ring>> results = OpenFeedRing(m->result_ring);
         if (!results.ok()) {
           return where(results.status().WithContext("opening the result ring of partition " +
                                                     std::to_string(m->partition)));
@@ -377,7 +378,7 @@ Consumer::~Consumer() { Close(); }
 
 Result<std::unique_ptr<Consumer>> Consumer::Open(const std::string& ring_name, ConsumerOptions options) {
   auto impl = std::make_unique<Impl>();
-  EMBER_ASSIGN_OR_RAISE(impl->ring, shm::Ring::Open(ring_name));
+  EMBER_ASSIGN_OR_RAISE(impl->ring, OpenFeedRing(ring_name));
   impl->options = std::move(options);
   return std::unique_ptr<Consumer>(new Consumer(std::move(impl)));
 }

@@ -8,6 +8,7 @@
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "ember/feed.h"
+#include "feed/feed_ring.h"
 #include "feed/feed_server.h"
 #include "transport/shm/ring.h"
 
@@ -35,7 +36,7 @@ Result<std::unique_ptr<FeedHost>> FeedHost::Start(const FeedHostOptions& options
   }
   if (options.host.empty()) return Status::InvalidArgument("FeedHostOptions.host is empty: say where producers reach the node");
   const std::string ring_name = NodeRingName(options.job_id, options.executor_id);
-  EMBER_ASSIGN_OR_RAISE(std::unique_ptr<shm::Ring> ring, shm::Ring::Create(ring_name, options.ring_bytes));
+  EMBER_ASSIGN_OR_RAISE(std::unique_ptr<shm::Ring> ring, CreateFeedRing(ring_name, options.ring_bytes));
   FeedServerOptions server_options;
   server_options.bind_host = options.bind_host;
   server_options.secret = options.secret;

@@ -21,6 +21,7 @@
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "feed/codec.h"
+#include "feed/feed_ring.h"
 #include "feed/feed_wire.h"
 #include "transport/shm/ring.h"
 #include "transport/tcp/server.h"
@@ -162,7 +163,7 @@ class Connection {
 void Connection::Serve() {
   EMBER_LOG(DEBUG) << "feed server: producer connected from " << peer_;
 
-  Result<std::unique_ptr<shm::Ring>> ring = shm::Ring::Open(options_.ring_name);
+  Result<std::unique_ptr<shm::Ring>> ring = OpenFeedRing(options_.ring_name);
   Status st = ring.status();
   if (ring.ok()) {
     ring_ = ring.MoveValueUnsafe();
@@ -276,7 +277,7 @@ Status Connection::Begin(std::vector<uint8_t>* payload) {
                         std::to_string(server_->server_id) + "-" + std::to_string(id_) + "-" +
                         std::to_string(begin.partition) + "-" + std::to_string(next_result_seq_++);
     EMBER_ASSIGN_OR_RAISE(std::unique_ptr<shm::Ring> results,
-                          shm::Ring::Create(begin.result_ring, options_.result_ring_capacity));
+                          CreateFeedRing(begin.result_ring, options_.result_ring_capacity));
     QueueResultRing(std::move(results));
     *payload = EncodeBeginPartition(begin);
   }
@@ -509,7 +510,7 @@ Result<std::unique_ptr<FeedServer>> FeedServer::Start(const FeedServerOptions& o
     return Status::InvalidArgument("FeedServerOptions: idle_timeout and handshake_timeout must be positive");
   }
   // Fail early if the node's ring is missing; each connection opens its own.
-  EMBER_ASSIGN_OR_RAISE(std::unique_ptr<shm::Ring> node_ring, shm::Ring::Open(options.ring_name));
+  EMBER_ASSIGN_OR_RAISE(std::unique_ptr<shm::Ring> node_ring, OpenFeedRing(options.ring_name));
   std::unique_ptr<FeedServer> server(new FeedServer());
   Impl& impl = *server->impl_;
   impl.node_ring = std::move(node_ring);

@@ -13,6 +13,7 @@
 #include "common/thread_annotations.h"
 #include "ember/feed.h"
 #include "feed/codec.h"
+#include "feed/feed_ring.h"
 #include "feed/link.h"
 
 namespace ember::feed {
@@ -126,7 +127,7 @@ Result<std::unique_ptr<InferenceProducer>> InferenceProducer::Open(const NodeEnd
   }
   impl->link = link.MoveValueUnsafe();
   if (impl->link->local()) {
-    EMBER_ASSIGN_OR_RAISE(impl->results, shm::Ring::Create(ResultRingName(impl->link->node, partition), options.result_ring_bytes));
+    EMBER_ASSIGN_OR_RAISE(impl->results, CreateFeedRing(ResultRingName(impl->link->node, partition), options.result_ring_bytes));
   }
   return std::unique_ptr<InferenceProducer>(new InferenceProducer(std::move(impl)));
 }

@@ -3,13 +3,15 @@
 #include <algorithm>
 #include <vector>
 
+#include "feed/feed_ring.h"
+
 namespace ember::feed {
 
 Result<std::unique_ptr<Link>> Link::Open(const NodeEndpoint& node, const FeedOptions& options, bool may_be_gone) {
   auto link = std::make_unique<Link>();
   link->node = node;
   if (options.transport != Transport::kTcp) {
-    Result<std::unique_ptr<shm::Ring>> ring = shm::Ring::Open(node.ring);
+    Result<std::unique_ptr<shm::Ring>> ring = OpenFeedRing(node.ring);
     if (ring.ok()) {
       link->ring = ring.MoveValueUnsafe();
     } else if (ring.status().code() != StatusCode::kNotFound || options.transport == Transport::kShm) {

@@ -13,18 +13,22 @@
 #include <deque>
 
 #include "common/logging.h"
+#include "transport/shm/wait.h"
 
 namespace ember::shm {
 
 namespace {
 constexpr uint64_t kMagic = 0x31474e4952424d45ull;  // "EMBRING1"
-constexpr uint32_t kVersion = 4;  // 2: 1 KiB abort reason; 3: read position, page-aligned data; 4: consumer mark
+constexpr uint32_t kVersion = 5;  // 2: 1 KiB abort reason; 3: read position, page-aligned data; 4: consumer mark;
+                                  // 5: the consumer's Close() is an abort code, worded by each reader
 constexpr uint32_t kWrapMarker = 0xffffffffu;  // rest of the ring up to its end is unused
 constexpr size_t kRecordHeader = 8;           // u32 payload length, u32 kind
 constexpr size_t kMinCapacity = 4096;
 constexpr size_t kReasonBytes = 1024;  // who failed and why (the last line of a traceback)
 // Blocked waits wake this often to check that the peer process is alive.
-constexpr int64_t kLivenessCheckMs = 100;
+constexpr Duration kLivenessCheck{100};
+// RingHeader::aborted
+constexpr uint32_t kRunning = 0, kAborted = 1, kClosedByConsumer = 2;
 
 size_t Align8(size_t n) { return (n + 7) & ~size_t{7}; }
 constexpr size_t kPage = 4096;  // data starts on a page of its own (RevokeLeases remaps data pages)
@@ -47,7 +51,7 @@ struct RingHeader {
   uint64_t tail;              // end of the bytes producers may not reuse (guarded by mu)
   uint64_t read;              // next byte the consumer reads, >= tail (guarded by mu)
   int64_t consumer_pid;
-  uint32_t aborted;           // guarded by mu
+  uint32_t aborted;           // kRunning, kAborted (abort_reason says why), kClosedByConsumer; guarded by mu
   uint32_t terminated;        // guarded by mu
   uint64_t mark;              // the consumer's progress mark, see SetMark (guarded by mu)
   char abort_reason[kReasonBytes];
@@ -103,20 +107,6 @@ class RobustLock {
   pthread_mutex_t* mu_;
 };
 
-// Waits on `cv` until woken, `deadline`, or the next liveness check.
-void TimedWait(pthread_cond_t* cv, pthread_mutex_t* mu, const Deadline& deadline) {
-  int64_t wait_ms = kLivenessCheckMs;
-  if (!deadline.infinite()) wait_ms = std::min<int64_t>(wait_ms, deadline.remaining().count());
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  ts.tv_nsec += (wait_ms % 1000) * 1000000;
-  ts.tv_sec += wait_ms / 1000 + ts.tv_nsec / 1000000000;
-  ts.tv_nsec %= 1000000000;
-  if (pthread_cond_timedwait(cv, mu, &ts) == EOWNERDEAD) pthread_mutex_consistent(mu);
-}
-
-bool ProcessAlive(int64_t pid) { return pid <= 0 || kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH; }
-
 void SetReason(RingHeader* h, const std::string& reason) {
   size_t n = std::min(reason.size(), kReasonBytes - 1);
   std::memcpy(h->abort_reason, reason.data(), n);
@@ -170,8 +160,9 @@ class Ring::Call {
   bool ok_;
 };
 
-Ring::Ring(std::string name, SharedMemory segment, Mapping mapping)
+Ring::Ring(std::string name, RingWords words, SharedMemory segment, Mapping mapping)
     : name_(std::move(name)),
+      words_(std::move(words)),
       segment_(std::move(segment)),
       mapping_(std::make_shared<Mapping>(std::move(mapping))),
       header_(static_cast<RingHeader*>(mapping_->data())),
@@ -185,34 +176,50 @@ Ring::~Ring() { Close(); }
 
 size_t Ring::capacity() const { return capacity_; }
 
-Status Ring::ClosedStatus() const { return Status::Aborted("feed ring " + name_ + " is closed"); }
-Status Ring::TerminatedStatus() const {
-  return Status::Cancelled("feed ring " + name_ + ": the node terminated its feed");
+std::string Ring::Prefix() const { return words_.ring + " " + name_; }
+
+Status Ring::ClosedStatus() const { return Status::Aborted(Prefix() + " is closed"); }
+Status Ring::TerminatedStatus() const { return Status::Cancelled(Prefix() + ": " + words_.terminated); }
+
+Status Ring::StoppedLocked() const {
+  const RingHeader* h = header_;
+  if (closing_) return ClosedStatus();
+  if (h->aborted == kClosedByConsumer) return Status::Aborted(Prefix() + ": " + words_.closed);
+  if (h->aborted != kRunning) return Status::Aborted(Prefix() + ": " + h->abort_reason);
+  if (h->terminated) return TerminatedStatus();
+  return Status::OK();
 }
 
-Result<std::unique_ptr<Ring>> Ring::Create(const std::string& name, size_t capacity) {
+std::optional<Status> Ring::ConsumerGoneLocked() const {
+  const int64_t pid = header_->consumer_pid;
+  if (!ProcessGone(pid)) return std::nullopt;
+  return Status::Aborted(Prefix() + ": " + words_.consumer + " process (pid " + std::to_string(pid) +
+                         ") that reads it has exited");
+}
+
+Result<std::unique_ptr<Ring>> Ring::Create(const std::string& name, size_t capacity, RingWords words) {
   capacity = Align8(capacity);
   if (capacity < kMinCapacity) {
-    return Status::InvalidArgument("feed ring " + name + ": capacity " + std::to_string(capacity) +
+    return Status::InvalidArgument(words.ring + " " + name + ": capacity " + std::to_string(capacity) +
                                    " is below the minimum of 4096 bytes");
   }
   const size_t bytes = sizeof(RingHeader) + capacity;
   Result<SharedMemory> created = SharedMemory::Create(name, bytes);
   if (!created.ok()) {
     if (created.status().code() == StatusCode::kAlreadyExists) {
-      return Status::AlreadyExists("feed ring " + name + " already exists");
+      return Status::AlreadyExists(words.ring + " " + name + " already exists");
     }
     return created.status();
   }
   SharedMemory segment = created.MoveValueUnsafe();  // unlinks the name if we fail below
-  EMBER_ASSIGN_OR_RAISE(Mapping mapping, Mapping::Map(segment.fd(), bytes, "feed ring " + name));
+  EMBER_ASSIGN_OR_RAISE(Mapping mapping, Mapping::Map(segment.fd(), bytes, words.ring + " " + name));
   (void)segment.Close();  // the mapping keeps the memory; only the name is still needed
   auto* h = static_cast<RingHeader*>(mapping.data());
   h->version = kVersion;
   h->capacity = capacity;
   h->head = h->tail = h->read = 0;
   h->consumer_pid = getpid();
-  h->aborted = 0;
+  h->aborted = kRunning;
   h->terminated = 0;
   h->mark = 0;
   h->abort_reason[0] = '\0';
@@ -234,31 +241,32 @@ Result<std::unique_ptr<Ring>> Ring::Create(const std::string& name, size_t capac
   // Publish last: Open() checks the magic before touching anything else.
   std::atomic_thread_fence(std::memory_order_release);
   h->magic = kMagic;
-  return std::unique_ptr<Ring>(new Ring(name, std::move(segment), std::move(mapping)));
+  return std::unique_ptr<Ring>(new Ring(name, std::move(words), std::move(segment), std::move(mapping)));
 }
 
-Result<std::unique_ptr<Ring>> Ring::Open(const std::string& name) {
+Result<std::unique_ptr<Ring>> Ring::Open(const std::string& name, RingWords words) {
   Result<SharedMemory> opened = SharedMemory::Open(name);
   if (!opened.ok()) {
     if (opened.status().code() == StatusCode::kNotFound) {
-      return Status::NotFound("feed ring " + name + " does not exist (has the node started?)");
+      return Status::NotFound(words.ring + " " + name + " does not exist" + words.not_found);
     }
     return opened.status();
   }
   SharedMemory segment = opened.MoveValueUnsafe();
   const size_t bytes = segment.size();
   if (bytes < sizeof(RingHeader) + kMinCapacity) {
-    return Status::Corruption("feed ring " + name + " is " + std::to_string(bytes) + " bytes, too small to be a ring");
+    return Status::Corruption(words.ring + " " + name + " is " + std::to_string(bytes) +
+                              " bytes, too small to be a ring");
   }
-  EMBER_ASSIGN_OR_RAISE(Mapping mapping, Mapping::Map(segment.fd(), bytes, "feed ring " + name));
+  EMBER_ASSIGN_OR_RAISE(Mapping mapping, Mapping::Map(segment.fd(), bytes, words.ring + " " + name));
   (void)segment.Close();
   auto* h = static_cast<RingHeader*>(mapping.data());
   std::atomic_thread_fence(std::memory_order_acquire);
   if (h->magic != kMagic || h->version != kVersion || sizeof(RingHeader) + h->capacity != bytes) {
-    return Status::Corruption("feed ring " + name + " is not an Ember feed ring of version " +
+    return Status::Corruption(words.ring + " " + name + " is not an Ember " + words.ring + " of version " +
                               std::to_string(kVersion));
   }
-  return std::unique_ptr<Ring>(new Ring(name, std::move(segment), std::move(mapping)));
+  return std::unique_ptr<Ring>(new Ring(name, std::move(words), std::move(segment), std::move(mapping)));
 }
 
 Status Ring::Write(uint32_t kind, std::span<const uint8_t> payload, Deadline deadline) {
@@ -274,102 +282,89 @@ Status Ring::WriteParts(uint32_t kind, std::span<const std::span<const uint8_t>>
   size_t size = 0;
   for (const auto& part : parts) size += part.size();
   if (size > MaxPayload(cap)) {
-    return Status::InvalidArgument("feed message of " + std::to_string(size) +
+    return Status::InvalidArgument(words_.message + " of " + std::to_string(size) +
                                    " bytes exceeds the ring's limit of " + std::to_string(MaxPayload(cap)) +
-                                   " bytes (" + name_ + "); send smaller batches");
+                                   " bytes (" + name_ + ")" + words_.too_large);
   }
   const uint64_t record = kRecordHeader + Align8(size);
   RobustLock lock(&h->mu);
-  for (;;) {
-    if (closing_) return ClosedStatus();
-    if (h->aborted) return Status::Aborted("feed ring " + name_ + ": " + h->abort_reason);
-    if (h->terminated) return TerminatedStatus();
-    const uint64_t pos = h->head % cap;
-    const uint64_t to_end = cap - pos;
-    // A record never straddles the end: if it does not fit, a wrap marker
-    // fills the rest and the record starts at offset 0.
-    const uint64_t needed = record <= to_end ? record : to_end + record;
-    if (cap - (h->head - h->tail) >= needed) {
-      if (record > to_end) {
-        uint32_t marker = kWrapMarker;
-        std::memcpy(h->data + pos, &marker, sizeof(marker));
-        h->head += to_end;
-      }
-      // The record is published by moving head, after it is whole: a producer that dies
-      // while copying leaves head where it was (see RobustLock).
-      uint8_t* dst = h->data + h->head % cap;
-      const uint32_t len = static_cast<uint32_t>(size);
-      std::memcpy(dst, &len, 4);
-      std::memcpy(dst + 4, &kind, 4);
-      uint8_t* out = dst + kRecordHeader;
-      for (const auto& part : parts) {
-        if (part.empty()) continue;
-        std::memcpy(out, part.data(), part.size());
-        out += part.size();
-      }
-      h->head += record;
-      pthread_cond_signal(&h->not_empty);
-      return Status::OK();
-    }
-    if (!ProcessAlive(h->consumer_pid)) {
-      return Status::Aborted("feed ring " + name_ + ": the node process (pid " + std::to_string(h->consumer_pid) +
-                             ") that reads it has exited");
-    }
-    if (deadline.expired()) {
-      return Status::DeadlineExceeded("feed ring " + name_ + " stayed full until the deadline: the node (pid " +
-                                      std::to_string(h->consumer_pid) +
-                                      ") is not consuming its feed; raise feed_timeout or check the node's log");
-    }
-    TimedWait(&h->not_full, &h->mu, deadline);
-  }
+  return WaitShared(
+      deadline, kLivenessCheck,
+      [&]() -> std::optional<Status> {
+        if (Status stopped = StoppedLocked(); !stopped.ok()) return stopped;
+        const uint64_t pos = h->head % cap;
+        const uint64_t to_end = cap - pos;
+        // A record never straddles the end: if it does not fit, a wrap marker
+        // fills the rest and the record starts at offset 0.
+        const uint64_t needed = record <= to_end ? record : to_end + record;
+        if (cap - (h->head - h->tail) < needed) return std::nullopt;
+        if (record > to_end) {
+          uint32_t marker = kWrapMarker;
+          std::memcpy(h->data + pos, &marker, sizeof(marker));
+          h->head += to_end;
+        }
+        // The record is published by moving head, after it is whole: a producer that dies
+        // while copying leaves head where it was (see RobustLock).
+        uint8_t* dst = h->data + h->head % cap;
+        const uint32_t len = static_cast<uint32_t>(size);
+        std::memcpy(dst, &len, 4);
+        std::memcpy(dst + 4, &kind, 4);
+        uint8_t* out = dst + kRecordHeader;
+        for (const auto& part : parts) {
+          if (part.empty()) continue;
+          std::memcpy(out, part.data(), part.size());
+          out += part.size();
+        }
+        h->head += record;
+        pthread_cond_signal(&h->not_empty);
+        return Status::OK();
+      },
+      [&] { return ConsumerGoneLocked(); },
+      [&] {
+        return Status::DeadlineExceeded(Prefix() + " stayed full until the deadline: " + words_.consumer + " (pid " +
+                                        std::to_string(h->consumer_pid) + ") " + words_.stalled);
+      },
+      [&](int64_t ms) { CondWaitMs(&h->not_full, &h->mu, ms); });
 }
 
 Status Ring::LockSession(Duration idle_timeout) {
   Call call(this);
   if (!call.ok()) return ClosedStatus();
   RingHeader* h = header_;
-  uint64_t last_tail;
-  {
-    RobustLock lock(&h->mu);
-    last_tail = h->tail;
-  }
-  if (session_held_) return Status::Internal("feed ring " + name_ + ": LockSession() called twice");
+  if (session_held_) return Status::Internal(Prefix() + ": LockSession() called twice");
   Deadline deadline = Deadline::After(idle_timeout);
-  for (;;) {
-    {
-      RobustLock lock(&h->mu);
-      if (closing_) return ClosedStatus();
-      if (h->aborted) return Status::Aborted("feed ring " + name_ + ": " + h->abort_reason);
-      if (h->terminated) return TerminatedStatus();
-    }
-    int rc = pthread_mutex_trylock(&h->session_mu);
-    if (rc == EOWNERDEAD) {  // the previous holder died mid-session
-      pthread_mutex_consistent(&h->session_mu);
-      rc = 0;
-    }
-    if (rc == 0) {
-      session_held_ = true;
-      session_thread_ = std::this_thread::get_id();
-      return Status::OK();
-    }
-    RobustLock lock(&h->mu);
-    if (closing_) return ClosedStatus();
-    if (h->tail != last_tail) {  // the node is consuming: keep waiting
-      last_tail = h->tail;
-      deadline = Deadline::After(idle_timeout);
-    }
-    if (!ProcessAlive(h->consumer_pid)) {
-      return Status::Aborted("feed ring " + name_ + ": the node process (pid " + std::to_string(h->consumer_pid) +
-                             ") that reads it has exited");
-    }
-    if (deadline.expired()) {
-      return Status::DeadlineExceeded("feed ring " + name_ + ": another feeding task held the node's session for " +
-                                      FormatDuration(idle_timeout) + " while the node consumed nothing");
-    }
-    // Session holders signal not_full whenever the consumer frees room;
-    // the liveness tick bounds the wait otherwise.
-    TimedWait(&h->not_full, &h->mu, deadline);
-  }
+  RobustLock lock(&h->mu);
+  uint64_t last_tail = h->tail;
+  return WaitShared(
+      deadline, kLivenessCheck,
+      [&]() -> std::optional<Status> {
+        if (Status stopped = StoppedLocked(); !stopped.ok()) return stopped;
+        // A try under h->mu never blocks, so it cannot deadlock with a holder taking h->mu.
+        int rc = pthread_mutex_trylock(&h->session_mu);
+        if (rc == EOWNERDEAD) {  // the previous holder died mid-session
+          pthread_mutex_consistent(&h->session_mu);
+          rc = 0;
+        }
+        if (rc == 0) {
+          session_held_ = true;
+          session_thread_ = std::this_thread::get_id();
+          return Status::OK();
+        }
+        if (h->tail != last_tail) {  // the consumer is consuming: keep waiting
+          last_tail = h->tail;
+          deadline = Deadline::After(idle_timeout);
+        }
+        return std::nullopt;
+      },
+      [&] { return ConsumerGoneLocked(); },
+      [&] {
+        return Status::DeadlineExceeded(Prefix() + ": " + words_.producer + " held " + words_.consumer +
+                                        "'s session for " + FormatDuration(idle_timeout) + " while " +
+                                        words_.consumer + " consumed nothing");
+      },
+      // Session holders signal not_full whenever the consumer frees room;
+      // the liveness tick bounds the wait otherwise.
+      [&](int64_t ms) { CondWaitMs(&h->not_full, &h->mu, ms); });
 }
 
 void Ring::UnlockSession() {
@@ -387,38 +382,38 @@ Status Ring::Read(uint32_t* kind, std::vector<uint8_t>* payload, Deadline deadli
   RingHeader* h = header_;
   const uint64_t cap = capacity_;
   RobustLock lock(&h->mu);
-  for (;;) {
-    if (closing_) return ClosedStatus();
-    if (h->aborted) return Status::Aborted("feed ring " + name_ + ": " + h->abort_reason);
-    if (h->terminated) return TerminatedStatus();  // Terminate() dropped what was queued
-    if (h->head != h->read) {
-      uint64_t pos = h->read % cap;
-      uint32_t len;
-      std::memcpy(&len, h->data + pos, 4);
-      if (len == kWrapMarker) {
-        h->read += cap - pos;
-        UpdateTailLocked();
-        continue;
-      }
-      // Only this process writes read and only producers write records, so a
-      // record header that does not fit says the segment was overwritten.
-      if (len > MaxPayload(cap) || h->head - h->read < kRecordHeader + Align8(len)) {
-        return Status::Corruption("feed ring " + name_ + ": record at offset " + std::to_string(pos) +
-                                  " claims " + std::to_string(len) + " bytes");
-      }
-      std::memcpy(kind, h->data + pos + 4, 4);
-      payload->resize(len);
-      if (len > 0) std::memcpy(payload->data(), h->data + pos + kRecordHeader, len);
-      h->read += kRecordHeader + Align8(len);
-      UpdateTailLocked();
-      pthread_cond_broadcast(&h->not_full);
-      return Status::OK();
-    }
-    if (deadline.expired()) {
-      return Status::DeadlineExceeded("feed ring " + name_ + ": no data arrived before the deadline");
-    }
-    TimedWait(&h->not_empty, &h->mu, deadline);
-  }
+  return WaitShared(
+      deadline, kLivenessCheck,
+      [&]() -> std::optional<Status> {
+        if (Status stopped = StoppedLocked(); !stopped.ok()) return stopped;  // Terminate() dropped the queue
+        while (h->head != h->read) {
+          const uint64_t pos = h->read % cap;
+          uint32_t len;
+          std::memcpy(&len, h->data + pos, 4);
+          if (len == kWrapMarker) {
+            h->read += cap - pos;
+            UpdateTailLocked();
+            continue;
+          }
+          // Only this process writes read and only producers write records, so a
+          // record header that does not fit says the segment was overwritten.
+          if (len > MaxPayload(cap) || h->head - h->read < kRecordHeader + Align8(len)) {
+            return Status::Corruption(Prefix() + ": record at offset " + std::to_string(pos) + " claims " +
+                                      std::to_string(len) + " bytes");
+          }
+          std::memcpy(kind, h->data + pos + 4, 4);
+          payload->resize(len);
+          if (len > 0) std::memcpy(payload->data(), h->data + pos + kRecordHeader, len);
+          h->read += kRecordHeader + Align8(len);
+          UpdateTailLocked();
+          pthread_cond_broadcast(&h->not_full);
+          return Status::OK();
+        }
+        return std::nullopt;
+      },
+      NoPeer,  // the consumer does not watch its producers: a message or the deadline
+      [&] { return Status::DeadlineExceeded(Prefix() + ": no data arrived before the deadline"); },
+      [&](int64_t ms) { CondWaitMs(&h->not_empty, &h->mu, ms); });
 }
 
 void Ring::UpdateTailLocked() {
@@ -433,55 +428,55 @@ Status Ring::ReadLease(std::shared_ptr<const RingLease>* out, Deadline deadline)
   const uint64_t cap = capacity_;
   RingLease::Book& b = *book_;
   RobustLock lock(&h->mu);
-  for (;;) {
-    if (closing_) return ClosedStatus();
-    if (h->aborted) return Status::Aborted("feed ring " + name_ + ": " + h->abort_reason);
-    if (h->terminated) return TerminatedStatus();  // Terminate() dropped what was queued
-    if (h->head != h->read) {
-      const uint64_t pos = h->read % cap;
-      uint32_t len;
-      std::memcpy(&len, h->data + pos, 4);
-      if (len == kWrapMarker) {
-        h->read += cap - pos;
-        UpdateTailLocked();
-        continue;
-      }
-      if (len > MaxPayload(cap) || h->head - h->read < kRecordHeader + Align8(len)) {
-        return Status::Corruption("feed ring " + name_ + ": record at offset " + std::to_string(pos) +
-                                  " claims " + std::to_string(len) + " bytes");
-      }
-      if (!b.view) {
-        // A second mapping of the same pages (mremap(2) with old_size 0), so
-        // that RevokeLeases can swap pages under leases without touching the
-        // ring's own mapping.
-        const size_t size = PageRound(mapping_->size());
-        void* p = ::mremap(mapping_->data(), 0, size, MREMAP_MAYMOVE);
-        if (p == MAP_FAILED) return Status::FromErrno(errno, "feed ring " + name_ + ": mapping a lease view");
-        b.view = std::make_shared<RingLease::View>();
-        b.view->base = static_cast<uint8_t*>(p);
-        b.view->size = size;
-      }
-      auto lease = std::shared_ptr<RingLease>(new RingLease());
-      lease->book_ = book_;
-      lease->view_ = b.view;
-      lease->generation_ = b.generation;
-      lease->index_ = b.first + b.entries.size();
-      std::memcpy(&lease->kind_, h->data + pos + 4, 4);
-      const size_t data_offset = static_cast<size_t>(h->data - reinterpret_cast<uint8_t*>(h));
-      lease->payload_ = std::span<const uint8_t>(b.view->base + data_offset + pos + kRecordHeader, len);
-      const uint64_t record = kRecordHeader + Align8(len);
-      b.entries.push_back({h->read, h->read + record, false});
-      h->read += record;
-      UpdateTailLocked();
-      pthread_cond_broadcast(&h->not_full);
-      *out = std::move(lease);
-      return Status::OK();
-    }
-    if (deadline.expired()) {
-      return Status::DeadlineExceeded("feed ring " + name_ + ": no data arrived before the deadline");
-    }
-    TimedWait(&h->not_empty, &h->mu, deadline);
-  }
+  return WaitShared(
+      deadline, kLivenessCheck,
+      [&]() -> std::optional<Status> {
+        if (Status stopped = StoppedLocked(); !stopped.ok()) return stopped;  // Terminate() dropped the queue
+        while (h->head != h->read) {
+          const uint64_t pos = h->read % cap;
+          uint32_t len;
+          std::memcpy(&len, h->data + pos, 4);
+          if (len == kWrapMarker) {
+            h->read += cap - pos;
+            UpdateTailLocked();
+            continue;
+          }
+          if (len > MaxPayload(cap) || h->head - h->read < kRecordHeader + Align8(len)) {
+            return Status::Corruption(Prefix() + ": record at offset " + std::to_string(pos) + " claims " +
+                                      std::to_string(len) + " bytes");
+          }
+          if (!b.view) {
+            // A second mapping of the same pages (mremap(2) with old_size 0), so
+            // that RevokeLeases can swap pages under leases without touching the
+            // ring's own mapping.
+            const size_t size = PageRound(mapping_->size());
+            void* p = ::mremap(mapping_->data(), 0, size, MREMAP_MAYMOVE);
+            if (p == MAP_FAILED) return Status::FromErrno(errno, Prefix() + ": mapping a lease view");
+            b.view = std::make_shared<RingLease::View>();
+            b.view->base = static_cast<uint8_t*>(p);
+            b.view->size = size;
+          }
+          auto lease = std::shared_ptr<RingLease>(new RingLease());
+          lease->book_ = book_;
+          lease->view_ = b.view;
+          lease->generation_ = b.generation;
+          lease->index_ = b.first + b.entries.size();
+          std::memcpy(&lease->kind_, h->data + pos + 4, 4);
+          const size_t data_offset = static_cast<size_t>(h->data - reinterpret_cast<uint8_t*>(h));
+          lease->payload_ = std::span<const uint8_t>(b.view->base + data_offset + pos + kRecordHeader, len);
+          const uint64_t record = kRecordHeader + Align8(len);
+          b.entries.push_back({h->read, h->read + record, false});
+          h->read += record;
+          UpdateTailLocked();
+          pthread_cond_broadcast(&h->not_full);
+          *out = std::move(lease);
+          return Status::OK();
+        }
+        return std::nullopt;
+      },
+      NoPeer,  // the consumer does not watch its producers: a message or the deadline
+      [&] { return Status::DeadlineExceeded(Prefix() + ": no data arrived before the deadline"); },
+      [&](int64_t ms) { CondWaitMs(&h->not_empty, &h->mu, ms); });
 }
 
 uint64_t Ring::pinned_bytes() {
@@ -542,8 +537,8 @@ void Ring::Abort(const std::string& reason) {
   Call call(this);
   if (!call.ok()) return;
   RobustLock lock(&header_->mu);
-  if (!header_->aborted) {
-    header_->aborted = 1;
+  if (header_->aborted == kRunning) {
+    header_->aborted = kAborted;
     SetReason(header_, reason);
   }
   pthread_cond_broadcast(&header_->not_full);
@@ -555,12 +550,8 @@ Status Ring::Health() {
   if (!call.ok()) return ClosedStatus();
   RingHeader* h = header_;
   RobustLock lock(&h->mu);
-  if (h->aborted) return Status::Aborted("feed ring " + name_ + ": " + h->abort_reason);
-  if (h->terminated) return TerminatedStatus();
-  if (!ProcessAlive(h->consumer_pid)) {
-    return Status::Aborted("feed ring " + name_ + ": the node process (pid " + std::to_string(h->consumer_pid) +
-                           ") that reads it has exited");
-  }
+  EMBER_RETURN_NOT_OK(StoppedLocked());
+  if (std::optional<Status> gone = ConsumerGoneLocked()) return *gone;
   return Status::OK();
 }
 
@@ -606,13 +597,11 @@ void Ring::Close() {
     // Every wait below re-checks closing_ under h->mu before it sleeps, so
     // this broadcast cannot slip in between a check and a wait.
     RobustLock shared(&h->mu);
-    // Producers elsewhere: the node is gone.  A ring its node terminated stays
-    // terminated, so producers keep skipping it quietly (Cancelled) instead of
-    // failing the epoch on a node that ended its feed on purpose.
-    if (segment_.owner() && !h->aborted && !h->terminated) {
-      h->aborted = 1;
-      SetReason(h, "the node closed its feed");
-    }
+    // Producers elsewhere: the consumer is gone (each words it: RingWords::closed).
+    // A ring its consumer terminated stays terminated, so producers keep
+    // skipping it quietly (Cancelled) instead of failing on a consumer that
+    // ended on purpose.
+    if (segment_.owner() && h->aborted == kRunning && !h->terminated) h->aborted = kClosedByConsumer;
     pthread_cond_broadcast(&h->not_full);
     pthread_cond_broadcast(&h->not_empty);
   }
@@ -623,7 +612,7 @@ void Ring::Close() {
     RobustLock shared(&h->mu);
     Status st = RevokeLeasesLocked();
     if (!st.ok()) {
-      EMBER_LOG(WARN) << "feed ring " << name_ << ": leases kept pinned at Close: " << st.ToString();
+      EMBER_LOG(WARN) << Prefix() << ": leases kept pinned at Close: " << st.ToString();
     }
   }
   (void)segment_.Unlink();
@@ -636,7 +625,7 @@ void Ring::Close() {
     } else {
       // glibc keeps a locked robust mutex on its owner thread's list and
       // writes to it when that thread locks or exits: never unmap it.
-      EMBER_LOG(WARN) << "feed ring " << name_ << " closed while another thread holds its session lock; "
+      EMBER_LOG(WARN) << Prefix() << " closed while another thread holds its session lock; "
                       << "the mapping is kept until the process exits";
       (void)mapping_->Leak();
       return;

@@ -1,9 +1,9 @@
 // Ring: a bounded multi-producer / single-consumer queue of messages in
-// POSIX shared memory.  It carries the data feed between the Spark tasks that
-// feed a node and the node itself when both run on the same host.
+// POSIX shared memory, between processes of one host.  The ring knows bytes,
+// not what they mean: its errors speak the words its user gives it
+// (RingWords; the data feed's are in feed/feed_ring.h).
 //
-// The node (consumer) Create()s the ring and owns the name; feeding tasks
-// (producers) Open() it.  Each message is one (kind, payload) pair written
+// The consumer Create()s the ring and owns the name; producers Open() it.  Each message is one (kind, payload) pair written
 // whole under a process-shared robust mutex, so a producer that dies
 // mid-write leaves the ring consistent (its message is never published).
 // A full ring blocks producers (backpressure); an empty ring blocks the
@@ -32,6 +32,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -46,6 +47,22 @@ namespace ember::shm {
 
 struct RingHeader;
 class Ring;
+
+// How a ring's errors name it and its sides: the user's words, not the
+// transport's.  Every error reads "<ring> <name>: ...".  Each side words the
+// errors it returns with its own RingWords (a producer says `closed` when
+// it finds the consumer's Close(), whoever created the ring).
+struct RingWords {
+  std::string ring = "shm ring";                   // "feed ring"
+  std::string message = "message";                 // "<message> of N bytes exceeds the ring's limit"
+  std::string consumer = "the consumer";           // "<consumer> process (pid N) that reads it has exited"
+  std::string producer = "another producer";       // "<producer> held <consumer>'s session for ..."
+  std::string not_found = "";                      // after "<ring> <name> does not exist"
+  std::string too_large = "";                      // after the size limit: what to do
+  std::string stalled = "is not reading it";       // a full ring: "<consumer> (pid N) <stalled>"
+  std::string terminated = "the consumer terminated the ring";  // Cancelled after Terminate()
+  std::string closed = "the consumer closed the ring";          // Aborted after the consumer's Close()
+};
 
 // What a producer can see of the consumer's progress (Ring::Progress).
 struct RingProgress {
@@ -84,14 +101,15 @@ class Ring {
   static size_t MaxPayload(size_t capacity);
 
   // Creates segment `name` ("/ember-..." style, see shm_open(3)), mode 0600,
+  // whose errors speak `words`,
   // failing with AlreadyExists if it exists.  The calling process becomes
   // the consumer; the name is unlinked by Close() or the destructor.
   // capacity is rounded up to a multiple of 8 and must be >= 4 KiB.
-  static Result<std::unique_ptr<Ring>> Create(const std::string& name, size_t capacity);
+  static Result<std::unique_ptr<Ring>> Create(const std::string& name, size_t capacity, RingWords words = {});
 
-  // Opens an existing segment as a producer.  NotFound if no such ring;
+  // Opens an existing segment as a producer; errors speak `words`.  NotFound if no such ring;
   // Corruption if the segment is not an Ember ring of this version.
-  static Result<std::unique_ptr<Ring>> Open(const std::string& name);
+  static Result<std::unique_ptr<Ring>> Open(const std::string& name, RingWords words = {});
 
   ~Ring();
   Ring(const Ring&) = delete;
@@ -101,8 +119,8 @@ class Ring {
   size_t capacity() const;
 
   // Producer: takes the ring's session lock, which keeps a producer's
-  // messages contiguous (inference: one partition at a time per node, so its
-  // results go back to the right task).  Waits while another producer holds
+  // messages contiguous (the feed's inference: one partition at a time per
+  // consumer, so its results go back to the right producer).  Waits while another producer holds
   // it, as long as the consumer keeps reading: DeadlineExceeded only after
   // `idle_timeout` passes with no message consumed.  If the holder died, the
   // lock passes on.  Aborted as for Write().
@@ -129,7 +147,7 @@ class Ring {
   // `payload` is resized and overwritten.  DeadlineExceeded if nothing
   // arrived before `deadline`; Aborted after Abort(); Cancelled after
   // Terminate() (a read blocked on an empty ring wakes and returns it).
-  // Where a stream of messages ends is said by message kinds (the feed
+  // Where a stream of messages ends is said by message kinds (the user's
   // protocol), not here.
   Status Read(uint32_t* kind, std::vector<uint8_t>* payload, Deadline deadline);
   // Consumer: as Read, without copying: the message stays in the ring, its
@@ -148,11 +166,11 @@ class Ring {
 
   // Producer: OK while the consumer accepts messages; otherwise the Aborted
   // or Cancelled status a Write() would return.  Never blocks.  Lets a task
-  // that waits elsewhere (for results) notice that the node failed.
+  // that waits elsewhere (for results) notice that the consumer failed.
   Status Health();
 
   // Consumer: publishes how far it got, in the protocol's own terms (the
-  // feed: the training epoch it began, plus one).  The mark only grows: a
+  // feed's: the training epoch it began, plus one).  The mark only grows: a
   // smaller value is ignored.  Never blocks for long.
   void SetMark(uint64_t mark);
   // Producer: the consumer's mark and read position, or the status Health()
@@ -165,9 +183,10 @@ class Ring {
   // Aborted with `reason`.  Idempotent.
   void Abort(const std::string& reason);
 
-  // Consumer: the node wants no more data (TFoS DataFeed.terminate()): the
+  // Consumer: it wants no more data (the feed's DataFeed.terminate()): the
   // ring is emptied, and blocked and future Write()s and LockSession()s
-  // return Cancelled, which feeding tasks treat as "stop quietly"; so do
+  // return Cancelled (words.terminated), which producers may treat as "stop
+  // quietly"; so do
   // blocked and future Read()s and ReadLease()s (leases already handed out
   // stay valid).  Any thread, also while another reads.  Idempotent.
   void Terminate();
@@ -176,7 +195,7 @@ class Ring {
   // comment), revokes outstanding leases (they stay valid; the ring is free
   // for the next consumer), releases the session lock if held, unmaps the
   // segment (once no lease maps it) and, for
-  // the consumer, aborts the ring for producers ("the node closed its feed")
+  // the consumer, aborts the ring for producers (they say words.closed)
   // and unlinks the name.  If another thread still holds the session lock,
   // the mapping is left in place (a locked robust mutex must not be
   // unmapped).  Idempotent and thread-safe; returns once the ring is closed.
@@ -185,15 +204,21 @@ class Ring {
  private:
   class Call;  // counts one call in flight; see Close()
 
-  Ring(std::string name, SharedMemory segment, Mapping mapping);
+  Ring(std::string name, RingWords words, SharedMemory segment, Mapping mapping);
   Status ClosedStatus() const;
   Status TerminatedStatus() const;  // Cancelled: what producers read as "stop quietly"
+  // With h->mu held: the status of a ring closed, aborted or terminated, else OK.
+  Status StoppedLocked() const;
+  // With h->mu held: Aborted if the consumer's process is gone.
+  std::optional<Status> ConsumerGoneLocked() const;
+  std::string Prefix() const;  // "<ring> <name>"
   // With h->mu held: tail after a read or a release.
   void UpdateTailLocked();
   // With h->mu held: RevokeLeases().
   Status RevokeLeasesLocked();
 
   const std::string name_;
+  const RingWords words_;
   SharedMemory segment_;  // owner (consumer): unlinked by Close()
   // Shared with leases (through book_), which may outlive Close().
   std::shared_ptr<Mapping> mapping_;

@@ -98,7 +98,9 @@ TEST(Ring, FullRingGivesBackpressureThenDeadline) {
   Status st;
   while ((st = (*producer)->Write(1, Bytes(written, n), Deadline::After(Duration(50)))).ok()) ++written;
   EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded) << st.ToString();
-  EXPECT_NE(st.message().find("not consuming"), std::string::npos) << st.ToString();
+  EXPECT_NE(st.message().find("the consumer (pid " + std::to_string(getpid()) + ") is not reading it"),
+            std::string::npos)
+      << st.ToString();
   EXPECT_GE(written, 3);
   // Reading one message frees room for exactly the next write.
   uint32_t kind;
@@ -645,11 +647,46 @@ TEST(RingClose, ConsumerCloseWakesProducersOnTheirOwnObjects) {
   std::thread t([&] {
     Status st = (*producer)->Write(1, body, Deadline::After(Duration(10000)));
     EXPECT_EQ(st.code(), StatusCode::kAborted) << st.ToString();
-    EXPECT_NE(st.message().find("the node closed its feed"), std::string::npos) << st.ToString();
+    EXPECT_NE(st.message().find("the consumer closed the ring"), std::string::npos) << st.ToString();
   });
   std::this_thread::sleep_for(Duration(50));
   (*ring)->Close();
   t.join();
+}
+
+// The ring speaks its user's words (RingWords), and each side its own: a
+// producer words the consumer's Close() and a stalled consumer as it was told,
+// whatever words the consumer's side was created with.
+TEST(RingWords, EachSideWordsItsErrorsAsItsUserSaid) {
+  RingWords consumer_words;
+  consumer_words.ring = "result ring";
+  auto ring = Ring::Create(UniqueName(), 4096, consumer_words);
+  ASSERT_TRUE(ring.ok());
+  RingWords words;
+  words.ring = "test ring";
+  words.message = "test message";
+  words.consumer = "the reader";
+  words.too_large = "; try less";
+  words.stalled = "is asleep; wake it";
+  words.closed = "the reader went home";
+  auto producer = Ring::Open((*ring)->name(), words);
+  ASSERT_TRUE(producer.ok());
+  const std::vector<uint8_t> huge(Ring::MaxPayload(4096) + 1, 1);
+  Status st = (*producer)->Write(1, huge, Deadline::After(Duration(0)));
+  EXPECT_EQ(st.message().rfind("test message of ", 0), 0u) << st.ToString();
+  EXPECT_NE(st.message().find("; try less"), std::string::npos) << st.ToString();
+  const std::vector<uint8_t> body(1000, 7);
+  while ((st = (*producer)->Write(1, body, Deadline::After(Duration(20)))).ok()) {
+  }
+  EXPECT_EQ(st.message(), "test ring " + (*ring)->name() + " stayed full until the deadline: the reader (pid " +
+                              std::to_string(getpid()) + ") is asleep; wake it");
+  (*ring)->Close();
+  st = (*producer)->Write(1, body, Deadline::After(Duration(0)));
+  EXPECT_EQ(st.code(), StatusCode::kAborted);
+  EXPECT_EQ(st.message(), "test ring " + (*ring)->name() + ": the reader went home");
+  auto missing = Ring::Open(UniqueName(), words);
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(missing.status().message().rfind("test ring /", 0), 0u) << missing.status().ToString();
 }
 
 TEST(RingClose, CallsAfterCloseReturnClosedAndCloseIsIdempotent) {

@@ -1,188 +1,26 @@
 #include "transport/tcp/server.h"
 
-#include <fcntl.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <utility>
-#include <vector>
 
-#include "common/logging.h"
-#include "transport/tcp/handshake.h"
 #include "transport/tcp/socket.h"
 
 namespace ember::tcp {
 
-// A connection and the thread serving it.  `finished` is the thread's last
-// write; after it the accept thread may join it.
-struct Server::Entry {
-  std::shared_ptr<Connection> conn;
-  std::thread thread;
-  std::atomic<bool> finished{false};
-};
-
-Connection::Connection(uint64_t id, Fd fd, std::string peer)
-    : id_(id), fd_(std::move(fd)), peer_(std::move(peer)) {}
-
-void Connection::Shutdown() {
-  shut_down_ = true;
-  ::shutdown(fd_.get(), SHUT_RDWR);
-  MutexLock lock(&hook_mu_);
-  if (hook_) hook_();
-}
-
-void Connection::OnShutdown(std::function<void()> hook) {
-  MutexLock lock(&hook_mu_);
-  hook_ = std::move(hook);
-  if (hook_ && shut_down_) hook_();
-}
-
 Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options, Handler handler) {
-  if (options.secret.size() < 16) {
-    return Status::InvalidArgument(options.name + ": the job secret must be at least 16 bytes, got " +
-                                   std::to_string(options.secret.size()));
-  }
-  if (options.handshake_timeout.count() <= 0 || options.max_pending_handshakes == 0) {
-    return Status::InvalidArgument(options.name + ": handshake_timeout and max_pending_handshakes must be positive");
-  }
+  AcceptorOptions a;
+  a.name = options.name;
+  a.secret = options.secret;
+  a.handshake_timeout = options.handshake_timeout;
+  a.max_pending_handshakes = options.max_pending_handshakes;
+  EMBER_RETURN_NOT_OK(ValidateAcceptorOptions(a));  // before binding: bad options never take the port
   EMBER_ASSIGN_OR_RAISE(Fd listener, Listen(options.bind_host, options.port));
-  EMBER_ASSIGN_OR_RAISE(int port, LocalPort(listener.get()));
-  int pipe_fds[2];
-  if (::pipe2(pipe_fds, O_CLOEXEC | O_NONBLOCK) != 0) return Status::FromErrno(errno, options.name + ": pipe2");
-  std::unique_ptr<Server> server(new Server(options, std::move(handler), std::move(listener), port,
-                                            Fd(pipe_fds[0]), Fd(pipe_fds[1])));
-  server->accept_thread_ = std::thread(&Server::AcceptLoop, server.get());
-  return server;
+  EMBER_ASSIGN_OR_RAISE(std::unique_ptr<Acceptor> acceptor, Acceptor::Serve(a, std::move(listener), std::move(handler)));
+  return std::unique_ptr<Server>(new Server(options, std::move(acceptor)));
 }
 
-Server::Server(const ServerOptions& options, Handler handler, Fd listener, int port, Fd wake_read, Fd wake_write)
-    : options_(options),
-      handler_(std::move(handler)),
-      listen_fd_(std::move(listener)),
-      port_(port),
-      wake_read_(std::move(wake_read)),
-      wake_write_(std::move(wake_write)),
-      pending_(options.max_pending_handshakes) {}
+Server::Server(const ServerOptions& options, std::unique_ptr<Acceptor> acceptor)
+    : options_(options), acceptor_(std::move(acceptor)) {}
 
 Server::~Server() { Close(); }
-
-ServerStats Server::stats() const {
-  ServerStats s;
-  s.accepted = accepted_.load();
-  s.rejected = rejected_.load();
-  s.dropped_pending = dropped_.load();
-  return s;
-}
-
-void Server::Wake() {
-  const char byte = 1;
-  // A full pipe already holds a wake-up; nothing is lost.
-  (void)!::write(wake_write_.get(), &byte, 1);
-}
-
-void Server::AcceptLoop() {
-  for (;;) {
-    Fd fd = AcceptUntilWoken(listen_fd_.get(), wake_read_.get(), options_.name.c_str());
-    if (fd.valid()) {
-      Admit(std::move(fd));
-      continue;
-    }
-    char buf[64];
-    while (::read(wake_read_.get(), buf, sizeof(buf)) > 0) {
-    }
-    {
-      MutexLock lock(&mu_);
-      if (closing_) return;
-    }
-    ReapFinished();
-  }
-}
-
-void Server::Admit(Fd fd) {
-  std::string peer = PeerAddress(fd.get());
-  MutexLock lock(&mu_);
-  if (closing_) return;
-  auto entry = std::make_unique<Entry>();
-  entry->conn = std::make_shared<Connection>(next_id_++, std::move(fd), std::move(peer));
-  // Counted before its thread starts, so Finish() always finds it (or its drop).
-  (void)pending_.Start(entry->conn->id(), entry->conn->fd(), entry->conn->peer());
-  Entry* raw = entry.get();
-  entries_.push_back(std::move(entry));
-  raw->thread = std::thread(&Server::Serve, this, raw);
-}
-
-void Server::Serve(Entry* entry) {
-  Connection& conn = *entry->conn;
-  // The connection leaves the pending set once the peer proved the secret, before it is told
-  // so: from then on it cannot be dropped.
-  bool dropped = false;
-  auto verified = [&]() -> Status {
-    dropped = pending_.Finish(conn.id());
-    return dropped ? Status::Unavailable("dropped from the handshake") : Status::OK();
-  };
-  Status hs = ServerHandshake(conn.fd(), options_.secret, Deadline::After(options_.handshake_timeout), conn.peer(),
-                              verified);
-  if (!hs.ok() && !dropped) dropped = pending_.Finish(conn.id());
-  if (hs.ok()) {
-    ++accepted_;
-    handler_(conn);
-  } else if (dropped && !conn.shut_down()) {
-    const uint64_t n = ++dropped_;
-    if ((n & (n - 1)) == 0) {  // 1, 2, 4, ...: a flood must not flood the log too
-      EMBER_LOG(WARN) << options_.name << ": dropped the pending handshake of " << conn.peer()
-                      << " to admit a newer connection: " << options_.max_pending_handshakes
-                      << " connections were in the handshake (max_pending_handshakes; a flood of "
-                         "unauthenticated connections?); "
-                      << n << " dropped so far";
-    }
-  } else {
-    if (!conn.shut_down()) {  // once closing, a failed handshake is just the shutdown
-      EMBER_LOG(WARN) << options_.name << ": rejected unauthenticated connection from " << conn.peer() << ": "
-                      << hs.message();
-    }
-    ++rejected_;  // after the log line: a caller that sees the count finds the line too
-  }
-  conn.OnShutdown(nullptr);
-  conn.Shutdown();
-  entry->finished = true;
-  Wake();  // the accept thread joins us
-}
-
-void Server::ReapFinished() {
-  std::vector<std::unique_ptr<Entry>> done;
-  {
-    MutexLock lock(&mu_);
-    for (auto it = entries_.begin(); it != entries_.end();) {
-      if ((*it)->finished.load()) {
-        done.push_back(std::move(*it));
-        it = entries_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-  }
-  for (auto& e : done) e->thread.join();
-}
-
-void Server::Close() {
-  MutexLock close_lock(&close_mu_);
-  if (closed_) return;
-  closed_ = true;
-  {
-    MutexLock lock(&mu_);
-    closing_ = true;
-  }
-  Wake();
-  if (accept_thread_.joinable()) accept_thread_.join();
-  std::list<std::unique_ptr<Entry>> entries;
-  {
-    MutexLock lock(&mu_);
-    entries.swap(entries_);  // no new ones: the accept thread is gone
-  }
-  for (auto& e : entries) e->conn->Shutdown();
-  for (auto& e : entries) e->thread.join();
-  (void)listen_fd_.Close();
-}
 
 }  // namespace ember::tcp
