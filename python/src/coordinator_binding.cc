@@ -99,22 +99,24 @@ void BindServer(nb::module_& m) {
                                 "The driver's rendezvous server.  Thread-safe.")
       .def_static(
           "start",
-          [](nb::bytes secret, const ClusterLayout& layout, std::string bind_host, int port,
-             double handshake_timeout, double heartbeat_timeout, size_t max_message_bytes) {
-            CoordinatorOptions options;
-            options.bind_host = std::move(bind_host);
+          [](nb::bytes secret, const ClusterLayout& layout, std::optional<std::string> bind_host, int port,
+             std::optional<double> handshake_timeout, std::optional<double> heartbeat_timeout,
+             std::optional<size_t> max_message_bytes) {
+            CoordinatorOptions options;  // its defaults stand where Python passes None
+            if (bind_host) options.bind_host = std::move(*bind_host);
             options.port = port;
             options.secret = BytesToString(secret);
             options.layout = layout;
-            options.handshake_timeout = SecondsToDuration(handshake_timeout);
-            options.heartbeat_timeout = SecondsToDuration(heartbeat_timeout);
-            options.max_message_bytes = max_message_bytes;
+            if (handshake_timeout) options.handshake_timeout = SecondsToDuration(*handshake_timeout);
+            if (heartbeat_timeout) options.heartbeat_timeout = SecondsToDuration(*heartbeat_timeout);
+            if (max_message_bytes) options.max_message_bytes = *max_message_bytes;
             nb::gil_scoped_release release;
             return ValueOrThrow(CoordinatorServer::Start(options));
           },
-          "secret"_a, "layout"_a, "bind_host"_a = "0.0.0.0", "port"_a = 0,
-          "handshake_timeout"_a = 5.0, "heartbeat_timeout"_a = 30.0,
-          "max_message_bytes"_a = size_t{16} << 20)
+          "secret"_a, "layout"_a, "bind_host"_a = nb::none(), "port"_a = 0,
+          "handshake_timeout"_a = nb::none(), "heartbeat_timeout"_a = nb::none(),
+          "max_message_bytes"_a = nb::none(),
+          "Starts the coordinator (port 0: any free port); None keeps ember/coordinator.h's default.")
       .def_prop_ro("port", &CoordinatorServer::port)
       .def(
           "wait_for_registration",
@@ -186,18 +188,19 @@ void BindClient(nb::module_& m) {
                                 "A connection to the coordinator.  Thread-safe.")
       .def_static(
           "connect",
-          [](std::string host, int port, nb::bytes secret, double connect_timeout,
-             double heartbeat_interval, size_t max_message_bytes) {
-            ClientOptions options;
-            options.connect_timeout = SecondsToDuration(connect_timeout);
-            options.heartbeat_interval = SecondsToDuration(heartbeat_interval);
-            options.max_message_bytes = max_message_bytes;
+          [](std::string host, int port, nb::bytes secret, std::optional<double> connect_timeout,
+             std::optional<double> heartbeat_interval, std::optional<size_t> max_message_bytes) {
+            ClientOptions options;  // its defaults stand where Python passes None
+            if (connect_timeout) options.connect_timeout = SecondsToDuration(*connect_timeout);
+            if (heartbeat_interval) options.heartbeat_interval = SecondsToDuration(*heartbeat_interval);
+            if (max_message_bytes) options.max_message_bytes = *max_message_bytes;
             std::string key = BytesToString(secret);
             nb::gil_scoped_release release;
             return ValueOrThrow(CoordinatorClient::Connect(host, port, key, options));
           },
-          "host"_a, "port"_a, "secret"_a, "connect_timeout"_a = 10.0,
-          "heartbeat_interval"_a = 2.0, "max_message_bytes"_a = size_t{16} << 20)
+          "host"_a, "port"_a, "secret"_a, "connect_timeout"_a = nb::none(),
+          "heartbeat_interval"_a = nb::none(), "max_message_bytes"_a = nb::none(),
+          "Connects and authenticates; None keeps ember/coordinator.h's default.")
       .def(
           "register",
           [](CoordinatorClient& c, int executor_id, std::string host, int port, int64_t pid,
