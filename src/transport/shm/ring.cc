@@ -380,40 +380,49 @@ Status Ring::Read(uint32_t* kind, std::vector<uint8_t>* payload, Deadline deadli
   Call call(this);
   if (!call.ok()) return ClosedStatus();
   RingHeader* h = header_;
-  const uint64_t cap = capacity_;
   RobustLock lock(&h->mu);
   return WaitShared(
       deadline, kLivenessCheck,
       [&]() -> std::optional<Status> {
         if (Status stopped = StoppedLocked(); !stopped.ok()) return stopped;  // Terminate() dropped the queue
-        while (h->head != h->read) {
-          const uint64_t pos = h->read % cap;
-          uint32_t len;
-          std::memcpy(&len, h->data + pos, 4);
-          if (len == kWrapMarker) {
-            h->read += cap - pos;
-            UpdateTailLocked();
-            continue;
-          }
-          // Only this process writes read and only producers write records, so a
-          // record header that does not fit says the segment was overwritten.
-          if (len > MaxPayload(cap) || h->head - h->read < kRecordHeader + Align8(len)) {
-            return Status::Corruption(Prefix() + ": record at offset " + std::to_string(pos) + " claims " +
-                                      std::to_string(len) + " bytes");
-          }
-          std::memcpy(kind, h->data + pos + 4, 4);
-          payload->resize(len);
-          if (len > 0) std::memcpy(payload->data(), h->data + pos + kRecordHeader, len);
-          h->read += kRecordHeader + Align8(len);
-          UpdateTailLocked();
-          pthread_cond_broadcast(&h->not_full);
-          return Status::OK();
-        }
-        return std::nullopt;
+        uint64_t pos = 0;
+        uint32_t len = 0;
+        Result<bool> next = NextRecordLocked(&pos, &len);
+        if (!next.ok()) return next.status();
+        if (!*next) return std::nullopt;
+        std::memcpy(kind, h->data + pos + 4, 4);
+        payload->resize(len);
+        if (len > 0) std::memcpy(payload->data(), h->data + pos + kRecordHeader, len);
+        h->read += kRecordHeader + Align8(len);
+        UpdateTailLocked();
+        pthread_cond_broadcast(&h->not_full);
+        return Status::OK();
       },
       NoPeer,  // the consumer does not watch its producers: a message or the deadline
       [&] { return Status::DeadlineExceeded(Prefix() + ": no data arrived before the deadline"); },
       [&](int64_t ms) { CondWaitMs(&h->not_empty, &h->mu, ms); });
+}
+
+Result<bool> Ring::NextRecordLocked(uint64_t* pos, uint32_t* len) {
+  RingHeader* h = header_;
+  const uint64_t cap = capacity_;
+  while (h->head != h->read) {
+    *pos = h->read % cap;
+    std::memcpy(len, h->data + *pos, 4);
+    if (*len == kWrapMarker) {
+      h->read += cap - *pos;
+      UpdateTailLocked();
+      continue;
+    }
+    // Only this process writes read and only producers write records, so a
+    // record header that does not fit says the segment was overwritten.
+    if (*len > MaxPayload(cap) || h->head - h->read < kRecordHeader + Align8(*len)) {
+      return Status::Corruption(Prefix() + ": record at offset " + std::to_string(*pos) + " claims " +
+                                std::to_string(*len) + " bytes");
+    }
+    return true;
+  }
+  return false;
 }
 
 void Ring::UpdateTailLocked() {
@@ -425,54 +434,43 @@ Status Ring::ReadLease(std::shared_ptr<const RingLease>* out, Deadline deadline)
   Call call(this);
   if (!call.ok()) return ClosedStatus();
   RingHeader* h = header_;
-  const uint64_t cap = capacity_;
   RingLease::Book& b = *book_;
   RobustLock lock(&h->mu);
   return WaitShared(
       deadline, kLivenessCheck,
       [&]() -> std::optional<Status> {
         if (Status stopped = StoppedLocked(); !stopped.ok()) return stopped;  // Terminate() dropped the queue
-        while (h->head != h->read) {
-          const uint64_t pos = h->read % cap;
-          uint32_t len;
-          std::memcpy(&len, h->data + pos, 4);
-          if (len == kWrapMarker) {
-            h->read += cap - pos;
-            UpdateTailLocked();
-            continue;
-          }
-          if (len > MaxPayload(cap) || h->head - h->read < kRecordHeader + Align8(len)) {
-            return Status::Corruption(Prefix() + ": record at offset " + std::to_string(pos) + " claims " +
-                                      std::to_string(len) + " bytes");
-          }
-          if (!b.view) {
-            // A second mapping of the same pages (mremap(2) with old_size 0), so
-            // that RevokeLeases can swap pages under leases without touching the
-            // ring's own mapping.
-            const size_t size = PageRound(mapping_->size());
-            void* p = ::mremap(mapping_->data(), 0, size, MREMAP_MAYMOVE);
-            if (p == MAP_FAILED) return Status::FromErrno(errno, Prefix() + ": mapping a lease view");
-            b.view = std::make_shared<RingLease::View>();
-            b.view->base = static_cast<uint8_t*>(p);
-            b.view->size = size;
-          }
-          auto lease = std::shared_ptr<RingLease>(new RingLease());
-          lease->book_ = book_;
-          lease->view_ = b.view;
-          lease->generation_ = b.generation;
-          lease->index_ = b.first + b.entries.size();
-          std::memcpy(&lease->kind_, h->data + pos + 4, 4);
-          const size_t data_offset = static_cast<size_t>(h->data - reinterpret_cast<uint8_t*>(h));
-          lease->payload_ = std::span<const uint8_t>(b.view->base + data_offset + pos + kRecordHeader, len);
-          const uint64_t record = kRecordHeader + Align8(len);
-          b.entries.push_back({h->read, h->read + record, false});
-          h->read += record;
-          UpdateTailLocked();
-          pthread_cond_broadcast(&h->not_full);
-          *out = std::move(lease);
-          return Status::OK();
+        uint64_t pos = 0;
+        uint32_t len = 0;
+        Result<bool> next = NextRecordLocked(&pos, &len);
+        if (!next.ok()) return next.status();
+        if (!*next) return std::nullopt;
+        if (!b.view) {
+          // A second mapping of the same pages (mremap(2) with old_size 0), so
+          // that RevokeLeases can swap pages under leases without touching the
+          // ring's own mapping.
+          const size_t size = PageRound(mapping_->size());
+          void* p = ::mremap(mapping_->data(), 0, size, MREMAP_MAYMOVE);
+          if (p == MAP_FAILED) return Status::FromErrno(errno, Prefix() + ": mapping a lease view");
+          b.view = std::make_shared<RingLease::View>();
+          b.view->base = static_cast<uint8_t*>(p);
+          b.view->size = size;
         }
-        return std::nullopt;
+        auto lease = std::shared_ptr<RingLease>(new RingLease());
+        lease->book_ = book_;
+        lease->view_ = b.view;
+        lease->generation_ = b.generation;
+        lease->index_ = b.first + b.entries.size();
+        std::memcpy(&lease->kind_, h->data + pos + 4, 4);
+        const size_t data_offset = static_cast<size_t>(h->data - reinterpret_cast<uint8_t*>(h));
+        lease->payload_ = std::span<const uint8_t>(b.view->base + data_offset + pos + kRecordHeader, len);
+        const uint64_t record = kRecordHeader + Align8(len);
+        b.entries.push_back({h->read, h->read + record, false});
+        h->read += record;
+        UpdateTailLocked();
+        pthread_cond_broadcast(&h->not_full);
+        *out = std::move(lease);
+        return Status::OK();
       },
       NoPeer,  // the consumer does not watch its producers: a message or the deadline
       [&] { return Status::DeadlineExceeded(Prefix() + ": no data arrived before the deadline"); },

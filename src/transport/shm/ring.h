@@ -214,6 +214,10 @@ class Ring {
   std::string Prefix() const;  // "<ring> <name>"
   // With h->mu held: tail after a read or a release.
   void UpdateTailLocked();
+  // Consumer, under the ring's mutex: steps over wrap markers to the next
+  // record; true with its offset and payload length, false if the ring is
+  // empty, Corruption if its header does not fit.
+  Result<bool> NextRecordLocked(uint64_t* pos, uint32_t* len);
   // With h->mu held: RevokeLeases().
   Status RevokeLeasesLocked();
 
