@@ -4,7 +4,7 @@ How a job runs:
 
 * The driver starts a CoordinatorServer (C++, authenticated with a fresh
   32-byte secret) and launches one Spark barrier task per node, in a daemon
-  thread under a job group of its own.  Each task runs ember._launcher, which
+  thread under a job group of its own.  Each task runs ember._launcher.task, which
   registers its node, starts ``main_fun(args, ctx)`` in a child process and
   reports how it ended.
 * A driver thread drains the coordinator's events: node output lines,
@@ -35,13 +35,15 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Union
 
-from ember import _ember, _feed_driver, _feeding, _hadoop, config
-from ember._console import Console
-from ember._launcher import NodeSpec
+from ember import _ember, _hadoop, config
+from ember._driver import feed as _feed_driver
+from ember._feeder import task as _feeding
+from ember._driver.console import Console
+from ember._launcher.task import NodeSpec
 from ember._names import SUPPORT_ROLES, TENSORBOARD_URL_KEY, WORKER_ROLES
-from ember._spark_job import (NodesJob, check_executor_python, check_slots, job_group, spark_context,
+from ember._driver.spark_job import (NodesJob, check_executor_python, check_slots, job_group, spark_context,
                               spark_error_summary, spark_failure_reason, task_slots)
-from ember._watcher import Watcher
+from ember._driver.watcher import Watcher
 from ember.errors import Aborted, ClusterError, DeadlineExceeded, NodeError
 from ember.input_mode import InputMode
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
 from ember import _ember
-from ember._console import Console
+from ember._driver.console import Console
 from ember.cluster import Cluster
 from ember.errors import Aborted, ClusterError, DeadlineExceeded, EmberError, NodeError
 from ember.input_mode import InputMode
@@ -385,7 +385,7 @@ def run_parallel(spark: Any, fn: Callable[[Any, Any], Any], args: Any = None, nu
         ClusterError: too few task slots for the runs.
     """
     from ember import config
-    from ember._spark_job import check_executor_python, check_slots, spark_context, task_slots
+    from ember._driver.spark_job import check_executor_python, check_slots, spark_context, task_slots
 
     sc = spark_context(spark)
     n = int(num_executors) if num_executors is not None else sc.defaultParallelism

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 import ember
-from ember import _feeding
+from ember._feeder import task as feeding
 from conftest import no_leftovers
 
 pytestmark = pytest.mark.timeout(300)
@@ -192,7 +192,7 @@ def test_flood_of_unauthenticated_connections_does_not_lock_the_job_out(spark, m
             ep = cluster._endpoints()[0]
             t = time.monotonic()
             # A producer's open over TCP is its connection and handshake, nothing sent yet.
-            ember._ember.FeedProducer.open([ep], 0, 0, 0, _feeding.feed_options(cluster._secret,
+            ember._ember.FeedProducer.open([ep], 0, 0, 0, feeding.feed_options(cluster._secret,
                                                                                 transport="tcp")).close()
             feed_secs = time.monotonic() - t
             assert coordinator_secs < 5.0 and feed_secs < FEED_HANDSHAKE_SECS, (coordinator_secs, feed_secs)

@@ -18,7 +18,8 @@ import pytest
 
 import ember
 from conftest import no_leftovers
-from ember import _feeding, errors
+from ember import errors
+from ember._feeder import task as feeding
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -437,7 +438,7 @@ def test_tcp_feed_path_and_unauthenticated_feed_connection(spark, monkeypatch):
             except (ConnectionResetError, socket.timeout):
                 pass
         with pytest.raises((errors.Unauthenticated, errors.Unavailable)):
-            ember._ember.FeedProducer.open([ep], 0, 0, 0, _feeding.feed_options(b"x" * 32, transport="tcp"))
+            ember._ember.FeedProducer.open([ep], 0, 0, 0, feeding.feed_options(b"x" * 32, transport="tcp"))
         out = cluster.inference(spark.sparkContext.parallelize(range(500), 5)).collect()
         assert out == [x * x for x in range(500)]
     finally:

@@ -3,7 +3,7 @@
 Feeding runs as ordinary Spark jobs beside the nodes' barrier stage, so it needs
 task slots the nodes do not hold (e.g. ``local[4]`` for 2 nodes).  Partitions
 reach nodes by an explicit plan made here (no executor-identity files): see
-ember._feeding for how rows are spread and why every node gets the same count.
+ember._feeder.task for how rows are spread and why every node gets the same count.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 import pyarrow as pa
 
 from ember import _ember
-from ember import _feeding as feeding
+from ember._feeder import task as feeding
 from ember import errors
 from ember._names import FEED_ENDPOINT_KEY, WORKER_ROLES
 
