@@ -96,8 +96,8 @@ class _RecordingRing:
 
 
 def _feed_with(ring) -> _launcher.NodeFeed:
-    feed = _launcher.NodeFeed.__new__(_launcher.NodeFeed)  # the ring alone: no feed server needed
-    feed.ring = ring
+    feed = _launcher.NodeFeed.__new__(_launcher.NodeFeed)  # a recording FeedHost: no ring, no feed server
+    feed.host = ring
     return feed
 
 

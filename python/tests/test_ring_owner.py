@@ -29,7 +29,7 @@ _LAUNCHER = textwrap.dedent("""
                     kill_grace_secs=1.0, echo_logs=False, feed_ring_bytes=1 << 20)
     feed = NodeFeed(spec, 0, "worker:0", "127.0.0.1", "127.0.0.1")
     reaper = getattr(getattr(feed, "owner", None), "reaper", None)  # None before issue 18's fix
-    print(json.dumps({"ring": feed.ring.name.lstrip("/"), "reaper": reaper and reaper.pid}), flush=True)
+    print(json.dumps({"ring": feed.endpoint.ring.lstrip("/"), "reaper": reaper and reaper.pid}), flush=True)
     time.sleep(600)
 """)
 
