@@ -187,12 +187,12 @@ def test_flood_of_unauthenticated_connections_does_not_lock_the_job_out(spark, m
             # Before the fix they were refused outright ("connection closed by peer after 0 of 38
             # bytes"); now neither waits longer than a handshake deadline.
             t = time.monotonic()
-            ember._ember.CoordinatorClient.connect(host, int(port), cluster._secret, connect_timeout=30).close()
+            ember._ember.CoordinatorClient.connect(host, int(port), cluster._gang.secret, connect_timeout=30).close()
             coordinator_secs = time.monotonic() - t
             ep = cluster._endpoints()[0]
             t = time.monotonic()
             # A producer's open over TCP is its connection and handshake, nothing sent yet.
-            ember._ember.FeedProducer.open([ep], 0, 0, 0, feeding.feed_options(cluster._secret,
+            ember._ember.FeedProducer.open([ep], 0, 0, 0, feeding.feed_options(cluster._gang.secret,
                                                                                 transport="tcp")).close()
             feed_secs = time.monotonic() - t
             assert coordinator_secs < 5.0 and feed_secs < FEED_HANDSHAKE_SECS, (coordinator_secs, feed_secs)

@@ -29,6 +29,7 @@ LAYERS = [
     # the launching task; the node's process; the driver's feed jobs; data/: TFRecord datasets, DataFrame <-> TFRecord
     {"_launcher.task", "_node.main", "_driver.feed", "data"},
     {"_driver.spark_job", "_driver.watcher"},
+    {"_driver.gang"},         # a job's nodes: coordinator, barrier job, watcher; start, stop, recover
     {"cluster"},
     {"parallel"},          # run_parallel: independent one-node clusters
     {"_tune_runner"},      # tune's warm trial runners: one-node parallel runs that take trial after trial

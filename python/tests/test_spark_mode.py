@@ -411,7 +411,7 @@ def test_inference_after_a_node_died_names_it_and_how(spark, monkeypatch, transp
     cluster = _run(spark, worker0_crashes_at_once, {})
     try:
         ep = next(e for e in cluster._endpoints() if e.name == "worker:0")
-        assert cluster._watcher.known_failure(wait=30) is not None  # worker:0 is gone now
+        assert cluster._gang.watcher.known_failure(wait=30) is not None  # worker:0 is gone now
         with pytest.raises(Exception) as info:
             # One partition: it goes to worker:0, whose ring and feed server are gone.
             cluster.inference(spark.sparkContext.parallelize(range(100), 1), feed_timeout=60).collect()

@@ -1,5 +1,7 @@
 """The driver's room: what runs in the user's driver program, beside ``Cluster``.
 
+* ``gang``      a job's nodes as the driver holds them: coordinator, barrier job, watcher;
+                start, waits, restarts, tear-down (``Cluster`` keeps the verbs and delegates)
 * ``console``   the driver's output: node lines, progress, one live line under Spark's bar
 * ``watcher``   a thread draining the coordinator's events; keeps a job's first node failure
 * ``spark_job`` the Spark side of a job: slots, the executors' Python check, job groups, and
