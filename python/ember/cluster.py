@@ -37,9 +37,7 @@ from ember import _ember, config
 from ember._driver import feed as _feed_driver
 from ember._driver.console import Console
 from ember._driver.gang import Gang, Launch, Restart  # noqa: F401 - Restart: Cluster.restarts' items
-from ember._driver.spark_job import check_executor_python, check_slots, job_group, spark_context, \
-    spark_error_summary, task_slots
-from ember._feeder import task as _feeding
+from ember._driver.spark_job import check_executor_python, check_slots, spark_context, task_slots
 from ember.errors import ClusterError
 from ember.input_mode import InputMode
 
@@ -92,18 +90,9 @@ class Cluster:
         self._lock = threading.Lock()
         self._shutting_down = False
         self._driver_nodes = driver_nodes  # nodes whose launchers run on the driver (driver_ps_nodes)
+        self._feed = _feed_driver.Feed(sc, self.job_id, self._console)  # InputMode.SPARK: the epoch loop
         self._gang = Gang(sc, self.job_id, num_nodes, layout, self.input_mode, self.log_dir, self._console,
-                          launch, max_restarts=max_restarts, driver_nodes=driver_nodes, on_abort=self._cancel_feed)
-        self._feed_endpoints: Optional[List[_feeding.NodeEndpoint]] = None
-        self._endpoints_of = ""  # the node_job_id of the gang _feed_endpoints belong to
-        self._epochs_fed = 0  # feed epochs are numbered across train() calls
-        self._last_epoch: Optional[int] = None  # the last epoch fed to the current gang
-        self._last_epoch_of = ""  # the node_job_id of that gang
-        self._feed_lock = threading.Lock()  # one train() at a time (streaming batches too)
-        # train()'s feeding Spark jobs run under this job group: a node failure cancels it, since
-        # its tasks may be blocked sending to a node that is gone (a network partition).
-        self._feed_group = f"{self.job_id}-feed"
-        self._feed_woken: Optional[threading.Event] = None  # set to end the driver's wait for a feed
+                          launch, max_restarts=max_restarts, driver_nodes=driver_nodes, on_abort=self._feed.cancel)
 
     @staticmethod
     def _new_console() -> Console:
@@ -237,18 +226,6 @@ class Cluster:
         if self._gang.closed or self._shutting_down:
             raise ClusterError(f"Cluster.{verb}: the cluster is shut down")
 
-    def _endpoints(self) -> List[_feeding.NodeEndpoint]:
-        """The current gang's feed endpoints (a restart's new gang has new ones)."""
-        gang = self._gang
-        if self._feed_endpoints is None or self._endpoints_of != gang.node_job_id:
-            self._feed_endpoints = _feed_driver.feed_endpoints(gang.server, gang.nodes())
-            self._endpoints_of = gang.node_job_id
-        return self._feed_endpoints
-
-    def _feed_options(self, feed_timeout: Optional[float]) -> _feeding.FeedOptions:
-        return _feeding.feed_options(secret=self._gang.secret, feed_timeout=feed_timeout,
-                                    transport=str(config.get("feed_transport", self._sc)))
-
     def train(self, data: Any, num_epochs: int = 1, feed_timeout: Optional[float] = None, qname: str = "input",
               validation_data: Any = None) -> None:
         """Feeds a DataFrame or RDD to the training nodes (InputMode.SPARK); returns when all
@@ -293,109 +270,7 @@ class Cluster:
         _feed_driver.check_feed_slots(self._sc, self.num_nodes - self._driver_nodes, task_slots)
         if num_epochs < 1:
             raise ValueError("num_epochs must be at least 1")
-        with self._feed_lock:
-            done = 0
-            while done < num_epochs:
-                # One epoch at a time (each is one Spark job anyway): after a restart the
-                # interrupted epoch is fed again, under a new number (numbers never repeat).
-                epoch = self._epochs_fed
-                self._epochs_fed += 1
-                fed: List[int] = []
-                try:
-                    used = self._feed(data, epoch, feed_timeout, validation_data, fed)
-                    if fed:
-                        self._last_epoch, self._last_epoch_of = fed[-1], self._gang.node_job_id
-                    else:  # stopped before feeding: the number was never used
-                        self._epochs_fed -= 1
-                    if used is None:  # every node ended its feed (early stopping): nothing more to feed
-                        self._console.info(f"Cluster.train: the nodes stopped early; {num_epochs - done - 1} "
-                                           f"of {num_epochs} epochs not fed")
-                        return
-                    done += 1
-                except Exception as e:  # noqa: BLE001 - a node's failure explains a failed feed best
-                    failure = self._gang.watcher.known_failure(wait=2.0)
-                    if failure is None:
-                        if type(e).__name__ == "Py4JJavaError":
-                            raise ClusterError(f"Cluster.train: the feeding Spark job failed: "
-                                               f"{spark_error_summary(e, self._sc)}") from e
-                        raise
-                    try:
-                        self._gang.recover(failure)
-                    except BaseException:
-                        # The job is over: stop everything now, so shutdown() has nothing left to do.
-                        self._teardown(abort_reason=f"node {failure.job_name}:{failure.task_index} failed")
-                        raise
-                    self._console.info(f"feeding epoch {epoch}, which the failure interrupted, again "
-                                       f"from its start (as epoch {self._epochs_fed})")
-
-    def _feed(self, data: Any, epoch: int, feed_timeout: Optional[float], validation_data: Any, fed: List[int]) -> Optional[int]:
-        """Feeds one epoch (``_feed_driver.train``) on a thread of its own, under the feed's job
-        group, and returns what it returns, or raises the job's failure the moment one is known.
-
-        The driver's feed waits on nodes (the feeding Spark job, whose tasks may be blocked
-        sending to a node behind a partition; the epoch boundaries, which ask every node's feed
-        server) have deadlines of feed_timeout, minutes by default: a node failure must not
-        wait for them.  It cancels the feed's job group and wakes this wait (``_cancel_feed``);
-        the thread then ends by itself (its Spark job is cancelled, its other waits fail or time out).
-        """
-        from pyspark import InheritableThread
-
-        gang = self._gang
-        watcher, endpoints, options = gang.watcher, self._endpoints(), self._feed_options(feed_timeout)
-        # the last epoch fed to these nodes: none when a restart's new gang came since
-        after = self._last_epoch if self._last_epoch_of == gang.node_job_id else None
-        if watcher.failure is not None:  # failed before the feed started
-            raise watcher.failure
-        box: dict = {}
-        woken = threading.Event()
-
-        def run() -> None:
-            try:  # job groups are per thread: this one's jobs only
-                with job_group(self._sc, self._feed_group, f"Ember job {self.job_id}: feeding epoch {epoch}"):
-                    box["value"] = _feed_driver.train(
-                        self._sc, data, 1, endpoints, options, console=self._console, first_epoch=epoch,
-                        node_gone=lambda ep: gang.node_ended(ep.executor_id), validation_data=validation_data,
-                        after_epoch=after,
-                        on_fed=fed.append)
-            except BaseException as e:  # noqa: BLE001 - raised on the caller's thread
-                box["error"] = e
-            finally:
-                woken.set()
-
-        with self._lock:
-            self._feed_woken = woken
-        InheritableThread(run, daemon=True, name=f"{self.job_id}-feed-{epoch}").start()
-        try:
-            woken.wait()  # the feed ended, or a node failed (_cancel_feed)
-        except BaseException:  # e.g. KeyboardInterrupt: the feed must not go on by itself
-            self._cancel_feed()
-            raise
-        finally:
-            with self._lock:
-                self._feed_woken = None
-        if "error" in box:
-            raise box["error"]
-        if "value" in box:
-            return box["value"]
-        failure = watcher.known_failure(wait=2.0)
-        if failure is not None:
-            raise failure
-        gang.raise_if_failed(spark_must_run=False)  # the nodes' Spark job failed
-        raise ClusterError(f"Cluster.train: the job was aborted while feeding epoch {epoch}")
-
-    def _cancel_feed(self) -> None:
-        """Ends train()'s feed, if one runs: cancels its Spark job (whose tasks may be blocked
-        sending to a node that is gone: a partitioned host answers nothing) and wakes the driver's
-        wait for it.  Thread-safe (the watcher calls it)."""
-        with self._lock:
-            woken = self._feed_woken
-        if woken is None:
-            return
-        try:
-            self._sc.cancelJobGroup(self._feed_group)
-        except Exception:  # noqa: BLE001 - the SparkContext may be gone already
-            pass
-        woken.set()
+        self._feed.train(self._gang, data, num_epochs, feed_timeout, validation_data)
 
     def train_stream(self, stream_df: Any, feed_timeout: Optional[float] = None,
                      checkpoint_location: Optional[str] = None, trigger: Optional[dict] = None):
@@ -459,9 +334,7 @@ class Cluster:
         """
         self._require_spark_mode("inference")
         _feed_driver.check_feed_slots(self._sc, self.num_nodes - self._driver_nodes, task_slots)
-        host, port = self.coordinator_address.rsplit(":", 1)
-        return _feed_driver.inference(self._sc, data, self._endpoints(), self._feed_options(feed_timeout),
-                                      output_schema=output_schema, coordinator=(host, int(port), self._gang.secret))
+        return self._feed.inference(self._gang, data, feed_timeout, output_schema=output_schema)
 
     def shutdown(self, grace_secs: float = 0, timeout: Optional[float] = None) -> None:
         """Waits for the training nodes to finish, then stops the rest and tears down.
@@ -488,10 +361,7 @@ class Cluster:
                 return
             self._shutting_down = True
         gang = self._gang
-        end_feed = None
-        if self.input_mode == InputMode.SPARK:
-            def end_feed() -> None:
-                _feed_driver.end_feed(self._endpoints(), gang.secret, timeout=30.0)
+        end_feed = (lambda: self._feed.end(gang)) if self.input_mode == InputMode.SPARK else None
         try:
             gang.finish(grace_secs, timeout, end_feed)
         except BaseException as e:

@@ -26,10 +26,11 @@ LAYERS = [
     {"tf", "torch", "keras"},  # framework adapters over numpy columns; the Keras callback
     {"feed"},                 # the node's DataFeed over the core's consumer
     {"context", "_feeder.task"},  # the node's ctx; the feeding tasks' Spark glue
-    # the launching task; the node's process; the driver's feed jobs; data/: TFRecord datasets, DataFrame <-> TFRecord
-    {"_launcher.task", "_node.main", "_driver.feed", "data"},
+    # the launching task; the node's process; data/: TFRecord datasets, DataFrame <-> TFRecord
+    {"_launcher.task", "_node.main", "data"},
     {"_driver.spark_job", "_driver.watcher"},
-    {"_driver.gang"},         # a job's nodes: coordinator, barrier job, watcher; start, stop, recover
+    # a job's nodes (coordinator, barrier job, watcher; start, stop, recover); the feeding jobs and the epoch loop
+    {"_driver.gang", "_driver.feed"},
     {"cluster"},
     {"parallel"},          # run_parallel: independent one-node clusters
     {"_tune_runner"},      # tune's warm trial runners: one-node parallel runs that take trial after trial

@@ -301,7 +301,7 @@ def test_early_stopping_ends_the_feed_at_the_next_epoch(spark, tmp_path, capsys)
     assert "every node ended its feed (early stopping)" in printed.out + printed.err
     # The driver feeds epoch e+1 only once every node began epoch e: at most one epoch past
     # the nodes' last (epoch 1) is fed, however fast the feed is.
-    assert 2 <= cluster._epochs_fed <= 3, cluster._epochs_fed
+    assert 2 <= cluster._feed.epochs_fed <= 3, cluster._feed.epochs_fed
     no_leftovers(cluster.job_id)
 
 
@@ -330,7 +330,7 @@ def test_validation_data_reaches_keras_fit_and_early_stopping_on_val_loss(spark,
     assert [r["val_rows"] for r in runs] == [3 * 32, 3 * 32], [r["val_rows"] for r in runs]
     printed = capsys.readouterr()
     assert "validation rows" in printed.out + printed.err
-    assert 3 <= cluster._epochs_fed <= 4, cluster._epochs_fed
+    assert 3 <= cluster._feed.epochs_fed <= 4, cluster._feed.epochs_fed
     no_leftovers(cluster.job_id)
 
 
@@ -388,7 +388,7 @@ def test_node_killed_during_inference_is_named_by_collect(spark, monkeypatch, tr
     monkeypatch.setenv("EMBER_FEED_TRANSPORT", transport)
     cluster = _run(spark, die_mid_inference, {})
     try:
-        ep = next(e for e in cluster._endpoints() if e.name == "worker:0")
+        ep = next(e for e in cluster._feed.endpoints(cluster._gang) if e.name == "worker:0")
         start = time.monotonic()
         with pytest.raises(Exception) as info:
             cluster.inference(spark.sparkContext.parallelize(range(2000), 4), feed_timeout=120).collect()
@@ -410,7 +410,7 @@ def test_inference_after_a_node_died_names_it_and_how(spark, monkeypatch, transp
     monkeypatch.setenv("EMBER_FEED_TRANSPORT", transport)
     cluster = _run(spark, worker0_crashes_at_once, {})
     try:
-        ep = next(e for e in cluster._endpoints() if e.name == "worker:0")
+        ep = next(e for e in cluster._feed.endpoints(cluster._gang) if e.name == "worker:0")
         assert cluster._gang.watcher.known_failure(wait=30) is not None  # worker:0 is gone now
         with pytest.raises(Exception) as info:
             # One partition: it goes to worker:0, whose ring and feed server are gone.
@@ -428,7 +428,7 @@ def test_tcp_feed_path_and_unauthenticated_feed_connection(spark, monkeypatch):
     monkeypatch.setenv("EMBER_FEED_TRANSPORT", "tcp")
     cluster = _run(spark, square_server, {"batch": 50})
     try:
-        ep = cluster._endpoints()[0]
+        ep = cluster._feed.endpoints(cluster._gang)[0]
         with socket.create_connection((ep.host, ep.port), timeout=5) as s:  # garbage first
             s.sendall(b"\x00" * 200)
             s.settimeout(5)
