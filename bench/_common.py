@@ -181,7 +181,7 @@ def _proc_cpu(pid: int) -> Optional[tuple]:
 def _kind(cmd: str) -> str:
     if "CoarseGrainedExecutorBackend" in cmd:
         return "executor_jvm"
-    if "ember._node_main" in cmd:
+    if "ember._node.main" in cmd:
         return "ember_node"
     if "pyspark.daemon" in cmd or "pyspark.worker" in cmd:
         return "python_worker"  # TFoS's node and manager processes are forks of these

@@ -1,11 +1,11 @@
 """Time splits of Ember's feeding tasks, for ``bench/feed.py --profile``.
 
-Stands in for ``ember._feeding`` inside ``ember._feed_driver`` (the driver swaps the module
+Stands in for ``ember._feeder.task`` inside ``ember._driver.feed`` (the driver swaps the module
 reference; the feeding closure then imports this module on the executors).  Everything is
 delegated to the real module; ``feed_partition`` is wrapped to time, per task:
 
   spark_next  waiting for the next Arrow record batch from Spark (JVM -> Python transfer)
-  encode      ember._feeding._ipc_parts (Arrow IPC encoding into parts that reference the rows:
+  encode      ember._feeder.task._ipc_parts (Arrow IPC encoding into parts that reference the rows:
               metadata only, no copy of the rows)
   write       the core producer's send_batch_parts and end_partition (FeedProducer, through
               the bindings: the ring or socket write, the one copy of the rows, plus waits while
@@ -24,12 +24,12 @@ import os
 import time
 
 from ember import _ember as _real_ember
-from ember import _feeding as _orig
+from ember._feeder import task as _orig
 
 PROF_DIR = f"/tmp/ember-bench-feedprof-{os.getuid()}"
 
 
-def __getattr__(name):  # everything but feed_partition comes from ember._feeding
+def __getattr__(name):  # everything but feed_partition comes from ember._feeder.task
     return getattr(_orig, name)
 
 

@@ -119,7 +119,7 @@ def run_bare(df, cluster) -> dict:
 class EmberBench:
     def __init__(self, spark, args, out: Path, cluster):
         import ember
-        from ember import _feed_driver
+        from ember._driver import feed as _feed_driver
 
         self.out = out
         self.spark_cluster = cluster

@@ -8,7 +8,7 @@ rows per message (what one feeding task sends one node for one Spark Arrow batch
 ring, a TCP feed server on it for the driver's end-of-epoch); a producer process stands for
 the feeding task and the driver, and this process for the node:
 
-  encode      ember._feeding._framed (Arrow IPC stream behind the core's header room, into a
+  encode      ember._feeder.task._framed (Arrow IPC stream behind the core's header room, into a
               new buffer: what a feeding task does per slice)
   ring        the core's producer and consumer through the bindings, no Arrow: FeedProducer
               send_batch_in_place of encoded messages + end_partition (producer process), the
@@ -72,11 +72,11 @@ def _producer(conn, rows_per_message: int) -> None:
 
     Per command ("feed", endpoint, options, epoch, nmsg): feeds the encoded message nmsg times
     as one partition of `epoch` through the core's FeedProducer, exactly as
-    ember._feeding.feed_partition sends a slice, then ends the epoch as the driver does.
+    ember._feeder.task.feed_partition sends a slice, then ends the epoch as the driver does.
     Answers each command when done; None ends.
     """
     from ember import _ember
-    from ember import _feeding
+    from ember._feeder import task as _feeding
 
     rows = rows_per_message
     message = _feeding._framed(make_batch(rows))  # writable: the core fills its header in place
@@ -104,7 +104,7 @@ def main(argv=None) -> None:
 
     from ember import _arrow_rows as rows_mod
     from ember import _ember
-    from ember import _feeding
+    from ember._feeder import task as _feeding
     from ember.feed import DataFeed
 
     nmsg = args.rows // args.rows_per_message

@@ -262,7 +262,7 @@ class Runner:
         cluster = self._run.cluster
         host, port = cluster.coordinator_address.rsplit(":", 1)
         try:
-            self._client = _ember.CoordinatorClient.connect(host, int(port), cluster._secret,
+            self._client = _ember.CoordinatorClient.connect(host, int(port), cluster._gang.secret,
                                                             connect_timeout=self._connect_timeout)
         except BaseException:
             self.broken = True
@@ -294,7 +294,7 @@ class Runner:
         the trial's own failure.  Past `timeout` seconds the trial is "failed" and the runner
         marked broken; a runner whose process died is marked broken, the trial "failed" with
         the node's error."""
-        server = self._run.cluster._server
+        server = self._run.cluster._gang.server
         with self._lock:
             if self._interrupted is not None:  # the search's budget ended before the trial got here
                 return Outcome("stopped", error=self._interrupted)

@@ -4,7 +4,7 @@ How a job runs:
 
 * The driver starts a CoordinatorServer (C++, authenticated with a fresh
   32-byte secret) and launches one Spark barrier task per node, in a daemon
-  thread under a job group of its own.  Each task runs ember._launcher, which
+  thread under a job group of its own.  Each task runs ember._launcher.task, which
   registers its node, starts ``main_fun(args, ctx)`` in a child process and
   reports how it ended.
 * A driver thread drains the coordinator's events: node output lines,
@@ -19,35 +19,27 @@ How a job runs:
   barrier stage, the same roles) and goes on waiting or feeding; the nodes
   restore their newest checkpoint themselves (ember.keras.restore_latest,
   ember.torch.load_latest).
+
+The gang's lifecycle (coordinator, barrier job, watcher; start, waits, restarts,
+tear-down) is ember._driver.gang.Gang's; Cluster keeps the user's verbs and
+delegates to it.
 """
 from __future__ import annotations
 
-import atexit
-import dataclasses
-import json
 import os
-import secrets
-import socket
 import threading
 import time
 import uuid
 import weakref
-from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Union
 
-from ember import _ember, _feed_driver, _feeding, _hadoop, config
-from ember._console import Console
-from ember._launcher import NodeSpec
-from ember._names import SUPPORT_ROLES, TENSORBOARD_URL_KEY, WORKER_ROLES
-from ember._spark_job import (NodesJob, check_executor_python, check_slots, job_group, spark_context,
-                              spark_error_summary, spark_failure_reason, task_slots)
-from ember._watcher import Watcher
-from ember.errors import Aborted, ClusterError, DeadlineExceeded, NodeError
+from ember import _ember, config
+from ember._driver import feed as _feed_driver
+from ember._driver.console import Console
+from ember._driver.gang import Gang, Launch, Restart  # noqa: F401 - Restart: Cluster.restarts' items
+from ember._driver.spark_job import check_executor_python, check_slots, spark_context, task_slots
+from ember.errors import ClusterError
 from ember.input_mode import InputMode
-
-_FOREVER = 10 * 365 * 86400.0  # seconds: "no deadline" for the core's waits
-_STOP_TIMEOUT = 30.0  # seconds stopped ps/evaluator nodes get to report done (besides kill grace)
-_active_clusters: "weakref.WeakSet[Cluster]" = weakref.WeakSet()
 
 
 def _node_program(main_fun: Any, args: Any) -> Optional[List[str]]:
@@ -68,41 +60,6 @@ def _node_program(main_fun: Any, args: Any) -> Optional[List[str]]:
     return argv
 
 
-@dataclass(frozen=True)
-class Restart:
-    """One relaunch of a job's nodes after a node failed (``Cluster.restarts``).
-
-    Attributes:
-        node: the failed node, "role:index".
-        host: where it ran.
-        reason: the first line of its error ("was lost" for a node whose heartbeat stopped).
-        failed_at: when the driver learnt of the failure (time.time()).
-        stop_secs: seconds to stop the failed gang (abort, Spark job ended, coordinator closed).
-        relaunch_secs: seconds from then until every node of the new gang registered; None
-            when the new gang never did (``error`` says why).
-        node_job_id: the new gang's job id (EMBER_JOB_ID of its processes).
-        error: why the new gang did not start (Spark's reason first), or None.
-    """
-    node: str
-    host: str
-    reason: str
-    failed_at: float
-    stop_secs: float
-    relaunch_secs: Optional[float]
-    node_job_id: str
-    error: Optional[str] = None
-
-
-def _failure_reason(failure: NodeError) -> str:
-    """One line for why a node failed: a traceback's last line (the exception), else the
-    launcher's first (how the process ended: "... ended with SIGKILL ...")."""
-    if failure.lost:
-        return "lost: no heartbeat"
-    lines = [line for line in failure.remote_traceback.strip().splitlines() if line.strip()] or ["failed"]
-    line = lines[-1] if lines[0].startswith("Traceback") else lines[0].split("; its last stderr lines:")[0]
-    return line.strip()[:300]
-
-
 class Cluster:
     """A running Ember job: its nodes, their coordinator, and the Spark job that hosts them.
 
@@ -121,38 +78,52 @@ class Cluster:
             restart k (EMBER_JOB_ID of its processes, the prefix of its shared memory).
     """
 
-    def __init__(self, sc, num_nodes: int, layout, input_mode: InputMode, log_dir: Optional[str]):
+    def __init__(self, sc, num_nodes: int, layout, input_mode: InputMode, log_dir: Optional[str],
+                 launch: Launch, *, max_restarts: int = 0, driver_nodes: int = 0):
         self._sc = sc
         self.job_id = f"ember-{uuid.uuid4().hex[:12]}"
         self.num_nodes = num_nodes
         self.layout = layout
         self.input_mode = InputMode(input_mode)
-        self.log_dir = log_dir
-        self.cluster_spec: dict = {}
-        self.startup_secs: Optional[float] = None
-        self.tensorboard_url: Optional[str] = None
-        self.coordinator_address: Optional[str] = None
-        self._console = Console()
-        self._server = None
-        self._secret = b""
+        self.log_dir = f"tensorboard_{self.job_id}" if launch.tensorboard and not log_dir else log_dir
+        self._console = self._new_console()
         self._lock = threading.Lock()
-        self._closed = False
         self._shutting_down = False
-        self._watcher: Optional[Watcher] = None  # node events and failures
-        self._job: Optional[NodesJob] = None      # the Spark job hosting the nodes
-        self._feed_endpoints: Optional[List[_feeding.NodeEndpoint]] = None
-        self._epochs_fed = 0  # feed epochs are numbered across train() calls
-        self._last_epoch: Optional[int] = None  # the last epoch fed to the current gang
-        self._feed_lock = threading.Lock()  # one train() at a time (streaming batches too)
-        # train()'s feeding Spark jobs run under this job group: a node failure cancels it, since
-        # its tasks may be blocked sending to a node that is gone (a network partition).
-        self._feed_group = f"{self.job_id}-feed"
-        self._feed_woken: Optional[threading.Event] = None  # set to end the driver's wait for a feed
-        self.node_job_id = self.job_id
-        self.restarts: List[Restart] = []
-        self._max_restarts = 0
-        self._launch: dict = {}  # what _start needs again for a restart
-        self._driver_nodes = 0  # nodes whose launchers run on the driver (driver_ps_nodes)
+        self._driver_nodes = driver_nodes  # nodes whose launchers run on the driver (driver_ps_nodes)
+        self._feed = _feed_driver.Feed(sc, self.job_id, self._console)  # InputMode.SPARK: the epoch loop
+        self._gang = Gang(sc, self.job_id, num_nodes, layout, self.input_mode, self.log_dir, self._console,
+                          launch, max_restarts=max_restarts, driver_nodes=driver_nodes, on_abort=self._feed.cancel)
+
+    @staticmethod
+    def _new_console() -> Console:
+        """The driver's console for this job (ember.parallel's runs have one each)."""
+        return Console()
+
+    # -- the gang's state, read through ------------------------------------------
+
+    @property
+    def cluster_spec(self) -> dict:
+        return self._gang.cluster_spec
+
+    @property
+    def startup_secs(self) -> Optional[float]:
+        return self._gang.startup_secs
+
+    @property
+    def tensorboard_url(self) -> Optional[str]:
+        return self._gang.tensorboard_url
+
+    @property
+    def coordinator_address(self) -> Optional[str]:
+        return self._gang.coordinator_address
+
+    @property
+    def restarts(self) -> List[Restart]:
+        return self._gang.restarts
+
+    @property
+    def node_job_id(self) -> str:
+        return self._gang.node_job_id
 
     # -- public API ----------------------------------------------------------
 
@@ -234,17 +205,13 @@ class Cluster:
         check_executor_python(sc, num_nodes - driver_nodes, config.get("executor_check_timeout", sc))
         if max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
-        cluster = cls(sc, num_nodes, layout, input_mode, log_dir)
-        cluster._max_restarts = int(max_restarts)
-        cluster._driver_nodes = driver_nodes
-        if tensorboard and not log_dir:
-            cluster.log_dir = f"tensorboard_{cluster.job_id}"
-        _active_clusters.add(cluster)
-        cluster._launch = dict(main_fun=main_fun, args=args, tensorboard=tensorboard,
-                               reservation_timeout=reservation_timeout, heartbeat_timeout=heartbeat_timeout,
-                               connect_timeout=config.get("connect_timeout", sc, connect_timeout))
+        launch = Launch(main_fun=main_fun, args=args, tensorboard=tensorboard,
+                        reservation_timeout=reservation_timeout, heartbeat_timeout=heartbeat_timeout,
+                        connect_timeout=config.get("connect_timeout", sc, connect_timeout))
+        cluster = cls(sc, num_nodes, layout, input_mode, log_dir, launch, max_restarts=int(max_restarts),
+                      driver_nodes=driver_nodes)
         try:
-            cluster._start(started=started, **cluster._launch)
+            cluster._gang.start(started=started)
         except BaseException as e:
             cluster._teardown(abort_reason=f"Cluster.run failed: {type(e).__name__}")
             raise
@@ -256,28 +223,8 @@ class Cluster:
         if self.input_mode != InputMode.SPARK:
             raise ClusterError(f"Cluster.{verb} feeds data to the nodes, which needs "
                                f"Cluster.run(..., input_mode=InputMode.SPARK); this job reads its own data")
-        if self._closed or self._shutting_down:
+        if self._gang.closed or self._shutting_down:
             raise ClusterError(f"Cluster.{verb}: the cluster is shut down")
-
-    def _node_ended(self, endpoint: _feeding.NodeEndpoint, wait: float = 5.0) -> bool:
-        """Whether the node behind `endpoint` returned from main_fun, waiting up to `wait`
-        seconds for the coordinator to hear of it (a launcher closes its feed server and
-        reports the end at about the same time).  A failed node is not "ended": the caller
-        raises, and train() turns that into the node's NodeError."""
-        try:
-            info = self._server.wait_for_node_end(endpoint.executor_id, wait)
-        except (DeadlineExceeded, Aborted):
-            return False
-        return info.state == _ember.NodeInfo.State.DONE
-
-    def _endpoints(self) -> List[_feeding.NodeEndpoint]:
-        if self._feed_endpoints is None:
-            self._feed_endpoints = _feed_driver.feed_endpoints(self._server, self.nodes())
-        return self._feed_endpoints
-
-    def _feed_options(self, feed_timeout: Optional[float]) -> _feeding.FeedOptions:
-        return _feeding.feed_options(secret=self._secret, feed_timeout=feed_timeout,
-                                    transport=str(config.get("feed_transport", self._sc)))
 
     def train(self, data: Any, num_epochs: int = 1, feed_timeout: Optional[float] = None, qname: str = "input",
               validation_data: Any = None) -> None:
@@ -323,105 +270,7 @@ class Cluster:
         _feed_driver.check_feed_slots(self._sc, self.num_nodes - self._driver_nodes, task_slots)
         if num_epochs < 1:
             raise ValueError("num_epochs must be at least 1")
-        with self._feed_lock:
-            done = 0
-            while done < num_epochs:
-                # One epoch at a time (each is one Spark job anyway): after a restart the
-                # interrupted epoch is fed again, under a new number (numbers never repeat).
-                epoch = self._epochs_fed
-                self._epochs_fed += 1
-                fed: List[int] = []
-                try:
-                    used = self._feed(data, epoch, feed_timeout, validation_data, fed)
-                    if fed:
-                        self._last_epoch = fed[-1]
-                    else:  # stopped before feeding: the number was never used
-                        self._epochs_fed -= 1
-                    if used is None:  # every node ended its feed (early stopping): nothing more to feed
-                        self._console.info(f"Cluster.train: the nodes stopped early; {num_epochs - done - 1} "
-                                           f"of {num_epochs} epochs not fed")
-                        return
-                    done += 1
-                except Exception as e:  # noqa: BLE001 - a node's failure explains a failed feed best
-                    failure = self._watcher.known_failure(wait=2.0)
-                    if failure is None:
-                        if type(e).__name__ == "Py4JJavaError":
-                            raise ClusterError(f"Cluster.train: the feeding Spark job failed: "
-                                               f"{spark_error_summary(e, self._sc)}") from e
-                        raise
-                    try:
-                        self._recover(failure)
-                    except BaseException:
-                        # The job is over: stop everything now, so shutdown() has nothing left to do.
-                        self._teardown(abort_reason=f"node {failure.job_name}:{failure.task_index} failed")
-                        raise
-                    self._console.info(f"feeding epoch {epoch}, which the failure interrupted, again "
-                                       f"from its start (as epoch {self._epochs_fed})")
-
-    def _feed(self, data: Any, epoch: int, feed_timeout: Optional[float], validation_data: Any, fed: List[int]) -> Optional[int]:
-        """Feeds one epoch (``_feed_driver.train``) on a thread of its own, under the feed's job
-        group, and returns what it returns, or raises the job's failure the moment one is known.
-
-        The driver's feed waits on nodes (the feeding Spark job, whose tasks may be blocked
-        sending to a node behind a partition; the epoch boundaries, which ask every node's feed
-        server) have deadlines of feed_timeout, minutes by default: a node failure must not
-        wait for them.  It cancels the feed's job group and wakes this wait (``_cancel_feed``);
-        the thread then ends by itself (its Spark job is cancelled, its other waits fail or time out).
-        """
-        from pyspark import InheritableThread
-
-        watcher, endpoints, options = self._watcher, self._endpoints(), self._feed_options(feed_timeout)
-        if watcher.failure is not None:  # failed before the feed started
-            raise watcher.failure
-        box: dict = {}
-        woken = threading.Event()
-
-        def run() -> None:
-            try:  # job groups are per thread: this one's jobs only
-                with job_group(self._sc, self._feed_group, f"Ember job {self.job_id}: feeding epoch {epoch}"):
-                    box["value"] = _feed_driver.train(
-                        self._sc, data, 1, endpoints, options, console=self._console, first_epoch=epoch,
-                        node_gone=self._node_ended, validation_data=validation_data, after_epoch=self._last_epoch,
-                        on_fed=fed.append)
-            except BaseException as e:  # noqa: BLE001 - raised on the caller's thread
-                box["error"] = e
-            finally:
-                woken.set()
-
-        with self._lock:
-            self._feed_woken = woken
-        InheritableThread(run, daemon=True, name=f"{self.job_id}-feed-{epoch}").start()
-        try:
-            woken.wait()  # the feed ended, or a node failed (_cancel_feed)
-        except BaseException:  # e.g. KeyboardInterrupt: the feed must not go on by itself
-            self._cancel_feed()
-            raise
-        finally:
-            with self._lock:
-                self._feed_woken = None
-        if "error" in box:
-            raise box["error"]
-        if "value" in box:
-            return box["value"]
-        failure = watcher.known_failure(wait=2.0)
-        if failure is not None:
-            raise failure
-        self._raise_if_failed(spark_must_run=False)  # the nodes' Spark job failed
-        raise ClusterError(f"Cluster.train: the job was aborted while feeding epoch {epoch}")
-
-    def _cancel_feed(self) -> None:
-        """Ends train()'s feed, if one runs: cancels its Spark job (whose tasks may be blocked
-        sending to a node that is gone: a partitioned host answers nothing) and wakes the driver's
-        wait for it.  Thread-safe (the watcher calls it)."""
-        with self._lock:
-            woken = self._feed_woken
-        if woken is None:
-            return
-        try:
-            self._sc.cancelJobGroup(self._feed_group)
-        except Exception:  # noqa: BLE001 - the SparkContext may be gone already
-            pass
-        woken.set()
+        self._feed.train(self._gang, data, num_epochs, feed_timeout, validation_data)
 
     def train_stream(self, stream_df: Any, feed_timeout: Optional[float] = None,
                      checkpoint_location: Optional[str] = None, trigger: Optional[dict] = None):
@@ -485,9 +334,7 @@ class Cluster:
         """
         self._require_spark_mode("inference")
         _feed_driver.check_feed_slots(self._sc, self.num_nodes - self._driver_nodes, task_slots)
-        host, port = self.coordinator_address.rsplit(":", 1)
-        return _feed_driver.inference(self._sc, data, self._endpoints(), self._feed_options(feed_timeout),
-                                      output_schema=output_schema, coordinator=(host, int(port), self._secret))
+        return self._feed.inference(self._gang, data, feed_timeout, output_schema=output_schema)
 
     def shutdown(self, grace_secs: float = 0, timeout: Optional[float] = None) -> None:
         """Waits for the training nodes to finish, then stops the rest and tears down.
@@ -510,40 +357,13 @@ class Cluster:
             ClusterError: the Spark job failed outside the nodes.
         """
         with self._lock:
-            if self._closed or self._shutting_down:
+            if self._gang.closed or self._shutting_down:
                 return
             self._shutting_down = True
+        gang = self._gang
+        end_feed = (lambda: self._feed.end(gang)) if self.input_mode == InputMode.SPARK else None
         try:
-            deadline = None if timeout is None else time.monotonic() + timeout
-            while True:
-                try:
-                    if self.input_mode == InputMode.SPARK and self._watcher.failure is None:
-                        # TFoS semantics: the feed ends at shutdown; DataFeed.should_stop() turns True.
-                        _feed_driver.end_feed(self._endpoints(), self._secret, timeout=30.0)
-                    self._wait_nodes(
-                        list(WORKER_ROLES), deadline,
-                        lambda: (f"Cluster.shutdown waited {timeout:g}s (timeout) for the training nodes "
-                                 f"(chief/master/worker) to return from main_fun"),
-                        "Pass a larger timeout (or None), or look at the nodes' output for why they "
-                        "have not finished")
-                    break
-                except NodeError as failure:
-                    self._recover(failure)  # raises when no restart is left
-            if grace_secs > 0:  # watch for late failures (e.g. an evaluator's) for grace_secs
-                try:
-                    self._server.wait_for_nodes([], float(grace_secs))
-                except DeadlineExceeded:
-                    pass  # ps/evaluator nodes still run: expected, they are stopped next
-                except Aborted as e:
-                    self._watcher.raise_failure_or(ClusterError, f"the job was aborted: {e}")
-            self._raise_if_failed(spark_must_run=False)
-            self._server.stop_nodes(list(SUPPORT_ROLES))
-            stop_wait = _STOP_TIMEOUT + 2 * config.get("kill_grace_secs", self._sc)
-            self._wait_nodes(
-                [], time.monotonic() + stop_wait,
-                lambda: f"Cluster.shutdown waited {stop_wait:g}s for the stopped ps/evaluator nodes to end",
-                "Look at those nodes' output; their launcher ends them with SIGTERM then SIGKILL")
-            self._job.join(stop_wait)
+            gang.finish(grace_secs, timeout, end_feed)
         except BaseException as e:
             self._teardown(abort_reason=f"Cluster.shutdown failed: {type(e).__name__}: {e}"[:500])
             raise
@@ -551,7 +371,7 @@ class Cluster:
 
     def nodes(self) -> List[Any]:
         """Snapshot of the registered nodes (role, address, state, error) from the coordinator."""
-        return list(self._server.nodes()) if self._server is not None else []
+        return self._gang.nodes()
 
     def __enter__(self) -> "Cluster":
         return self
@@ -563,236 +383,10 @@ class Cluster:
             self._teardown(abort_reason=f"the driver raised {exc_type.__name__}")
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else "running"
+        state = "closed" if self._gang.closed else "running"
         return f"<ember.Cluster {self.job_id}: {self.num_nodes} nodes, {state}>"
 
-    # -- start-up ------------------------------------------------------------
-
-    def _start(self, main_fun, args, started: float, *, tensorboard: bool,
-               reservation_timeout: float, heartbeat_timeout: float, connect_timeout: float) -> None:
-        """Starts a gang: a coordinator, the Spark barrier stage of the nodes; returns once
-        every node registered.  Called again by _recover for each restart."""
-        from pyspark import cloudpickle
-
-        sc = self._sc
-        argv = list(main_fun) if isinstance(main_fun, list) else None  # see _node_program
-        try:
-            payload = b"" if argv else cloudpickle.dumps((main_fun, args))
-        except Exception as e:  # noqa: BLE001 - any pickling failure means the same to the user
-            raise TypeError(f"Cluster.run cannot send main_fun and args to the nodes: they do not "
-                            f"pickle ({type(e).__name__}: {e})") from e
-        self._secret = secrets.token_bytes(32)
-        host = (config.get("coordinator_host", sc) or sc.getConf().get("spark.driver.host", None)
-                or socket.gethostname())
-        # Listen where the nodes are told to connect (docs/network.md), as Spark's driver does.
-        bind = config.get("coordinator_bind", sc) or sc.getConf().get("spark.driver.bindAddress", None) or host
-        self._server = _ember.CoordinatorServer.start(
-            self._secret, self.layout, bind_host=bind, port=config.get("coordinator_port", sc),
-            heartbeat_timeout=float(heartbeat_timeout))
-        self.coordinator_address = f"{host}:{self._server.port}"
-        default_fs, hdfs_http_address = _hadoop.spark_fs_conf(sc)
-        spec = NodeSpec(
-            job_id=self.node_job_id, coordinator_host=host, coordinator_port=self._server.port,
-            secret=self._secret, payload=payload,
-            num_nodes=self.num_nodes, default_fs=default_fs, hdfs_http_address=hdfs_http_address,
-            working_dir=os.getcwd(),
-            log_dir=self.log_dir, tensorboard=tensorboard, input_mode=int(self.input_mode),
-            reservation_timeout=float(reservation_timeout), connect_timeout=float(connect_timeout),
-            kill_grace_secs=float(config.get("kill_grace_secs", sc)),
-            feed_ring_bytes=int(config.get("feed_ring_bytes", sc)),
-            node_bind=config.get("node_bind", sc) or "",
-            echo_logs=not sc.master.startswith("local"), argv=argv)
-
-        self._watcher = Watcher(self._server, self._console, self.node_job_id, self._on_node_failure)
-        self._watcher.start()
-        self._job = NodesJob(sc, self.node_job_id, self.num_nodes, self._wake_waits_after_spark,
-                             driver_nodes=self._driver_nodes)
-        self._job.start(spec)
-        self._wait_for_registration(started, reservation_timeout)
-        self.startup_secs = time.monotonic() - started
-        self.cluster_spec = json.loads(self._server.cluster_spec_json())
-        self._console.info(f"all {self.num_nodes} nodes registered in {self.startup_secs:.1f}s "
-                           f"(job {self.node_job_id}, coordinator {self.coordinator_address})")
-        if tensorboard:
-            self._fetch_tensorboard_url()
-
-    def _wait_for_registration(self, started: float, reservation_timeout: float) -> None:
-        # One blocking wait in the core: it returns the moment the last node registers, a node
-        # fails, or the Spark job fails (the Spark thread aborts the coordinator then).
-        try:
-            self._server.wait_for_registration(max(0.0, started + reservation_timeout - time.monotonic()))
-        except DeadlineExceeded as e:
-            raise DeadlineExceeded(
-                f"Cluster.run waited {reservation_timeout:g}s (reservation_timeout) for all "
-                f"{self.num_nodes} nodes to register: {e}. Look at the executors' logs for "
-                f"why a node did not start, check that executors can reach the driver at "
-                f"{self.coordinator_address}, or raise reservation_timeout.") from None
-        except Aborted:
-            self._raise_if_failed(spark_must_run=True)
-            self._watcher.raise_failure_or(ClusterError, "the job was aborted before every node registered")
-
-    def _wake_waits_after_spark(self, job: NodesJob) -> None:
-        """The Spark job hosting the nodes ended: when that was a failure (or it ended before
-        every node registered), abort the coordinator so every wait on the driver (all of them
-        block in the core) returns at once; they then raise the Spark job's error."""
-        server = self._server
-        if server is None or self._closed or job is not self._job:  # an earlier gang's job
-            return
-        if job.error is not None and not job.cancelled:
-            server.abort(job.failure_text()[:2000])
-            self._cancel_feed()
-        elif not server.cluster_spec_json():  # the coordinator never saw every node register
-            server.abort(f"the Spark job running the {self.num_nodes} nodes ended before every node registered")
-
-    def _fetch_tensorboard_url(self, timeout: float = 60.0) -> None:
-        # The node that runs TensorBoard stores its URL right after registration.
-        try:
-            value = self._server.wait_for_key(TENSORBOARD_URL_KEY, timeout)
-        except DeadlineExceeded:
-            self._console.info(f"TensorBoard did not report its address within {timeout:g}s")
-            return
-        except Aborted:
-            self._raise_if_failed(spark_must_run=False)
-            self._watcher.raise_failure_or(ClusterError, "the job was aborted before TensorBoard started")
-        self.tensorboard_url = value.decode()
-        self._console.info(f"TensorBoard: {self.tensorboard_url}")
-
-    # -- watching --------------------------------------------------------------
-
-    def _on_node_failure(self, label: str) -> None:
-        """The watcher saw the first node failure: stop the Spark job (the coordinator has
-        already told every node to abort)."""
-        if not self._closed:
-            self._console.info(f"{label} failed; stopping the job")
-            self._cancel_feed()
-            if self._job is not None:
-                self._job.cancel()
-
-    def _raise_if_failed(self, spark_must_run: bool) -> None:
-        """Raises the first node failure, or the Spark job's, if there is one."""
-        if self._watcher is not None and self._watcher.failure is not None:
-            raise self._watcher.failure
-        if self._job is None or not self._job.done:
-            return
-        error = self._job.error
-        if error is None and not spark_must_run:
-            return
-        failure = self._watcher.known_failure(wait=1.0)
-        if failure is not None:
-            raise failure
-        if error is None:
-            raise ClusterError(f"the Spark job running the {self.num_nodes} nodes ended before "
-                               f"every node registered")
-        raise ClusterError(self._job.failure_text()) from error
-
-    def _wait_nodes(self, roles: Sequence[str], deadline: Optional[float],
-                    what: Callable[[], str], advice: str) -> None:
-        """One blocking wait in the core until every node of `roles` is done; it returns at
-        once when a node fails or the job is aborted (the Spark thread aborts it when the
-        Spark job fails)."""
-        self._raise_if_failed(spark_must_run=False)
-        left = _FOREVER if deadline is None else max(0.0, deadline - time.monotonic())
-        try:
-            self._server.wait_for_nodes(list(roles), left)
-        except DeadlineExceeded as e:
-            raise DeadlineExceeded(f"{what()}: {e}. {advice}.") from None
-        except Aborted as e:
-            self._raise_if_failed(spark_must_run=False)
-            self._watcher.raise_failure_or(ClusterError, f"the job was aborted: {e}")
-
-    # -- restarts ----------------------------------------------------------------
-
-    def _recover(self, failure: NodeError) -> None:
-        """Relaunches every node after `failure`, or raises it when no restart is left (with
-        the earlier restarts' reasons attached)."""
-        label = f"{failure.job_name}:{failure.task_index}"
-        reason = _failure_reason(failure)
-        if len(self.restarts) >= self._max_restarts or self._closed:
-            if self.restarts:
-                failure.add_note("earlier restarts of this job: " + "; ".join(
-                    f"{r.node} on {r.host}: {r.reason}" for r in self.restarts))
-            raise failure
-        k = len(self.restarts) + 1
-        self._console.info(f"node {label} on {failure.host} failed ({reason}); restarting all "
-                           f"{self.num_nodes} nodes (restart {k} of {self._max_restarts})")
-        failed_at = time.time()
-        t0 = time.monotonic()
-        self._stop_gang(abort_reason=f"restart {k}: node {label} failed")
-        t1 = time.monotonic()
-        self.node_job_id = f"{self.job_id}-r{k}"
-        self._feed_endpoints = None
-        self._last_epoch = None  # the new gang has been fed nothing
-        # Recorded before the new gang starts: a restart that fails to start still happened.
-        self.restarts.append(Restart(node=label, host=failure.host, reason=reason, failed_at=failed_at,
-                                     stop_secs=t1 - t0, relaunch_secs=None, node_job_id=self.node_job_id))
-        try:
-            self._start(started=t1, **self._launch)
-        except Exception as e:  # noqa: BLE001 - every failure to start means the same here
-            raise self._restart_failed(failure, k, e) from e
-        t2 = time.monotonic()
-        self.restarts[-1] = dataclasses.replace(self.restarts[-1], relaunch_secs=t2 - t1)
-        self._console.info(f"restart {k}: the failed gang stopped in {t1 - t0:.1f}s, the new one "
-                           f"({self.node_job_id}) registered {t2 - t1:.1f}s later; nodes resume from "
-                           f"their newest checkpoint")
-
-    def _restart_failed(self, failure: NodeError, k: int, error: Exception) -> NodeError:
-        """The error for restart `k` (after `failure`) whose new gang did not start: the failure
-        that caused the restart first (e.g. the node on a partitioned host), then what Spark
-        said of the new gang's job, then the new gang's own error; recorded in ``restarts``."""
-        job = self._job
-        if job is not None and isinstance(error, NodeError) and error.lost:
-            # A node of the new gang whose connection dropped usually went with its Spark task:
-            # wait briefly for the Spark job's own reason (e.g. its executor's host was lost).
-            job.wait(10.0)
-        spark = spark_failure_reason(job.error) if job is not None and job.error is not None else None
-        new_gang = str(error).strip()
-        why = (f"Spark failed the new gang's job: {spark}; then {new_gang}" if spark else new_gang)
-        self.restarts[-1] = dataclasses.replace(self.restarts[-1], error=why[:2000])
-        label = f"{failure.job_name}:{failure.task_index}"
-        raised = NodeError(failure.job_name, failure.task_index, failure.executor_id, failure.host,
-                           failure.remote_traceback, lost=failure.lost,
-                           detail=f"restart {k} of {self._max_restarts} (after node {label} on host {failure.host} "
-                                  f"{'was lost' if failure.lost else 'failed'}) did not start: {why}")
-        if len(self.restarts) > 1:
-            raised.add_note("earlier restarts of this job: " + "; ".join(
-                f"{r.node} on {r.host}: {r.reason}" for r in self.restarts[:-1]))
-        return raised
-
-    # -- tear-down ---------------------------------------------------------------
-
-    def _stop_gang(self, abort_reason: Optional[str] = None) -> None:
-        """Ends the current gang (coordinator, Spark stage, watcher); aborts it if
-        `abort_reason`.  The Cluster stays open (a restart starts the next gang)."""
-        try:
-            if abort_reason is not None:
-                if self._server is not None:
-                    self._server.abort(abort_reason)
-                self._cancel_feed()
-                if self._job is not None:
-                    self._job.cancel()
-            if self._job is not None:
-                # Give the launchers time to end their nodes while the coordinator still serves.
-                self._job.wait(15.0 + 2 * float(config.get("kill_grace_secs", self._sc)))
-        finally:
-            if self._watcher is not None:
-                self._watcher.stop(timeout=5.0)
-            self._console.clear_progress()
-            if self._server is not None:
-                self._server.close()
-
     def _teardown(self, abort_reason: Optional[str] = None) -> None:
-        """Ends the job and releases everything; idempotent.  Aborts it if `abort_reason`."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        try:
-            self._stop_gang(abort_reason)
-        finally:
-            _active_clusters.discard(self)
-
-
-@atexit.register
-def _abort_active_clusters() -> None:
-    for cluster in list(_active_clusters):
-        cluster._teardown(abort_reason="the driver program exited without Cluster.shutdown()")
+        """Ends the job and releases everything (the gang's close); idempotent.  Aborts it if
+        `abort_reason`."""
+        self._gang.close(abort_reason)

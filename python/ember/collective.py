@@ -248,7 +248,7 @@ class Communicator:
         return f"Communicator(rank={self.rank}, size={self.size})" if self._native else "Communicator(closed)"
 
 
-# The node's default communicator: set by the node's runner (ember._node_main) to
+# The node's default communicator: set by the node's runner (ember._node.main) to
 # ``ctx.communicator``, so framework glue (ember.keras, ember.torch) finds the job's
 # training nodes without being handed a context.
 _default_factory = None

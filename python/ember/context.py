@@ -6,14 +6,15 @@ import threading
 import time
 from typing import Any, Dict, List, Optional
 
-from ember import _ember, _node_env
+from ember import _ember
+from ember._node import env as _node_env
 from ember._names import WORKER_ROLES  # noqa: F401  (roles that train; re-exported: users know it here)
 from ember.input_mode import InputMode
 
 logger = logging.getLogger(__name__)
 
 
-_current: Optional["Context"] = None  # set by the node process (ember._node_main)
+_current: Optional["Context"] = None  # set by the node process (ember._node.main)
 
 
 def current() -> Optional["Context"]:
@@ -247,7 +248,7 @@ class Context:
         WORLD_SIZE and LOCAL_RANK (this node's index among training nodes on its host), as
         Spark's TorchDistributor sets them.  Empty for ps and evaluator nodes.  Every training
         node's process has them in its environment (a main_fun node and an executable alike:
-        ember/_node_env.py)."""
+        ember/_node/env.py)."""
         return _node_env.torch_distributed_env(self.cluster_spec, self.job_name, self.task_index)
 
     def communicator(self, timeout: Optional[float] = None, transport: str = "auto",

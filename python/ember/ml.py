@@ -361,7 +361,7 @@ class KerasEstimator(Estimator, _EstimatorParams):
                                     reservation_timeout=min(600.0, timeout))
         try:
             cluster.train(feed_df, num_epochs=self.getEpochs())
-            server = cluster._server
+            server = cluster._gang.server
             try:
                 info = server.wait_for_key(MODEL_INFO_KEY, max(0.0, deadline - time.monotonic()))
                 model_data = server.wait_for_key(MODEL_KEY, max(0.0, deadline - time.monotonic()))

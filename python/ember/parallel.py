@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
 from ember import _ember
-from ember._console import Console
+from ember._driver.console import Console
 from ember.cluster import Cluster
 from ember.errors import Aborted, ClusterError, DeadlineExceeded, EmberError, NodeError
 from ember.input_mode import InputMode
@@ -181,11 +181,9 @@ _console_for_next_run = threading.local()
 class _RunCluster(Cluster):
     """A Cluster whose driver console is the run's (set per thread before ``run``)."""
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        console = getattr(_console_for_next_run, "console", None)
-        if console is not None:
-            self._console = console
+    @staticmethod
+    def _new_console() -> Console:
+        return getattr(_console_for_next_run, "console", None) or Console()
 
 
 @dataclass
@@ -276,7 +274,7 @@ class Run:
             self._stop_nodes()
 
     def _stop_nodes(self) -> None:
-        server = self.cluster._server
+        server = self.cluster._gang.server
         if server is not None:
             try:
                 server.stop_nodes(list(_ember.ROLES))
@@ -300,7 +298,7 @@ class Run:
         deadline = None if timeout is None else time.monotonic() + timeout
         value, error = None, ""
         try:
-            server = cluster._server
+            server = cluster._gang.server
             for executor_id in range(self.num_nodes):
                 left = _FOREVER if deadline is None else max(0.0, deadline - time.monotonic())
                 try:
@@ -385,7 +383,7 @@ def run_parallel(spark: Any, fn: Callable[[Any, Any], Any], args: Any = None, nu
         ClusterError: too few task slots for the runs.
     """
     from ember import config
-    from ember._spark_job import check_executor_python, check_slots, spark_context, task_slots
+    from ember._driver.spark_job import check_executor_python, check_slots, spark_context, task_slots
 
     sc = spark_context(spark)
     n = int(num_executors) if num_executors is not None else sc.defaultParallelism

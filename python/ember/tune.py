@@ -567,7 +567,7 @@ def run(spark: Any, fn: Callable[[Dict[str, Any], Any], Any], space: Dict[str, A
     Returns:
         a :class:`SearchResult`.
     """
-    from ember._spark_job import spark_context, task_slots
+    from ember._driver.spark_job import spark_context, task_slots
 
     if mode not in ("max", "min"):
         raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")

@@ -1,4 +1,4 @@
-"""A node program that is not ember._node_main: what Cluster.run(spark, [argv...]) starts.
+"""A node program that is not ember._node.main: what Cluster.run(spark, [argv...]) starts.
 
     python node_program.py <out_dir> [--fail]
 
@@ -13,7 +13,7 @@ import sys
 
 from ember import _ember
 
-# What every node's environment has, whatever program it runs (ember/_node_env.py), and
+# What every node's environment has, whatever program it runs (ember/_node/env.py), and
 # EMBER_NODE_BIND, which the launcher does not set (the bind address is in the start-up message).
 NODE_ENV_KEYS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "TF_CONFIG",
                  "TF_CPP_MIN_LOG_LEVEL", "EMBER_JOB_ID", "PYTHONUNBUFFERED", "EMBER_NODE_BIND")

@@ -8,7 +8,7 @@ import pickle
 import pytest
 
 from ember import config
-from ember._console import Console
+from ember._driver.console import Console
 from ember.context import Context, absolute_path
 
 pytestmark = pytest.mark.timeout(30)

@@ -1,4 +1,4 @@
-"""The check before the first nodes (ember._spark_job.check_executor_python): Spark's Python
+"""The check before the first nodes (ember._driver.spark_job.check_executor_python): Spark's Python
 workers must import this driver's Ember, the same version with a loadable native module, or
 Cluster.run fails at once with an error saying which Python the executors run, why, and the fix.
 
@@ -119,7 +119,7 @@ def test_the_check_has_a_deadline(spark_sessions, tmp_path):
     deadline it is cancelled and DeadlineExceeded names it."""
     import threading
 
-    from ember._spark_job import check_executor_python
+    from ember._driver.spark_job import check_executor_python
 
     spark_sessions.stop()
     spark = spark_sessions.get("local[1]")

@@ -6,7 +6,7 @@ import threading
 import numpy as np
 import pytest
 
-from ember import _feeding as feeding
+from ember._feeder import task as feeding
 from ember.feed import DataFeed
 
 from test_feed_unit import _Node, _end_epoch, _endpoint, _options, _tell

@@ -11,7 +11,7 @@ import pytest
 
 from ember import _arrow_rows as rows_mod
 from ember import _ember
-from ember import _feeding as feeding
+from ember._feeder import task as feeding
 from ember import errors
 from ember.feed import DataFeed
 

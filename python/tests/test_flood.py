@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 import ember
-from ember import _feeding
+from ember._feeder import task as feeding
 from conftest import no_leftovers
 
 pytestmark = pytest.mark.timeout(300)
@@ -171,7 +171,7 @@ def test_flood_of_unauthenticated_connections_does_not_lock_the_job_out(spark, m
                                 input_mode=ember.InputMode.SPARK, reservation_timeout=60)
     try:
         host, port = cluster.coordinator_address.rsplit(":", 1)
-        targets = [(host, int(port))] + [(ep.host, ep.port) for ep in cluster._endpoints()]
+        targets = [(host, int(port))] + [(ep.host, ep.port) for ep in cluster._feed.endpoints(cluster._gang)]
         dropped = 0
         with Flood(targets) as flood:  # the whole training run, flooded
             assert flood.opened >= FLOOD * len(targets)
@@ -187,12 +187,12 @@ def test_flood_of_unauthenticated_connections_does_not_lock_the_job_out(spark, m
             # Before the fix they were refused outright ("connection closed by peer after 0 of 38
             # bytes"); now neither waits longer than a handshake deadline.
             t = time.monotonic()
-            ember._ember.CoordinatorClient.connect(host, int(port), cluster._secret, connect_timeout=30).close()
+            ember._ember.CoordinatorClient.connect(host, int(port), cluster._gang.secret, connect_timeout=30).close()
             coordinator_secs = time.monotonic() - t
-            ep = cluster._endpoints()[0]
+            ep = cluster._feed.endpoints(cluster._gang)[0]
             t = time.monotonic()
             # A producer's open over TCP is its connection and handshake, nothing sent yet.
-            ember._ember.FeedProducer.open([ep], 0, 0, 0, _feeding.feed_options(cluster._secret,
+            ember._ember.FeedProducer.open([ep], 0, 0, 0, feeding.feed_options(cluster._gang.secret,
                                                                                 transport="tcp")).close()
             feed_secs = time.monotonic() - t
             assert coordinator_secs < 5.0 and feed_secs < FEED_HANDSHAKE_SECS, (coordinator_secs, feed_secs)

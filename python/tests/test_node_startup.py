@@ -12,7 +12,9 @@ import pytest
 
 import ember
 from conftest import no_leftovers
-from ember import _ember, _launcher, _proc, errors
+from ember import _ember, errors
+from ember._launcher import proc as _proc
+from ember._launcher import task as _launcher
 from ember.context import Context
 from ember.input_mode import InputMode
 
@@ -94,7 +96,7 @@ class _RecordingRing:
 
 
 def _feed_with(ring) -> _launcher.NodeFeed:
-    feed = _launcher.NodeFeed.__new__(_launcher.NodeFeed)  # a recording FeedHost: no ring, no server
+    feed = _launcher.NodeFeed.__new__(_launcher.NodeFeed)  # a recording FeedHost: no ring, no feed server
     feed.host = ring
     return feed
 
@@ -241,7 +243,7 @@ def test_a_program_node_gets_the_environment_of_a_main_fun_node(spark, tmp_path)
 
 
 def test_node_env_sets_facts_and_keeps_a_user_set_quiet_default():
-    from ember._node_env import node_env
+    from ember._node.env import node_env
 
     spec = {"chief": ["a:1"], "worker": ["b:2", "a:3"], "ps": ["c:4"]}
     base = {"RANK": "7", "PATH": "/bin"}  # a stale RANK in the executor's environment

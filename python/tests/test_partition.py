@@ -307,7 +307,7 @@ def test_partition_with_restart_reports_the_cut_host_first_and_what_spark_said(t
 def test_spark_failure_reason_is_the_stage_failure_in_one_line():
     """What the restart error quotes of a failed barrier job (Py4JJavaError's text), and
     nothing for a job the driver cancelled itself."""
-    from ember._spark_job import spark_failure_reason
+    from ember._driver.spark_job import spark_failure_reason
 
     text = ("An error occurred while calling o85.collect.\n: org.apache.spark.SparkException: Job aborted due "
             "to stage failure: Could not recover from a failed barrier ResultStage. Most recent failure reason: "

@@ -1,6 +1,6 @@
 """A launcher's feed ring cannot outlive it (issue 18, item 9): however the launcher ends, its
 reaper removes the ring; what a launcher killed together with its reaper left, the next
-launcher's sweep removes (python/ember/_ring_owner.py)."""
+launcher's sweep removes (python/ember/_launcher/ring_owner.py)."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from ember import _ring_owner
+from ember._launcher import ring_owner as _ring_owner
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -22,14 +22,14 @@ pytestmark = pytest.mark.timeout(120)
 # name and its reaper's pid, then waits to be killed.
 _LAUNCHER = textwrap.dedent("""
     import json, sys, time
-    from ember._launcher import NodeFeed, NodeSpec
+    from ember._launcher.task import NodeFeed, NodeSpec
     spec = NodeSpec(job_id=sys.argv[1], coordinator_host="127.0.0.1", coordinator_port=1, secret=b"s" * 32,
                     payload=b"", num_nodes=1, default_fs="", working_dir="/tmp", log_dir=None,
                     tensorboard=False, input_mode=1, reservation_timeout=1.0, connect_timeout=1.0,
                     kill_grace_secs=1.0, echo_logs=False, feed_ring_bytes=1 << 20)
     feed = NodeFeed(spec, 0, "worker:0", "127.0.0.1", "127.0.0.1")
     reaper = getattr(getattr(feed, "owner", None), "reaper", None)  # None before issue 18's fix
-    print(json.dumps({"ring": feed.ring.name.lstrip("/"), "reaper": reaper and reaper.pid}), flush=True)
+    print(json.dumps({"ring": feed.endpoint.ring.lstrip("/"), "reaper": reaper and reaper.pid}), flush=True)
     time.sleep(600)
 """)
 
@@ -120,7 +120,7 @@ def test_a_later_launcher_sweeps_what_a_lost_one_left():
 
 def test_a_closed_feed_leaves_nothing_and_its_reaper_ends():
     """The normal path: NodeFeed.close() removes ring and owner file; the reaper exits."""
-    from ember._launcher import NodeFeed, NodeSpec
+    from ember._launcher.task import NodeFeed, NodeSpec
 
     job_id = f"ember-ringtest-{uuid.uuid4().hex[:8]}"
     spec = NodeSpec(job_id=job_id, coordinator_host="127.0.0.1", coordinator_port=1, secret=b"s" * 32,

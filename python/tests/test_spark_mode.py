@@ -18,7 +18,8 @@ import pytest
 
 import ember
 from conftest import no_leftovers
-from ember import _feeding, errors
+from ember import errors
+from ember._feeder import task as feeding
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -300,7 +301,7 @@ def test_early_stopping_ends_the_feed_at_the_next_epoch(spark, tmp_path, capsys)
     assert "every node ended its feed (early stopping)" in printed.out + printed.err
     # The driver feeds epoch e+1 only once every node began epoch e: at most one epoch past
     # the nodes' last (epoch 1) is fed, however fast the feed is.
-    assert 2 <= cluster._epochs_fed <= 3, cluster._epochs_fed
+    assert 2 <= cluster._feed.epochs_fed <= 3, cluster._feed.epochs_fed
     no_leftovers(cluster.job_id)
 
 
@@ -329,7 +330,7 @@ def test_validation_data_reaches_keras_fit_and_early_stopping_on_val_loss(spark,
     assert [r["val_rows"] for r in runs] == [3 * 32, 3 * 32], [r["val_rows"] for r in runs]
     printed = capsys.readouterr()
     assert "validation rows" in printed.out + printed.err
-    assert 3 <= cluster._epochs_fed <= 4, cluster._epochs_fed
+    assert 3 <= cluster._feed.epochs_fed <= 4, cluster._feed.epochs_fed
     no_leftovers(cluster.job_id)
 
 
@@ -387,7 +388,7 @@ def test_node_killed_during_inference_is_named_by_collect(spark, monkeypatch, tr
     monkeypatch.setenv("EMBER_FEED_TRANSPORT", transport)
     cluster = _run(spark, die_mid_inference, {})
     try:
-        ep = next(e for e in cluster._endpoints() if e.name == "worker:0")
+        ep = next(e for e in cluster._feed.endpoints(cluster._gang) if e.name == "worker:0")
         start = time.monotonic()
         with pytest.raises(Exception) as info:
             cluster.inference(spark.sparkContext.parallelize(range(2000), 4), feed_timeout=120).collect()
@@ -409,8 +410,8 @@ def test_inference_after_a_node_died_names_it_and_how(spark, monkeypatch, transp
     monkeypatch.setenv("EMBER_FEED_TRANSPORT", transport)
     cluster = _run(spark, worker0_crashes_at_once, {})
     try:
-        ep = next(e for e in cluster._endpoints() if e.name == "worker:0")
-        assert cluster._watcher.known_failure(wait=30) is not None  # worker:0 is gone now
+        ep = next(e for e in cluster._feed.endpoints(cluster._gang) if e.name == "worker:0")
+        assert cluster._gang.watcher.known_failure(wait=30) is not None  # worker:0 is gone now
         with pytest.raises(Exception) as info:
             # One partition: it goes to worker:0, whose ring and feed server are gone.
             cluster.inference(spark.sparkContext.parallelize(range(100), 1), feed_timeout=60).collect()
@@ -427,7 +428,7 @@ def test_tcp_feed_path_and_unauthenticated_feed_connection(spark, monkeypatch):
     monkeypatch.setenv("EMBER_FEED_TRANSPORT", "tcp")
     cluster = _run(spark, square_server, {"batch": 50})
     try:
-        ep = cluster._endpoints()[0]
+        ep = cluster._feed.endpoints(cluster._gang)[0]
         with socket.create_connection((ep.host, ep.port), timeout=5) as s:  # garbage first
             s.sendall(b"\x00" * 200)
             s.settimeout(5)
@@ -437,7 +438,7 @@ def test_tcp_feed_path_and_unauthenticated_feed_connection(spark, monkeypatch):
             except (ConnectionResetError, socket.timeout):
                 pass
         with pytest.raises((errors.Unauthenticated, errors.Unavailable)):
-            ember._ember.FeedProducer.open([ep], 0, 0, 0, _feeding.feed_options(b"x" * 32, transport="tcp"))
+            ember._ember.FeedProducer.open([ep], 0, 0, 0, feeding.feed_options(b"x" * 32, transport="tcp"))
         out = cluster.inference(spark.sparkContext.parallelize(range(500), 5)).collect()
         assert out == [x * x for x in range(500)]
     finally:

@@ -9,8 +9,8 @@ import threading
 import types
 
 from ember import _ember
-from ember._console import Console
-from ember._watcher import Watcher, is_consequence
+from ember._driver.console import Console
+from ember._driver.watcher import Watcher, is_consequence
 from ember.errors import NodeError
 
 ABORTED = ("Traceback (most recent call last):\n  File \"node.py\", line 3, in main_fun\n"

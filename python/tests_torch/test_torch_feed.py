@@ -16,7 +16,7 @@ sys.path.append(str(TORCH_SITE))  # after the venv: its packages win where both 
 
 import torch  # noqa: E402
 
-from ember import _feeding as feeding  # noqa: E402
+from ember._feeder import task as feeding  # noqa: E402
 from ember.feed import DataFeed  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)

@@ -279,7 +279,7 @@ def run(sc: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, num_executors
         ember.ClusterError / ember.NodeError / DeadlineExceeded: as ``ember.Cluster.run``.
     """
     import ember
-    from ember._spark_job import spark_context
+    from ember._driver.spark_job import spark_context
 
     sc = spark_context(sc)
     _check_arguments(sc, num_executors, num_ps, input_mode, driver_ps_nodes, master_node, eval_node, queues)

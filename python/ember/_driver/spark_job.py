@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any, Callable, List, Optional
 
-from ember._launcher import NodeLauncher, NodeSpec, run_partition
+from ember._launcher.task import NodeLauncher, NodeSpec, run_partition
 from ember.errors import ClusterError, DeadlineExceeded
 
 
@@ -155,7 +155,7 @@ def _version() -> str:
 
 def _ember_probe():
     """The function of the check's tasks.  Defined inside a function so that cloudpickle ships
-    it by value: shipped by reference, unpickling it would import ember._spark_job, and a
+    it by value: shipped by reference, unpickling it would import ember._driver.spark_job, and a
     Python without Ember would fail before it could say why.  Only the standard library."""
 
     def probe(_rows):

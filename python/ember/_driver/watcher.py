@@ -11,7 +11,7 @@ import time
 from typing import Callable, Optional
 
 from ember import _ember
-from ember._console import Console
+from ember._driver.console import Console
 from ember.errors import NodeError
 
 

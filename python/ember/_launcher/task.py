@@ -1,7 +1,7 @@
 """The node launcher: what each Spark barrier task of ``Cluster.run`` executes.
 
 One launcher per node.  It registers the node with the driver's coordinator,
-starts the node's own process (``python -m ember._node_main`` for a Python
+starts the node's own process (``python -m ember._node.main`` for a Python
 ``main_fun``, or the user's executable) in a new process group that dies with
 the launcher, forwards the node's output to the driver, and reports how the
 node ended.  It ends the node when the driver stops it (ps/evaluator at
@@ -30,9 +30,11 @@ import threading
 import traceback
 from typing import Deque, Dict, Iterable, Iterator, List, Optional, Tuple
 
-from ember import _ember, _proc, _ring_owner
+from ember import _ember
+from ember._launcher import proc as _proc
+from ember._launcher import ring_owner as _ring_owner
 from ember._names import FEED_ENDPOINT_KEY, NODE_END_KEY, TENSORBOARD_URL_KEY, WORKER_ROLES
-from ember._node_env import node_env, notice_filter
+from ember._node.env import node_env, notice_filter
 from ember.context import absolute_path
 from ember.errors import EmberError
 from ember.input_mode import InputMode
@@ -354,7 +356,7 @@ class NodeLauncher:
 
     def _spawn_node(self, env: Dict[str, str], startup: bytes) -> subprocess.Popen:
         """Starts the node process with `startup` in an inherited pipe (EMBER_STARTUP_FD)."""
-        argv = list(self.spec.argv) if self.spec.argv else [sys.executable, "-m", "ember._node_main"]
+        argv = list(self.spec.argv) if self.spec.argv else [sys.executable, "-m", "ember._node.main"]
         read_fd, write_fd = os.pipe()  # both close-on-exec; pass_fds keeps read_fd in the child
         try:
             env = dict(env, **{_ember.STARTUP_FD_ENV: str(read_fd)})
@@ -416,7 +418,7 @@ class NodeLauncher:
         return f"{text}; its last stderr lines:\n{tail}" if tail else text
 
     def _forward(self, client, pipe, stream: str) -> threading.Thread:
-        is_notice = notice_filter(os.environ)  # TensorFlow's import notices (ember/_node_env.py)
+        is_notice = notice_filter(os.environ)  # TensorFlow's import notices (ember/_node/env.py)
 
         def pump() -> None:
             with pipe:

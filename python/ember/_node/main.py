@@ -1,6 +1,6 @@
-"""A node's own process: ``python -m ember._node_main``, started by the launcher.
+"""A node's own process: ``python -m ember._node.main``, started by the launcher.
 
-Protocol with the launcher (ember/_launcher.py), the same for every node program:
+Protocol with the launcher (ember/_launcher/task.py), the same for every node program:
   * the descriptor named by EMBER_STARTUP_FD carries one typed start-up message
     (docs/wire.md, "Node start-up"; decoded by the C++ core) up to end of file:
     the node's context, including the coordinator address and secret, which
@@ -29,7 +29,7 @@ def _read_startup():
     name = _ember.STARTUP_FD_ENV
     value = os.environ.pop(name, "")
     if not value.isdigit():
-        raise SystemExit(f"ember._node_main: {name} is not set; nodes are started by ember.Cluster.run")
+        raise SystemExit(f"ember._node.main: {name} is not set; nodes are started by ember.Cluster.run")
     fd = int(value)
     try:
         return _ember.read_node_startup(fd)
@@ -51,7 +51,7 @@ def _run() -> int:
     if ctx.training_rank is not None:
         collective.set_default(ctx.communicator)  # ember.keras / ember.torch find the job's nodes
     # MASTER_ADDR, RANK, WORLD_SIZE... are in the environment already: the launcher sets them for
-    # every node program (ember/_node_env.py).
+    # every node program (ember/_node/env.py).
     try:
         main_fun, args = pickle.loads(node.payload)
         main_fun(args, ctx)

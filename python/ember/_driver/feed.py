@@ -1,0 +1,416 @@
+"""The driver's side of InputMode.SPARK: ``Cluster.train``'s epoch loop (:class:`Feed`, the one
+owner of the job's epoch state), ``Cluster.inference``, end of feed.
+
+Feeding runs as ordinary Spark jobs beside the nodes' barrier stage, so it needs
+task slots the nodes do not hold (e.g. ``local[4]`` for 2 nodes).  Partitions
+reach nodes by an explicit plan made here (no executor-identity files): see
+ember._feeder.task for how rows are spread and why every node gets the same count.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+
+import pyarrow as pa
+
+from ember import _ember, config, errors
+from ember._driver.spark_job import job_group, spark_error_summary
+from ember._feeder import task as feeding
+from ember._names import FEED_ENDPOINT_KEY, WORKER_ROLES
+
+_SENT_SCHEMA = "partition int, node int, rows long, gone boolean, stopped boolean"
+
+
+def _is_dataframe(data: Any) -> bool:
+    return hasattr(data, "mapInArrow") and hasattr(data, "schema")
+
+
+def _is_rdd(data: Any) -> bool:
+    return hasattr(data, "mapPartitionsWithIndex") and hasattr(data, "getNumPartitions")
+
+
+def check_feed_slots(sc, num_nodes: int, task_slots) -> None:
+    """Feeding tasks need slots the nodes' barrier tasks do not hold."""
+    have = task_slots(sc)
+    if have <= num_nodes:
+        raise errors.ClusterError(
+            f"InputMode.SPARK feeds the {num_nodes} nodes from Spark tasks that run beside them, but "
+            f"the application's {have} task slots are all held by the nodes (master {sc.master}). "
+            f"Use local[{num_nodes * 2}] or add executors/cores so at least one slot is free.")
+
+
+def feed_endpoints(server, nodes, timeout: float = 60.0) -> List[feeding.NodeEndpoint]:
+    """The feed endpoints of the training nodes (chief/master/worker), by executor id.
+
+    The launchers store them (``NodeEndpoint.encode()``) right after registration; waits up
+    to `timeout` for them.
+    """
+    deadline = time.monotonic() + timeout
+    out = []
+    for n in sorted(nodes, key=lambda n: n.address.executor_id):
+        if n.role.job_name not in WORKER_ROLES:
+            continue
+        key = FEED_ENDPOINT_KEY.format(executor_id=n.address.executor_id)
+        try:  # blocks in the core; returns at once if a node fails or the job is aborted
+            value = server.wait_for_key(key, max(0.0, deadline - time.monotonic()))
+        except errors.DeadlineExceeded:
+            raise errors.DeadlineExceeded(
+                f"node {n.role.job_name}:{n.role.task_index} on {n.address.host} did not publish its "
+                f"feed endpoint within {timeout:g}s; was the cluster started with "
+                f"input_mode=InputMode.SPARK?") from None
+        out.append(feeding.NodeEndpoint.decode(value))
+    if not out:
+        raise errors.ClusterError("InputMode.SPARK needs at least one chief/master/worker node to feed")
+    return out
+
+
+# ------------------------------------------------------------------------ training
+def validation_epoch(epoch: int) -> int:
+    """The number of the validation epoch fed after training epoch `epoch` (include/ember/feed.h)."""
+    return _ember.validation_epoch(epoch)
+
+
+def _feed_epoch(sc, data: Any, epoch: int, eps: List[feeding.NodeEndpoint], opts: feeding.FeedOptions,
+                ended: Callable[[feeding.NodeEndpoint], bool]) -> Tuple[List[int], set, int]:
+    """Feeds `data` once as epoch number `epoch` (one Spark job) and ends the epoch at every
+    node; returns the rows each node got, the nodes that ended their feed (or returned), and
+    the partition count."""
+    num_nodes = len(eps)
+    if _is_dataframe(data):
+        def feed_df(batches, epoch=epoch):
+            from pyspark import TaskContext
+            task = TaskContext.get()
+            p = task.partitionId()
+            sent, gone, stopped = feeding.feed_partition(batches, p, epoch, eps, opts, task.attemptNumber())
+            yield pa.RecordBatch.from_pydict(
+                {"partition": [p] * len(sent), "node": list(range(len(sent))), "rows": sent, "gone": gone,
+                 "stopped": stopped},
+                schema=pa.schema([("partition", pa.int32()), ("node", pa.int32()), ("rows", pa.int64()),
+                                  ("gone", pa.bool_()), ("stopped", pa.bool_())]))
+        sent = [tuple(r) for r in data.mapInArrow(feed_df, _SENT_SCHEMA).collect()]
+    else:
+        def feed_rdd(p, rows, epoch=epoch):
+            from pyspark import TaskContext
+            sent, gone, stopped = feeding.feed_partition(feeding.rdd_rows_to_batches(rows), p, epoch, eps, opts,
+                                                         TaskContext.get().attemptNumber())
+            return [(p, k, n, g, st) for k, (n, g, st) in enumerate(zip(sent, gone, stopped))]
+        sent = data.mapPartitionsWithIndex(feed_rdd).collect()
+    # The job ran every partition it had (each reported once per node): only now is the
+    # count certain (AQE may coalesce), so the driver, not the tasks, closes the epoch.
+    num_partitions = len({p for p, _, _, _, _ in sent})
+    for k in sorted({k for _, k, _, gone, _ in sent if gone}):
+        if not ended(eps[k]):
+            raise errors.Unavailable(
+                f"feeding tasks could not reach node {eps[k].name} (its ring {eps[k].ring} is not on their "
+                f"host and its feed server {eps[k].host}:{eps[k].port} refused), yet the node is still "
+                "running; check that executors can reach each other (firewall, bind address)")
+    unreachable = _ember.feed_end_epoch(eps, epoch, num_partitions, opts)
+    for k, missed in enumerate(unreachable):
+        if missed and not ended(eps[k]):
+            raise errors.Unavailable(
+                f"the driver could not tell node {eps[k].describe()} that epoch {epoch} ended, yet the node "
+                f"is still running: {missed}")
+    per_node = [0] * num_nodes
+    for _, k, n, _, _ in sent:
+        per_node[k] += n
+    stopped = {k for _, k, _, gone, st in sent if st or gone}
+    return per_node, stopped, num_partitions
+
+
+def _await_epoch(eps: List[feeding.NodeEndpoint], epoch: int, opts: feeding.FeedOptions,
+                 ended: Callable[[feeding.NodeEndpoint], bool]) -> set:
+    """Waits until every node began training epoch `epoch` (so the driver never runs more
+    than one epoch ahead of the slowest node); returns the nodes that ended their feed instead."""
+    stopped = set()
+    for k, state in enumerate(_ember.feed_await_epoch(eps, epoch, opts)):
+        if state == "begun":
+            continue
+        if state == "gone" and not ended(eps[k]):
+            raise errors.Unavailable(
+                f"the driver could not ask node {eps[k].describe()} whether it began epoch {epoch} (its feed "
+                f"server {eps[k].host}:{eps[k].port} refused), yet the node is still running; check that the "
+                "driver can reach the executors (firewall, bind address)")
+        stopped.add(k)
+    return stopped
+
+
+def feed_epoch(sc, data: Any, epoch: int, eps: List[feeding.NodeEndpoint], opts: feeding.FeedOptions,
+               ended: Callable[[feeding.NodeEndpoint], bool], validation_data: Any = None,
+               after_epoch: Optional[int] = None, console=None,
+               on_fed: Optional[Callable[[int], None]] = None) -> Optional[int]:
+    """One epoch of :meth:`Feed.train`'s loop: waits until every node began `after_epoch` (the
+    last epoch fed to these nodes; None if none), so the driver runs at most one epoch ahead
+    and an early stop is seen at the next epoch boundary; feeds `data` as epoch `epoch` (one
+    Spark job), then `validation_data`, if given, as its validation epoch.  Returns the rows
+    the nodes train on in this epoch (the same number on each), or None when every node ended
+    its feed (``DataFeed.terminate()``: early stopping) before or during it.
+
+    `on_fed(epoch)` is called once the epoch's data went out (a number the nodes know).
+    `ended(endpoint)` says whether a node whose feed server cannot be reached has ended (it
+    returned from main_fun early, as TFoS allows): it is then skipped."""
+    num_nodes = len(eps)
+    if after_epoch is not None and len(_await_epoch(eps, after_epoch, opts, ended)) == num_nodes:
+        # Every node ended its feed (DataFeed.terminate(), e.g. Keras EarlyStopping through
+        # ember.keras.StopFeedCallback) or returned: the rest of the epochs go unfed.
+        return None
+    per_node, stopped, num_partitions = _feed_epoch(sc, data, epoch, eps, opts, ended)
+    if on_fed is not None:
+        on_fed(epoch)
+    if len(stopped) == num_nodes:
+        return None
+    used = min(per_node) * num_nodes
+    if console is not None:
+        total = sum(per_node)
+        console.info(f"epoch {epoch}: fed {total} rows in {num_partitions} partitions to {num_nodes} nodes; "
+                     f"each trains on {min(per_node)}"
+                     + (f" ({total - used} left over)" if total != used else ""))
+    if validation_data is not None:
+        v_nodes, v_stopped, v_partitions = _feed_epoch(sc, validation_data, validation_epoch(epoch), eps, opts,
+                                                       ended)
+        if len(v_stopped) == num_nodes:
+            return None
+        if console is not None:
+            console.info(f"epoch {epoch}: fed {sum(v_nodes)} validation rows in {v_partitions} partitions; "
+                         f"each node validates on {min(v_nodes)}")
+    return used
+
+
+class Feed:
+    """The driver's feed of one job (InputMode.SPARK): the one epoch loop (:meth:`train`), the
+    feed endpoints, and the epoch state kept across train() calls and restarts.
+
+    Epochs are numbered across train() calls: numbers never repeat within a job (nodes tell
+    epochs apart by them), and after a restart the interrupted epoch is fed again from its
+    start under a new number.  The endpoints and the last epoch fed belong to one gang (its
+    ``node_job_id``): a restart's new gang has new endpoints and has been fed nothing.
+
+    Each epoch runs on a thread of its own under the feed's Spark job group, and the driver
+    waits for that thread or a failure, whichever comes first: the epoch's own waits on the
+    nodes (the feeding tasks' sends, which may be blocked on a node behind a partition; the
+    epoch boundaries, which ask every node's feed server) have deadlines of feed_timeout,
+    minutes by default, and a node failure must not wait for them.  :meth:`cancel` (the gang's
+    ``on_abort``) cancels the job group and wakes that wait; the thread then ends by itself.
+
+    The `gang` passed to the methods is the job's ember._driver.gang.Gang (its coordinator,
+    watcher, secret, restarts).  One train() runs at a time; cancel() is thread-safe.
+    """
+
+    def __init__(self, sc, job_id: str, console):
+        self._sc = sc
+        self._job_id = job_id
+        self._console = console
+        self.epochs_fed = 0  # the next epoch's number
+        self._last_epoch: Optional[int] = None  # the last epoch fed to the gang _last_epoch_of
+        self._last_epoch_of = ""
+        self._endpoints: Optional[List[feeding.NodeEndpoint]] = None  # those of the gang _endpoints_of
+        self._endpoints_of = ""
+        self._train_lock = threading.Lock()  # one train() at a time (streaming batches too)
+        self._lock = threading.Lock()
+        # The feeding Spark jobs run under this job group: a node failure cancels it, since its
+        # tasks may be blocked sending to a node that is gone (a network partition).
+        self._group = f"{job_id}-feed"
+        self._woken: Optional[threading.Event] = None  # set to end the driver's wait for an epoch
+
+    def endpoints(self, gang) -> List[feeding.NodeEndpoint]:
+        """The current gang's feed endpoints (a restart's new gang has new ones)."""
+        if self._endpoints is None or self._endpoints_of != gang.node_job_id:
+            self._endpoints = feed_endpoints(gang.server, gang.nodes())
+            self._endpoints_of = gang.node_job_id
+        return self._endpoints
+
+    def options(self, gang, feed_timeout: Optional[float]) -> feeding.FeedOptions:
+        return feeding.feed_options(secret=gang.secret, feed_timeout=feed_timeout,
+                                    transport=str(config.get("feed_transport", self._sc)))
+
+    def train(self, gang, data: Any, num_epochs: int, feed_timeout: Optional[float] = None,
+              validation_data: Any = None) -> None:
+        """``Cluster.train``'s loop: feeds `data` for `num_epochs` epochs (each followed by
+        `validation_data`'s validation epoch if given), one at a time; returns early when every
+        node ended its feed.  A node failure restarts the gang while restarts are left
+        (``gang.recover``) and feeds the interrupted epoch again; otherwise the job is closed
+        and the failure raised."""
+        for what, d in (("Cluster.train", data), ("validation_data", validation_data)):
+            if d is not None and not (_is_dataframe(d) or _is_rdd(d)):
+                raise TypeError(f"{what} takes a DataFrame or an RDD, got {type(d).__name__}")
+        if data is None:
+            raise TypeError("Cluster.train takes a DataFrame or an RDD, got None")
+        with self._train_lock:
+            done = 0
+            while done < num_epochs:
+                epoch = self.epochs_fed
+                self.epochs_fed += 1
+                fed: List[int] = []
+                try:
+                    eps, opts = self.endpoints(gang), self.options(gang, feed_timeout)
+                    after = self._last_epoch if self._last_epoch_of == gang.node_job_id else None
+                    used = self._on_thread(gang, epoch, lambda: feed_epoch(
+                        self._sc, data, epoch, eps, opts, lambda ep: gang.node_ended(ep.executor_id),
+                        validation_data=validation_data, after_epoch=after, console=self._console,
+                        on_fed=fed.append))
+                except Exception as e:  # noqa: BLE001 - a node's failure explains a failed feed best
+                    failure = gang.watcher.known_failure(wait=2.0)
+                    if failure is None:
+                        if type(e).__name__ == "Py4JJavaError":
+                            raise errors.ClusterError(f"Cluster.train: the feeding Spark job failed: "
+                                                      f"{spark_error_summary(e, self._sc)}") from e
+                        raise
+                    try:
+                        gang.recover(failure)
+                    except BaseException:
+                        # The job is over: stop everything now, so shutdown() has nothing left to do.
+                        gang.close(abort_reason=f"node {failure.job_name}:{failure.task_index} failed")
+                        raise
+                    self._console.info(f"feeding epoch {epoch}, which the failure interrupted, again "
+                                       f"from its start (as epoch {self.epochs_fed})")
+                    continue
+                if fed:
+                    self._last_epoch, self._last_epoch_of = fed[-1], gang.node_job_id
+                else:  # stopped before feeding: the number was never used
+                    self.epochs_fed -= 1
+                if used is None:  # every node ended its feed (early stopping): nothing more to feed
+                    left = num_epochs - done - (1 if fed else 0)
+                    self._console.info(f"epoch {epoch}: every node ended its feed (early stopping); not feeding "
+                                       f"the remaining {left} of the {num_epochs} epochs of this train() call")
+                    return
+                done += 1
+
+    def _on_thread(self, gang, epoch: int, work: Callable[[], Optional[int]]) -> Optional[int]:
+        """Runs `work` (one epoch) on a thread of its own under the feed's job group and returns
+        what it returns, or raises the job's failure the moment one is known (see the class doc)."""
+        from pyspark import InheritableThread
+
+        watcher = gang.watcher
+        if watcher.failure is not None:  # failed before the feed started
+            raise watcher.failure
+        box: dict = {}
+        woken = threading.Event()
+
+        def run() -> None:
+            try:  # job groups are per thread: this one's jobs only
+                with job_group(self._sc, self._group, f"Ember job {self._job_id}: feeding epoch {epoch}"):
+                    box["value"] = work()
+            except BaseException as e:  # noqa: BLE001 - raised on the caller's thread
+                box["error"] = e
+            finally:
+                woken.set()
+
+        with self._lock:
+            self._woken = woken
+        InheritableThread(run, daemon=True, name=f"{self._job_id}-feed-{epoch}").start()
+        try:
+            woken.wait()  # the epoch ended, or a node failed (cancel)
+        except BaseException:  # e.g. KeyboardInterrupt: the feed must not go on by itself
+            self.cancel()
+            raise
+        finally:
+            with self._lock:
+                self._woken = None
+        if "error" in box:
+            raise box["error"]
+        if "value" in box:
+            return box["value"]
+        failure = watcher.known_failure(wait=2.0)
+        if failure is not None:
+            raise failure
+        gang.raise_if_failed(spark_must_run=False)  # the nodes' Spark job failed
+        raise errors.ClusterError(f"Cluster.train: the job was aborted while feeding epoch {epoch}")
+
+    def cancel(self) -> None:
+        """Ends train()'s epoch, if one runs: cancels its Spark job (whose tasks may be blocked
+        sending to a node that is gone: a partitioned host answers nothing) and wakes the driver's
+        wait for it.  Thread-safe (the watcher calls it, through the gang's on_abort)."""
+        with self._lock:
+            woken = self._woken
+        if woken is None:
+            return
+        try:
+            self._sc.cancelJobGroup(self._group)
+        except Exception:  # noqa: BLE001 - the SparkContext may be gone already
+            pass
+        woken.set()
+
+    def inference(self, gang, data: Any, feed_timeout: Optional[float], output_schema: Any = None):
+        """``Cluster.inference``: see :func:`inference`."""
+        host, port = gang.coordinator_address.rsplit(":", 1)
+        return inference(self._sc, data, self.endpoints(gang), self.options(gang, feed_timeout),
+                         output_schema=output_schema, coordinator=(host, int(port), gang.secret))
+
+    def end(self, gang, timeout: float = 30.0) -> None:
+        """Tells the current gang's fed nodes that no more data will come (``Cluster.shutdown``)."""
+        end_feed(self.endpoints(gang), gang.secret, timeout=timeout)
+
+
+# ------------------------------------------------------------------------ inference
+def _output_fields(output_schema: Union[str, Any, None]):
+    from pyspark.sql.types import StructType, _parse_datatype_string
+    if output_schema is None:
+        output_schema = "prediction double"
+    if isinstance(output_schema, str):
+        output_schema = _parse_datatype_string(output_schema)
+    if not isinstance(output_schema, StructType):
+        raise TypeError("output_schema must be a DDL string like 'prediction double' or a StructType")
+    return output_schema
+
+
+def _cast_column(col: pa.Array, target: pa.DataType, name: str, where: str) -> pa.Array:
+    if col.type == target:
+        return col
+    try:
+        return col.cast(target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        raise ValueError(f"inference: {where}: result column {name!r} of type {col.type} cannot be "
+                         f"converted to the output schema's {target}: {e}") from None
+
+
+def inference(sc, data: Any, endpoints: Sequence[feeding.NodeEndpoint], options: feeding.FeedOptions,
+              output_schema=None, coordinator: Optional[Tuple[str, int, bytes]] = None):
+    """DataFrame in: a DataFrame with every input column plus the output columns, in input
+    order.  RDD in: an RDD of the node's results, in input order.  Lazy, like any Spark
+    transformation: the feed runs when an action runs.  `coordinator` (host, port, secret)
+    lets a task that finds its node gone say how the node ended."""
+    eps, opts = list(endpoints), options
+    num_nodes = len(eps)
+    if _is_dataframe(data):
+        from pyspark.sql.pandas.types import to_arrow_schema
+        from pyspark.sql.types import StructType
+
+        out_fields = _output_fields(output_schema)
+        clash = set(data.columns) & set(out_fields.fieldNames())
+        if clash:
+            raise ValueError(f"output columns {sorted(clash)} already exist in the input DataFrame")
+        full = StructType(list(data.schema.fields) + list(out_fields.fields))
+        arrow_out = to_arrow_schema(full)
+        n_in = len(data.schema.fields)
+
+        def infer_df(batches):
+            from pyspark import TaskContext
+            p = TaskContext.get().partitionId()
+            ep = eps[p % num_nodes]
+            for inp, res in feeding.infer_partition(batches, p, ep, opts, coordinator):
+                where = f"node {ep.name}, partition {p}"
+                if res.num_columns < len(out_fields.fields):
+                    raise ValueError(f"inference: {where} returned {res.num_columns} result columns, the "
+                                     f"output schema has {len(out_fields.fields)}: {out_fields.simpleString()}")
+                cols = list(inp.columns)
+                names = res.schema.names
+                for i, field in enumerate(arrow_out.field(j) for j in range(n_in, len(arrow_out))):
+                    col = res.column(names.index(field.name)) if field.name in names else res.column(i)
+                    cols.append(_cast_column(col, field.type, field.name, where))
+                yield pa.RecordBatch.from_arrays(cols, schema=arrow_out)
+        return data.mapInArrow(infer_df, full)
+    if _is_rdd(data):
+        from ember import _arrow_rows as rows_mod
+
+        def infer_rdd(p, rows):
+            ep = eps[p % num_nodes]
+            for _, res in feeding.infer_partition(feeding.rdd_rows_to_batches(rows), p, ep, opts, coordinator):
+                yield from rows_mod.batch_to_rows(res)
+        return data.mapPartitionsWithIndex(infer_rdd)
+    raise TypeError(f"Cluster.inference takes a DataFrame or an RDD, got {type(data).__name__}")
+
+
+def end_feed(endpoints: Sequence[feeding.NodeEndpoint], secret: bytes, timeout: float) -> None:
+    """Tells every fed node that no more data will come (its DataFeed.should_stop() turns True).
+    A node that cannot be reached has ended (its launcher reports how)."""
+    _ember.feed_end_feed(list(endpoints), feeding.feed_options(secret, feed_timeout=timeout))
