@@ -44,13 +44,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ember import _ember
+from ember._names import TUNE_OUTCOME_KEY, TUNE_TASK_KEY, TUNE_VALUE_KEY, TUNE_VERDICT_KEY
 from ember.errors import Aborted, DeadlineExceeded, EmberError
 from ember.parallel import Run, decode_result, encode_result, traceback_tail
 
-TASK_KEY = "ember/tune/task/{n}"
-VERDICT_KEY = "ember/tune/verdict/{n}/{k}"
-VALUE_KEY = "ember/tune/value"
-OUTCOME_KEY = "ember/tune/outcome/{n}"
 TRIAL_METRIC, REPORT_METRIC = "tune_trial", "tune_report"  # added to a trial's reports
 _MAX_VALUE_BYTES = 15 << 20  # the coordinator's messages hold 16 MiB
 
@@ -138,7 +135,7 @@ class TrialContext:
         k = self._reports
         self._reports += 1
         self._ctx.report(step=step, loss=loss, **metrics, **{TRIAL_METRIC: self.trial_index, REPORT_METRIC: k})
-        key = VERDICT_KEY.format(n=self._task, k=k)
+        key = TUNE_VERDICT_KEY.format(n=self._task, k=k)
         try:
             verdict = json.loads(self._client.kv_get(key, self._report_timeout))
         except DeadlineExceeded as e:
@@ -168,7 +165,7 @@ def _forget_framework_state() -> None:
 
 def _run_task(fn: Callable, space: SpaceKinds, task: Dict[str, Any], n: int, ctx: Any, client: Any,
               report_timeout: float) -> Dict[str, Any]:
-    """Runs one trial; returns its outcome (its value already stored under VALUE_KEY)."""
+    """Runs one trial; returns its outcome (its value already stored under TUNE_VALUE_KEY)."""
     index = int(task["trial"])
     where = f"runner pid {os.getpid()} on host {socket.gethostname()}"
     try:
@@ -179,7 +176,7 @@ def _run_task(fn: Callable, space: SpaceKinds, task: Dict[str, Any], n: int, ctx
             raise ValueError(f"trial {index} returned {len(data) / 2**20:.1f} MiB; results up to "
                              f"{_MAX_VALUE_BYTES >> 20} MiB come back to the driver: save larger ones under "
                              f"ctx.absolute_path(...) and return the path")
-        client.kv_set(VALUE_KEY, data)
+        client.kv_set(TUNE_VALUE_KEY, data)
         return {"status": "ok"}
     except TrialStopped as e:
         return {"status": "stopped", "error": str(e)}
@@ -196,7 +193,7 @@ def _runner_main(args: Any, ctx: Any) -> None:
     client = ctx._coordinator_client()  # the node's authenticated connection to its coordinator
     n = 0
     while True:
-        key = TASK_KEY.format(n=n)
+        key = TUNE_TASK_KEY.format(n=n)
         try:
             task = json.loads(client.kv_get(key, idle_timeout))
         except DeadlineExceeded as e:
@@ -206,7 +203,7 @@ def _runner_main(args: Any, ctx: Any) -> None:
             return None
         outcome = _run_task(fn, space, task, n, ctx, client, report_timeout)
         outcome["pid"] = os.getpid()
-        client.kv_set(OUTCOME_KEY.format(n=n), json.dumps(outcome).encode())
+        client.kv_set(TUNE_OUTCOME_KEY.format(n=n), json.dumps(outcome).encode())
         n += 1
 
 
@@ -285,7 +282,7 @@ class Runner:
                 stop = self._on_report(index, metrics)
         finally:  # the trial waits for this answer: give it even if on_report raised
             try:
-                self._client.kv_set(VERDICT_KEY.format(n=n, k=k), json.dumps({"stop": stop}).encode())
+                self._client.kv_set(TUNE_VERDICT_KEY.format(n=n, k=k), json.dumps({"stop": stop}).encode())
             except EmberError:
                 pass  # the runner is gone; its trial's outcome says so
 
@@ -305,14 +302,14 @@ class Runner:
         started = time.monotonic()
         status, error, value, pid = "failed", "", None, None
         try:
-            self._client.kv_set(TASK_KEY.format(n=n), json.dumps({"trial": index, "params": params}).encode())
-            raw = server.wait_for_key(OUTCOME_KEY.format(n=n), 10 * 365 * 86400.0 if timeout is None else timeout)
+            self._client.kv_set(TUNE_TASK_KEY.format(n=n), json.dumps({"trial": index, "params": params}).encode())
+            raw = server.wait_for_key(TUNE_OUTCOME_KEY.format(n=n), 10 * 365 * 86400.0 if timeout is None else timeout)
             outcome = json.loads(raw)
             status, error, pid = outcome["status"], outcome.get("error", ""), outcome.get("pid")
             if outcome.get("forced"):
                 self.broken = True
             elif status == "ok":
-                value = decode_result(server.kv_get(VALUE_KEY))
+                value = decode_result(server.kv_get(TUNE_VALUE_KEY))
         except DeadlineExceeded:
             self.broken = True
             error = f"trial {index} ran past its timeout of {timeout:g}s and was aborted"
@@ -343,7 +340,7 @@ class Runner:
             n = self._n - 1
         data = json.dumps({"status": "stopped", "error": reason, "forced": True}).encode()
         try:
-            self._client.kv_set(OUTCOME_KEY.format(n=n), data)
+            self._client.kv_set(TUNE_OUTCOME_KEY.format(n=n), data)
         except EmberError:
             pass  # the runner's job is ending anyway: run_trial's wait wakes on its abort
 
@@ -357,7 +354,7 @@ class Runner:
             return self._ended
         if not self.broken and self._client is not None:
             try:
-                self._client.kv_set(TASK_KEY.format(n=self._n), json.dumps({"quit": True}).encode())
+                self._client.kv_set(TUNE_TASK_KEY.format(n=self._n), json.dumps({"quit": True}).encode())
             except EmberError:
                 self.broken = True
         if self.broken:

@@ -57,9 +57,8 @@ from pyspark.ml.param.shared import HasInputCol, HasLabelCol, HasOutputCol
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 
 from ember import parallel
+from ember._names import MODEL_INFO_KEY, MODEL_KEY
 
-MODEL_KEY = "ember/ml/model"        # the trained model's .keras bytes, set by the chief
-MODEL_INFO_KEY = "ember/ml/model-info"  # JSON: the model's input and output shapes
 _MODEL_FILE = "model.keras"
 _OUTPUT_MODES = ("raw", "argmax")
 

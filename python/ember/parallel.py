@@ -24,11 +24,11 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ember import _ember
 from ember._driver.console import Console
+from ember._names import RUN_RESULT_KEY
 from ember.cluster import Cluster
 from ember.errors import Aborted, ClusterError, DeadlineExceeded, EmberError, NodeError
 from ember.input_mode import InputMode
 
-RESULT_KEY = "ember/run/result/{executor_id}"  # a node's encoded return value
 _MAX_RESULT_BYTES = 15 << 20  # the coordinator's messages hold 16 MiB
 _FOREVER = 10 * 365 * 86400.0
 
@@ -149,7 +149,7 @@ def _run_main(payload, ctx) -> None:
         raise ValueError(f"run {run_index} returned {len(data) / 2**20:.1f} MiB; results up to "
                          f"{_MAX_RESULT_BYTES >> 20} MiB come back to the driver: save larger ones under "
                          f"ctx.absolute_path(...) and return the path")
-    ctx._coordinator_client().kv_set(RESULT_KEY.format(executor_id=ctx.executor_id), data)
+    ctx._coordinator_client().kv_set(RUN_RESULT_KEY.format(executor_id=ctx.executor_id), data)
 
 
 class _RunConsole(Console):
@@ -305,7 +305,7 @@ class Run:
                     server.wait_for_node_end(executor_id, left)
                 except Aborted:
                     break  # a node failed: shutdown() below raises its NodeError
-            data = server.kv_get(RESULT_KEY.format(executor_id=0))
+            data = server.kv_get(RUN_RESULT_KEY.format(executor_id=0))
             cluster.shutdown(timeout=30.0)
             if data is not None:
                 value = decode_result(data)
