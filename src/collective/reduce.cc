@@ -102,7 +102,10 @@ EMBER_INLINE uint16_t Bf16Narrow(float f) {
   const uint32_t bits = std::bit_cast<uint32_t>(f);
   const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;  // nearest even
   const uint32_t quiet_nan = (bits >> 16) | 0x40u;
-  return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+  // A signed compare of the magnitude (below 2^31 either way): x86 vectors
+  // have no unsigned 32-bit compare, and this one vectorizes.
+  const int32_t magnitude = static_cast<int32_t>(bits & 0x7fffffffu);
+  return static_cast<uint16_t>(magnitude > 0x7f800000 ? quiet_nan : rounded);
 }
 
 // IEEE binary16 in software, rounding to nearest even; NaNs come out quiet
@@ -221,6 +224,27 @@ EMBER_INLINE void ReduceHalf(uint16_t* dst, const void* const* srcs, int n, size
   }
 }
 
+// bfloat16 widens with a shift, so each source is widened as it is
+// combined, without a second block of floats in between (ReduceHalf's
+// `wide`): one pass less over L1 per source.  The same operations in the same
+// order as ReduceHalf, so the same bits.
+template <typename Op>
+EMBER_INLINE void ReduceBf16(uint16_t* dst, const void* const* srcs, int n, size_t count) {
+  constexpr size_t kBlock = kBlockBytes / sizeof(float);
+  alignas(64) float acc[kBlock];
+  for (size_t base = 0; base < count; base += kBlock) {
+    const size_t m = std::min(kBlock, count - base);
+    const uint16_t* __restrict s0 = Src<uint16_t>(srcs, 0, base);
+    const uint16_t* __restrict s1 = Src<uint16_t>(srcs, 1, base);
+    for (size_t i = 0; i < m; ++i) acc[i] = Op::Apply(Bf16Widen(s0[i]), Bf16Widen(s1[i]));
+    for (int k = 2; k < n; ++k) {
+      const uint16_t* __restrict s = Src<uint16_t>(srcs, k, base);
+      for (size_t i = 0; i < m; ++i) acc[i] = Op::Apply(acc[i], Bf16Widen(s[i]));
+    }
+    Bf16Codec::Narrow(dst + base, acc, m);
+  }
+}
+
 template <typename F16, template <typename> class Op>
 EMBER_INLINE void ReduceDtype(DataType dtype, void* dst, const void* const* srcs, int n, size_t count) {
   switch (dtype) {
@@ -228,7 +252,7 @@ EMBER_INLINE void ReduceDtype(DataType dtype, void* dst, const void* const* srcs
     case DataType::kFloat64: return ReduceTyped<double, Op<double>>(static_cast<double*>(dst), srcs, n, count);
     case DataType::kInt32: return ReduceTyped<int32_t, Op<int32_t>>(static_cast<int32_t*>(dst), srcs, n, count);
     case DataType::kInt64: return ReduceTyped<int64_t, Op<int64_t>>(static_cast<int64_t*>(dst), srcs, n, count);
-    case DataType::kBFloat16: return ReduceHalf<Bf16Codec, Op<float>>(static_cast<uint16_t*>(dst), srcs, n, count);
+    case DataType::kBFloat16: return ReduceBf16<Op<float>>(static_cast<uint16_t*>(dst), srcs, n, count);
     case DataType::kFloat16: return ReduceHalf<F16, Op<float>>(static_cast<uint16_t*>(dst), srcs, n, count);
   }
 }
