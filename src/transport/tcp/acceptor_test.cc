@@ -82,6 +82,9 @@ TEST(TcpAcceptorTest, RefusedAndUnauthenticatedPeersAreLoggedAndNeverTaken) {
   // Wrong secret: fails the handshake.
   auto wrong = Dial("127.0.0.1", port, "another-secret-0123456789", Soon(), "test acceptor");
   EXPECT_EQ(wrong.status().code(), StatusCode::kUnauthenticated) << wrong.status().ToString();
+  // The client learns its verdict before the acceptor's thread records the rejection: wait
+  // for it, so that the next rejection is the last one (each peer has a thread of its own).
+  EXPECT_TRUE(WaitUntil([&] { return acceptor->stats().rejected == 1; })) << acceptor->stats().rejected;
   // Right secret, wrong hello: refused by admit, the socket closed.
   std::string reply;
   auto refused = DialAndSay(port, "something else", &reply);
