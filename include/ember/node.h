@@ -73,6 +73,10 @@ struct NodeContext {
   // Where a Python node writes its traceback when main_fun fails; a binary may
   // write its own error text there too (the launcher prefers it over stderr).
   std::string traceback_path;
+  // The node's GPUs, as its process's CUDA_VISIBLE_DEVICES lists them (the
+  // addresses Spark assigned its task, ember/gpu.h VisibleDevices); inside the
+  // process they are CUDA devices 0..gpus.size()-1.  Empty: no GPU was asked for.
+  std::vector<std::string> gpus;
   // Opaque to the core: a Python node's cloudpickled (main_fun, args); empty for a binary.
   std::string payload;
 

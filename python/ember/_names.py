@@ -17,6 +17,7 @@ SUPPORT_ROLES = tuple(role for role in ROLES if role not in TRAINING_ROLES)
 TENSORBOARD_URL_KEY = "ember/tensorboard_url"      # the URL of the TensorBoard a launcher started
 FEED_ENDPOINT_KEY = "ember/feed/{executor_id}"     # NodeEndpoint.encode() of a training node's feed
 NODE_END_KEY = "ember/node-end/{executor_id}"      # how a fed node ended, as its feed was told
+GPUS_KEY = "ember/gpus/{executor_id}"              # JSON of a node's GPUs (ember._launcher.gpus.published)
 RUN_RESULT_KEY = "ember/run/result/{executor_id}"  # a run_parallel node's encoded return value
 MODEL_KEY = "ember/ml/model"                       # ember.ml: the trained model's .keras bytes (chief)
 MODEL_INFO_KEY = "ember/ml/model-info"             # ember.ml: JSON of the model's input and output shapes

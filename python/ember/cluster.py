@@ -37,6 +37,7 @@ from ember import _ember, config
 from ember._driver import feed as _feed_driver
 from ember._driver.console import Console
 from ember._driver.gang import Gang, Launch, Restart  # noqa: F401 - Restart: Cluster.restarts' items
+from ember._driver import gpus as _gpus
 from ember._driver.spark_job import check_executor_python, check_slots, spark_context, task_slots
 from ember.errors import ClusterError
 from ember.input_mode import InputMode
@@ -135,7 +136,7 @@ class Cluster:
             reservation_timeout: float = 600, heartbeat_timeout: float = 30,
             slot_timeout: Optional[float] = None,
             connect_timeout: Optional[float] = None, max_restarts: int = 0,
-            driver_ps_nodes: bool = False) -> "Cluster":
+            driver_ps_nodes: bool = False, gpus_per_node: Optional[float] = None) -> "Cluster":
         """Starts `num_executors` nodes, each running ``main_fun(args, ctx)``, and returns
         once all of them have registered.
 
@@ -185,7 +186,7 @@ class Cluster:
                 nodes, so it needs `num_executors - num_ps` task slots.
 
         Raises:
-            ClusterError: too few task slots, the executors' Python cannot import this Ember
+            ClusterError: too few task slots or GPUs, two nodes given one GPU, the executors' Python cannot import this Ember
                 (checked once per application; the message says which Python and the fix),
                 or the Spark job failed.
             NodeError: a node failed before every node registered.
@@ -201,13 +202,17 @@ class Cluster:
                                       master_node=master_node or "", eval_node=eval_node)
         _ember.assign_role(layout, 0)  # validates the layout: InvalidArgument names the field
         driver_nodes = int(num_ps) if driver_ps_nodes else 0
-        check_slots(sc, num_nodes - driver_nodes, config.get("slot_timeout", sc, slot_timeout))
+        gpus = _gpus.requested(sc, gpus_per_node)
+        profile = _gpus.resource_profile(sc, gpus)
+        local_gpus = _gpus.local_gpus(sc, num_nodes - driver_nodes, gpus)
+        check_slots(sc, num_nodes - driver_nodes, config.get("slot_timeout", sc, slot_timeout), profile, gpus)
         check_executor_python(sc, num_nodes - driver_nodes, config.get("executor_check_timeout", sc))
         if max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
         launch = Launch(main_fun=main_fun, args=args, tensorboard=tensorboard,
                         reservation_timeout=reservation_timeout, heartbeat_timeout=heartbeat_timeout,
-                        connect_timeout=config.get("connect_timeout", sc, connect_timeout))
+                        connect_timeout=config.get("connect_timeout", sc, connect_timeout),
+                        gpus_per_node=gpus, profile=profile, local_gpus=local_gpus)
         cluster = cls(sc, num_nodes, layout, input_mode, log_dir, launch, max_restarts=int(max_restarts),
                       driver_nodes=driver_nodes)
         try:

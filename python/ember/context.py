@@ -73,6 +73,9 @@ class Context:
         log_dir: fully qualified log directory (TensorBoard), or None.
         input_mode: the job's InputMode.
         job_id: the job's id (also in the node's environment as EMBER_JOB_ID).
+        gpus: the node's GPUs as its CUDA_VISIBLE_DEVICES lists them (Cluster.run's
+            ``gpus_per_node``); inside the node they are devices 0..len(gpus)-1
+            (``cuda:0`` ...).  Empty when no GPU was asked.
     """
 
     def __init__(self, executor_id: int, job_name: str, task_index: int,
@@ -141,6 +144,10 @@ class Context:
     def _feed_ring(self) -> Optional[str]:
         """InputMode.SPARK: the name of this node's feed ring, or None."""
         return self._node.feed_ring or None
+
+    @property
+    def gpus(self) -> List[str]:
+        return list(self._node.gpus)
 
     @property
     def worker_num(self) -> int:

@@ -106,5 +106,7 @@ void BindDataset(nb::module_& m);
 // summary_binding.cc: EventWriter (TensorBoard event files) and its options.
 void BindSummary(nb::module_& m);
 void BindCheckpoint(nb::module_& m);
+// Binds include/ember/gpu.h: a node's CUDA_VISIBLE_DEVICES, the shared-GPU check, NVML UUIDs.
+void BindGpu(nb::module_& m);
 
 }  // namespace ember::python

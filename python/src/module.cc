@@ -90,4 +90,5 @@ NB_MODULE(_ember, m) {
   ember::python::BindDataset(m);
   ember::python::BindSummary(m);  // after BindFileSystem: EventWriter.open takes ResolveOptions
   ember::python::BindCheckpoint(m);  // after BindFileSystem: CheckpointManager.open takes ResolveOptions
+  ember::python::BindGpu(m);
 }

@@ -51,6 +51,7 @@ void BindNode(nb::module_& m) {
       .def_rw("working_dir", &NodeContext::working_dir)
       .def_rw("log_dir", &NodeContext::log_dir)
       .def_rw("traceback_path", &NodeContext::traceback_path)
+      .def_rw("gpus", &NodeContext::gpus)
       .def_prop_rw(
           "payload", [](const NodeContext& c) { return ToBytes(c.payload); },
           [](NodeContext& c, nb::bytes b) { c.payload = FromBytes(b); })

@@ -109,6 +109,11 @@ class StandaloneCluster:
         worker_hosts: where each worker runs (default: ``num_workers`` times ``master_host``);
             when given, its length is the number of workers.
         driver_host: the address the driver binds and advertises (``spark_conf()``).
+        worker_gpus: per worker, the GPU addresses it declares through Spark's own mechanism
+            (``spark.worker.resource.gpu.amount`` and a discovery script printing them), as a
+            worker of a GPU host does; None or an empty list: none.
+        worker_env: per worker, extra environment variables (its executors inherit them, e.g. a
+            pre-set ``CUDA_VISIBLE_DEVICES``).
 
     ``start()`` (or entering the ``with`` block) returns once the master reports ``num_workers``
     ALIVE workers, or raises StandaloneClusterError. ``stop()`` is idempotent and also runs on
@@ -119,10 +124,17 @@ class StandaloneCluster:
     def __init__(self, num_workers: int = 2, cores_per_worker: int = 1, memory: str = "1g",
                  python: str | None = None, daemon_memory: str = "512m",
                  start_timeout: float = 90.0, master_host: Host = LOOPBACK,
-                 worker_hosts: Sequence[Host] | None = None, driver_host: str = "127.0.0.1") -> None:
+                 worker_hosts: Sequence[Host] | None = None, driver_host: str = "127.0.0.1",
+                 worker_gpus: Sequence[Sequence[str] | None] | None = None,
+                 worker_env: Sequence[dict[str, str] | None] | None = None) -> None:
         self.master_host = master_host
         self.worker_hosts = list(worker_hosts) if worker_hosts is not None else [master_host] * num_workers
         self.num_workers = len(self.worker_hosts)
+        self.worker_gpus = list(worker_gpus or [])
+        self.worker_env = list(worker_env or [])
+        for name, per_worker in (("worker_gpus", self.worker_gpus), ("worker_env", self.worker_env)):
+            if len(per_worker) > self.num_workers:
+                raise ValueError(f"{name} has {len(per_worker)} entries for {self.num_workers} workers")
         self.driver_host = driver_host
         self.cores_per_worker = cores_per_worker
         self.memory = memory
@@ -169,7 +181,8 @@ class StandaloneCluster:
                     "org.apache.spark.deploy.worker.Worker", self.master_url,
                     "--host", host.address, "--port", str(free_port()),
                     "--webui-port", str(free_port()), "--cores", str(self.cores_per_worker),
-                    "--memory", self.memory, "--work-dir", str(work)], host)
+                    "--memory", self.memory, "--work-dir", str(work)], host,
+                    self._worker_extra_env(i, work))
             self._wait_until(
                 deadline, lambda s: sum(w.get("state") == "ALIVE" for w in s.get("workers", []))
                 >= self.num_workers, f"{self.num_workers} workers to register")
@@ -288,11 +301,27 @@ class StandaloneCluster:
         env.pop("PYSPARK_DRIVER_PYTHON", None)
         return env  # PYTHONPATH passes through from this process
 
-    def _spawn(self, name: str, args: list[str], host: Host) -> None:
+    def _worker_extra_env(self, i: int, work: Path) -> dict[str, str]:
+        """Worker `i`'s own variables: its `worker_env`, and its GPUs as Spark's standalone
+        worker learns them (SPARK_WORKER_OPTS: an amount and a discovery script)."""
+        extra = dict(self.worker_env[i] or {}) if i < len(self.worker_env) else {}
+        gpus = list(self.worker_gpus[i] or []) if i < len(self.worker_gpus) else []
+        if gpus:
+            script = work / "discover_gpus.sh"
+            script.write_text("#!/bin/sh\necho '" + json.dumps({"name": "gpu", "addresses": gpus}) + "'\n")
+            script.chmod(0o755)
+            extra["SPARK_WORKER_OPTS"] = " ".join(filter(None, [
+                f"-Dspark.worker.resource.gpu.amount={len(gpus)}",
+                f"-Dspark.worker.resource.gpu.discoveryScript={script}",
+                extra.get("SPARK_WORKER_OPTS", "")]))
+        return extra
+
+    def _spawn(self, name: str, args: list[str], host: Host, extra_env: dict[str, str] | None = None) -> None:
         log = self.base_dir / "logs" / f"{name}.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(
-                [*host.prefix, str(SPARK_HOME / "bin" / "spark-class"), *args], env=self.env(host),
+                [*host.prefix, str(SPARK_HOME / "bin" / "spark-class"), *args],
+                env={**self.env(host), **(extra_env or {})},
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                 cwd=self.base_dir, preexec_fn=_die_with_parent)
         self._procs.append((name, proc, log))

@@ -19,8 +19,8 @@ PACKAGE = Path(ember.__file__).parent
 LAYERS = [
     {"_names", "errors", "input_mode", "config", "_launcher.proc", "_arrow_rows", "collective", "_hadoop",
      "_driver", "_launcher", "_feeder", "_node"},  # the rooms' __init__: a docstring only
-    # the driver's console (reads config); a node's environment and rank rule; rings that die with their launcher
-    {"_driver.console", "_node.env", "_launcher.ring_owner"},
+    # the driver's console (reads config); a node's environment and rank rule; rings that die with their launcher; GPUs on each side
+    {"_driver.console", "_node.env", "_launcher.ring_owner", "_launcher.gpus", "_driver.gpus"},
     {"summary"},              # TensorBoard event files, written by the core
     {"checkpoint"},           # checkpoints, written and verified by the core
     {"tf", "torch", "keras"},  # framework adapters over numpy columns; the Keras callback

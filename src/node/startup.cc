@@ -111,7 +111,8 @@ Result<std::string> EncodeStartup(const NodeContext& c) {
                             {"log_dir", c.log_dir.size()},
                             {"traceback_path", c.traceback_path.size()},
                             {"payload", c.payload.size()},
-                            {"cluster_spec", c.cluster_spec.size()}}) {
+                            {"cluster_spec", c.cluster_spec.size()},
+                            {"gpus", c.gpus.size()}}) {
     EMBER_RETURN_NOT_OK(CheckLength(name, size));
   }
 
@@ -147,6 +148,11 @@ Result<std::string> EncodeStartup(const NodeContext& c) {
   w.PutString(c.working_dir);
   w.PutString(c.log_dir);
   w.PutString(c.traceback_path);
+  w.PutU32(static_cast<uint32_t>(c.gpus.size()));
+  for (const auto& g : c.gpus) {
+    EMBER_RETURN_NOT_OK(CheckLength("gpus entry", g.size()));
+    w.PutString(g);
+  }
   w.PutString(c.payload);
   return w.Release();
 }
@@ -205,6 +211,13 @@ Result<NodeContext> DecodeStartup(std::string_view bytes) {
   EMBER_RETURN_NOT_OK(Field(r, "working_dir", &c.working_dir, &codec::Reader::GetString));
   EMBER_RETURN_NOT_OK(Field(r, "log_dir", &c.log_dir, &codec::Reader::GetString));
   EMBER_RETURN_NOT_OK(Field(r, "traceback_path", &c.traceback_path, &codec::Reader::GetString));
+  uint32_t gpus = 0;
+  EMBER_RETURN_NOT_OK(Field(r, "gpus", &gpus, &codec::Reader::GetU32));
+  for (uint32_t i = 0; i < gpus; ++i) {  // each pass consumes >= 4 bytes or fails
+    std::string gpu;
+    EMBER_RETURN_NOT_OK(Field(r, "gpus entry", &gpu, &codec::Reader::GetString));
+    c.gpus.push_back(std::move(gpu));
+  }
   EMBER_RETURN_NOT_OK(Field(r, "payload", &c.payload, &codec::Reader::GetString));
   EMBER_RETURN_NOT_OK(r.ExpectEnd().WithContext("start-up message"));
   return c;

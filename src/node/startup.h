@@ -23,7 +23,7 @@
 namespace ember::node {
 
 inline constexpr char kStartupMagic[4] = {'E', 'M', 'B', 'N'};
-inline constexpr uint16_t kStartupVersion = 3;  // 2: hdfs_http_address; 3: training rank/size, bind_host
+inline constexpr uint16_t kStartupVersion = 4;  // 2: hdfs_http_address; 3: training rank/size, bind_host; 4: gpus
 
 // EncodeStartup and DecodeStartup are declared in ember/node.h (the launcher
 // writes the message through the bindings).

@@ -26,6 +26,7 @@ NodeContext FullContext() {
   c.working_dir = "/home/me/job";
   c.log_dir = "hdfs://nn:8020/logs";
   c.traceback_path = "/tmp/ember-x/traceback.txt";
+  c.gpus = {"7", "GPU-5d0e2b9c"};
   c.payload = std::string("\x80\x05pickled\x00", 10);
   return c;
 }
@@ -110,7 +111,9 @@ std::string Message(int32_t executor_id, int32_t port, int64_t timeout_ms, uint8
   w.PutString("secret");
   w.PutI64(timeout_ms);
   w.PutU8(mode);
-  for (int i = 0; i < 7; ++i) w.PutString("");  // feed_ring .. payload
+  for (int i = 0; i < 6; ++i) w.PutString("");  // feed_ring .. traceback_path
+  w.PutU32(0);                                   // gpus
+  w.PutString("");                               // payload
   return w.Release();
 }
 
@@ -145,6 +148,21 @@ TEST(NodeStartupTest, TrainingRankAndSizeAreDerivedFromTheSpec) {
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_EQ(back->training_rank(), std::nullopt);
   EXPECT_EQ(back->num_workers(), 3);
+}
+
+TEST(NodeStartupTest, AHostileGpuCountFailsNamingTheField) {
+  NodeContext c = FullContext();
+  c.gpus.clear();
+  auto bytes = EncodeStartup(c);
+  ASSERT_TRUE(bytes.ok());
+  // The gpus count sits before the payload (a 4-byte length and its bytes) at the end.
+  std::string m = *bytes;
+  const size_t at = m.size() - 4 - c.payload.size() - 4;
+  m.replace(at, 4, std::string("\xff\xff\xff\x7f", 4));
+  auto r = DecodeStartup(m);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(r.status().message().find("gpus entry"), std::string::npos) << r.status().ToString();
 }
 
 TEST(NodeStartupTest, HostileCountsFailWithoutAllocating) {

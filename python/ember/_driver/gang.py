@@ -30,6 +30,7 @@ from typing import Any, Callable, List, Optional, Sequence
 
 from ember import _ember, _hadoop, config
 from ember._driver.console import Console
+from ember._driver.gpus import check_nodes as check_gpu_nodes
 from ember._driver.spark_job import NodesJob, spark_failure_reason
 from ember._driver.watcher import Watcher
 from ember._launcher.task import NodeSpec
@@ -78,6 +79,9 @@ class Launch:
         reservation_timeout: seconds for every node to register.
         heartbeat_timeout: seconds of silence after which a node counts as lost.
         connect_timeout: seconds a node may take to reach the coordinator.
+        gpus_per_node: GPUs each node of the barrier stage asks (0: none; 1/k: shared).
+        profile: the barrier stage's pyspark ResourceProfile, or None (ember._driver.gpus).
+        local_gpus: local mode: the driver's GPUs the nodes share out, or None.
     """
     main_fun: Any
     args: Any
@@ -85,6 +89,9 @@ class Launch:
     reservation_timeout: float
     heartbeat_timeout: float
     connect_timeout: float
+    gpus_per_node: float = 0.0
+    profile: Any = None
+    local_gpus: Optional[List[str]] = None
 
 
 def _failure_reason(failure: NodeError) -> str:
@@ -181,20 +188,34 @@ class Gang:
             kill_grace_secs=float(config.get("kill_grace_secs", sc)),
             feed_ring_bytes=int(config.get("feed_ring_bytes", sc)),
             node_bind=config.get("node_bind", sc) or "",
+            gpus_per_node=float(launch.gpus_per_node), local_gpus=launch.local_gpus,
             echo_logs=not sc.master.startswith("local"), argv=argv)
 
         self.watcher = Watcher(self.server, self._console, self.node_job_id, self._on_node_failure)
         self.watcher.start()
         self.job = NodesJob(sc, self.node_job_id, self.num_nodes, self._wake_waits_after_spark,
-                            driver_nodes=self._driver_nodes)
+                            driver_nodes=self._driver_nodes, profile=launch.profile)
         self.job.start(spec)
         self._wait_for_registration(started, launch.reservation_timeout)
         self.startup_secs = time.monotonic() - started
         self.cluster_spec = json.loads(self.server.cluster_spec_json())
         self._console.info(f"all {self.num_nodes} nodes registered in {self.startup_secs:.1f}s "
                            f"(job {self.node_job_id}, coordinator {self.coordinator_address})")
+        if launch.gpus_per_node > 0:
+            self._check_gpus(launch.gpus_per_node)
         if launch.tensorboard:
             self._fetch_tensorboard_url()
+
+    def _check_gpus(self, amount: float) -> None:
+        """Every node of the barrier stage has its GPUs, and no two hold one (ember._driver.gpus);
+        the console names each node's GPUs."""
+        ids = list(range(self._driver_nodes, self.num_nodes))
+        labels = {}
+        for e in ids:
+            role = _ember.assign_role(self.layout, e)
+            labels[e] = f"{role.job_name}:{role.task_index} (executor {e})"
+        for line in check_gpu_nodes(self.server, ids, labels, amount):
+            self._console.info(line)
 
     def _wait_for_registration(self, started: float, reservation_timeout: float) -> None:
         # One blocking wait in the core: it returns the moment the last node registers, a node

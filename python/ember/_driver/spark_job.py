@@ -28,13 +28,16 @@ def spark_context(spark: Any):
     return sc
 
 
-def task_slots(sc) -> int:
-    """How many tasks the Spark application can run at once (what a barrier stage needs)."""
+def task_slots(sc, profile=None) -> int:
+    """How many tasks the Spark application can run at once (what a barrier stage needs),
+    under `profile` (a registered pyspark ResourceProfile, e.g. GPUs per task) or the default."""
     jsc = sc._jsc.sc()
-    return int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
+    java = profile._java_resource_profile if profile is not None else \
+        jsc.resourceProfileManager().defaultResourceProfile()
+    return int(jsc.maxNumConcurrentTasks(java))
 
 
-def check_slots(sc, needed: int, timeout: float) -> None:
+def check_slots(sc, needed: int, timeout: float, profile=None, gpus_per_node: float = 0.0) -> None:
     """Returns once `needed` task slots exist; raises ClusterError after `timeout`.
 
     A barrier stage without enough slots makes Spark retry for minutes, so look
@@ -46,13 +49,16 @@ def check_slots(sc, needed: int, timeout: float) -> None:
     local = sc.master.startswith("local")
     start = time.monotonic()
     while True:
-        have = task_slots(sc)
+        have = task_slots(sc, profile)
         if have >= needed:
             return
         waited = time.monotonic() - start
         if local or waited >= timeout:
             break
         time.sleep(min(0.5, timeout - waited))
+    if gpus_per_node > 0 and not local:
+        from ember._driver.gpus import too_few
+        raise ClusterError(too_few(sc, needed, gpus_per_node, have))
     if local:
         advice = f"Use local[{needed}] or more"
         where = f"master {sc.master}"
@@ -283,13 +289,14 @@ class NodesJob:
     """
 
     def __init__(self, sc, job_id: str, num_nodes: int, on_end: Callable[["NodesJob"], None],
-                 driver_nodes: int = 0):
+                 driver_nodes: int = 0, profile=None):
         if not 0 <= driver_nodes < num_nodes:
             raise ValueError(f"driver_nodes must be in [0, {num_nodes}), got {driver_nodes}")
         self._sc = sc
         self.job_id = job_id
         self.num_nodes = num_nodes
         self.driver_nodes = driver_nodes
+        self._profile = profile  # the barrier stage's ResourceProfile (GPUs per task), or None
         self._on_end = on_end
         self._thread: Optional[threading.Thread] = None
         self._driver_threads: List[threading.Thread] = []
@@ -329,8 +336,11 @@ class NodesJob:
         def spark_main() -> None:
             try:
                 sc.setJobGroup(self.job_id, f"Ember job {self.job_id}: {n} nodes", interruptOnCancel=True)
-                sc.parallelize(range(n), n).barrier().mapPartitions(
-                    functools.partial(run_partition, spec, first)).collect()
+                rdd = sc.parallelize(range(n), n).barrier().mapPartitions(
+                    functools.partial(run_partition, spec, first))
+                if self._profile is not None:
+                    rdd = rdd.withResources(self._profile)
+                rdd.collect()
             except BaseException as e:  # noqa: BLE001 - reported by the waits on the driver
                 if self.error is None:
                     self.error = e

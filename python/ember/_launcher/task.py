@@ -31,9 +31,10 @@ import traceback
 from typing import Deque, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from ember import _ember
+from ember._launcher import gpus as _gpus
 from ember._launcher import proc as _proc
 from ember._launcher import ring_owner as _ring_owner
-from ember._names import FEED_ENDPOINT_KEY, NODE_END_KEY, TENSORBOARD_URL_KEY, WORKER_ROLES
+from ember._names import FEED_ENDPOINT_KEY, GPUS_KEY, NODE_END_KEY, TENSORBOARD_URL_KEY, WORKER_ROLES
 from ember._node.env import node_env, notice_filter
 from ember.context import absolute_path
 from ember.errors import EmberError
@@ -66,6 +67,8 @@ class NodeSpec:
     argv: Optional[List[str]] = None  # a program node: the executable and its arguments
     hdfs_http_address: str = ""  # the NameNode's WebHDFS host:port when default_fs is hdfs://
     node_bind: str = ""  # where the node's listeners bind; "" = the node's own address (config.node_bind)
+    gpus_per_node: float = 0.0  # GPUs asked per node (Cluster.run's gpus_per_node; 0: none asked)
+    local_gpus: Optional[List[str]] = None  # local mode: the driver's GPUs, shared out by partition
 
 
 class NodeFailed(RuntimeError):
@@ -81,9 +84,10 @@ def run_partition(spec: NodeSpec, first_executor_id: int, _rows: Iterable) -> It
     (`first_executor_id` + the partition: ids below it are nodes on the driver)."""
     from pyspark import BarrierTaskContext
 
-    executor_id = first_executor_id + BarrierTaskContext.get().partitionId()
-    NodeLauncher(spec, executor_id).run()
-    yield executor_id
+    partition = BarrierTaskContext.get().partitionId()
+    addresses = _gpus.task_addresses(spec.local_gpus, spec.gpus_per_node, partition)
+    NodeLauncher(spec, first_executor_id + partition, gpu_addresses=addresses).run()
+    yield first_executor_id + partition
 
 
 def routable_address(peer_host: str, peer_port: int) -> str:
@@ -220,10 +224,12 @@ def end_node(child: subprocess.Popen, outcome: str, reason: str, feed: Optional[
 class NodeLauncher:
     """Runs one node inside its Spark task; see the module docstring."""
 
-    def __init__(self, spec: NodeSpec, executor_id: int):
+    def __init__(self, spec: NodeSpec, executor_id: int, gpu_addresses: Optional[List[str]] = None):
         self.spec = spec
         self.executor_id = executor_id
         self.label = f"executor {executor_id}"
+        self.gpu_addresses = list(gpu_addresses or [])  # what Spark assigned the task
+        self.gpus: List[str] = []  # the node's CUDA_VISIBLE_DEVICES entries
         self._stderr_tail: Deque[str] = collections.deque(maxlen=40)
         self._log_ok = True
 
@@ -232,12 +238,20 @@ class NodeLauncher:
         _ring_owner.sweep_stale()  # rings left on this host by launchers that are gone
         host = routable_address(spec.coordinator_host, spec.coordinator_port)
         self.bind_host = spec.node_bind or host  # docs/network.md
+        if self.gpu_addresses:
+            try:
+                self.gpus = _gpus.visible_devices(self.gpu_addresses)
+            except EmberError as e:
+                raise RuntimeError(f"the node of executor {self.executor_id} on host {host}: {e}") from None
         port_sock = _bind_free_port()  # held until the node process starts, as TFoS does
         try:
             client = _ember.CoordinatorClient.connect(
                 spec.coordinator_host, spec.coordinator_port, spec.secret,
                 connect_timeout=spec.connect_timeout)
             try:
+                if self.gpus:  # before registering: the driver checks them once all registered
+                    client.kv_set(GPUS_KEY.format(executor_id=self.executor_id),
+                                  _gpus.published(host, self.gpu_addresses, self.gpus))
                 reg = client.register(self.executor_id, host, port_sock.getsockname()[1],
                                       os.getpid(), spec.reservation_timeout)
                 self._run_registered(client, reg, host, port_sock)
@@ -324,6 +338,8 @@ class NodeLauncher:
         env = node_env(os.environ, cluster_spec, role, index)  # TF_CONFIG, torch's variables, quiet defaults
         env["EMBER_JOB_ID"] = self.spec.job_id  # marks every process of the job
         env["PYTHONUNBUFFERED"] = "1"  # lines reach the driver as they are printed
+        if self.gpus:
+            env = _gpus.node_env(env, self.gpus)
         extra = _child_python_path()
         if extra:
             env["PYTHONPATH"] = os.pathsep.join(extra)
@@ -351,6 +367,7 @@ class NodeLauncher:
         ctx.working_dir = spec.working_dir
         ctx.log_dir = log_dir or ""
         ctx.traceback_path = traceback_path
+        ctx.gpus = self.gpus
         ctx.payload = spec.payload
         return _ember.encode_node_startup(ctx)
 
