@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "ember/deadline.h"
+#include "ember/device.h"
 #include "ember/result.h"
 #include "ember/status.h"
 
@@ -119,6 +120,15 @@ struct CommunicatorOptions {
   size_t shm_buffer_bytes = 8 << 20;
   // TCP ring: bytes per pipelined chunk.
   size_t tcp_chunk_bytes = 256 << 10;
+  // Calls on accelerator memory (the *On calls) stage the buffer through two
+  // page-locked host chunks of this many bytes, the copies of one chunk
+  // overlapping the host collective on the next.  Every rank must use the
+  // same value (the chunks are calls of their own).
+  size_t device_chunk_bytes = 4 << 20;
+  // The accelerator runtime; null: the CUDA runtime, loaded (ember/device.h
+  // LoadCuda with `cuda`) at the first call on CUDA memory.
+  std::shared_ptr<device::Runtime> device_runtime;
+  device::CudaOptions cuda;
 };
 
 struct CallOptions {
@@ -184,6 +194,22 @@ class Communicator {
                                                CallOptions options = {}) = 0;
   virtual std::unique_ptr<Work> BroadcastAsync(void* data, size_t count, DataType dtype, int root,
                                                CallOptions options = {}) = 0;
+
+  // The same calls on a buffer in `device`'s memory.  Host memory takes the
+  // calls above.  CUDA memory is staged through page-locked host memory
+  // (CommunicatorOptions::device_chunk_bytes), with the same contract,
+  // deadline and results as a host buffer.  The buffer must be ready (the
+  // streams that wrote it synchronized); it holds the result when the call
+  // returns.  Every rank must pass the same kind of memory to a call (a
+  // mismatch fails as a mismatched call).  A rank whose runtime cannot be
+  // loaded or fails breaks the communicator, so every rank's call fails
+  // naming it (NotFound or IOError on that rank).
+  virtual Status AllreduceOn(device::Device device, void* data, size_t count, DataType dtype, ReduceOp op,
+                             CallOptions options = {}) = 0;
+  virtual Status BroadcastOn(device::Device device, void* data, size_t count, DataType dtype, int root,
+                             CallOptions options = {}) = 0;
+  virtual std::unique_ptr<Work> AllreduceOnAsync(device::Device device, void* data, size_t count, DataType dtype,
+                                                 ReduceOp op, CallOptions options = {}) = 0;
 
   // Breaks the communicator: calls in flight and later calls on every rank
   // fail with Aborted carrying `reason` (other ranks learn it through the

@@ -74,6 +74,25 @@ def _same(x: Any) -> Any:
     return x
 
 
+def _ready(x: Any) -> Any:
+    """`x`, with the work that wrote it finished when it is a CUDA tensor: the core reads
+    device memory on a stream of its own (ember/device.h), so torch's current stream must
+    have run first.  Host memory is returned as it is."""
+    if _is_torch(x) and getattr(x, "is_cuda", False):
+        import torch
+        torch.cuda.current_stream(x.device).synchronize()
+    return x
+
+
+def _on_host(x: Any) -> Tuple[Any, Callable[[Any], Any]]:
+    """`x` in host memory for a call that stages nothing itself, and the function taking the
+    result back to `x`'s device (a CUDA tensor goes through .cpu())."""
+    if _is_torch(x) and getattr(x, "is_cuda", False):
+        device = x.device
+        return x.detach().cpu(), lambda y: y.to(device)
+    return x, _same
+
+
 def _working_copy(x: Any) -> Tuple[Any, Callable[[Any], Any]]:
     """A C-contiguous copy of `x` for a call to work on in place, and the function turning
     the result into `x`'s kind: torch stays torch; a TF tensor (immutable) is worked on as
@@ -106,8 +125,11 @@ class Communicator:
     """The job's training nodes as ranks 0..size-1 (see the module docstring).
 
     Calls block until every rank took part (or ``timeout`` seconds pass: DeadlineExceeded).
-    Methods ending in ``_`` work in place on a writable, C-contiguous CPU array or tensor;
-    the others return a new one of the same kind and leave their input alone.
+    Methods ending in ``_`` work in place on a writable, C-contiguous array or tensor;
+    the others return a new one of the same kind and leave their input alone.  CUDA
+    tensors (torch, or anything DLPack-exports CUDA memory) are reduced and broadcast where
+    they are, staged through page-locked host memory by the core (the CUDA runtime is loaded
+    at the first such call); every rank must pass the same kind of memory to a call.
     """
 
     def __init__(self, native: "_ember.Communicator"):
@@ -143,7 +165,7 @@ class Communicator:
     # -- reductions
     def allreduce_(self, x: Any, op: str = "average", timeout: float = 0.0) -> Any:
         """Reduces `x` over the ranks in place and returns it.  `op`: average (default), sum, min, max."""
-        bits, dtype = _bits(x)
+        bits, dtype = _bits(_ready(x))
         self._native.allreduce(bits, _op(op), timeout, dtype=dtype)
         return x
 
@@ -155,6 +177,10 @@ class Communicator:
     def allreduce_many_(self, xs: Sequence[Any], op: str = "average", timeout: float = 0.0) -> List[Any]:
         """Reduces several arrays of one dtype in place as one fused call (a model's gradients)."""
         xs = list(xs)
+        if any(_is_torch(x) and getattr(x, "is_cuda", False) for x in xs):
+            for x in xs:  # device memory is reduced buffer by buffer, each staged (ember/device.h)
+                self.allreduce_(x, op, timeout)
+            return xs
         bits = [_bits(x) for x in xs]
         dtypes = {dtype for _, dtype in bits}
         if len(dtypes) > 1:
@@ -165,12 +191,12 @@ class Communicator:
     def allreduce_async_(self, x: Any, op: str = "average", timeout: float = 0.0) -> "_ember.CollectiveWork":
         """Starts an in-place reduction of `x`; returns a handle whose ``wait()`` ends it.
         `x` must not be touched until then.  Calls run in the order they were made."""
-        bits, dtype = _bits(x)
+        bits, dtype = _bits(_ready(x))
         return self._native.allreduce_async(x, bits, _op(op), timeout, dtype=dtype)
 
     def reduce_scatter(self, x: Any, op: str = "average", timeout: float = 0.0) -> Any:
         """`x` holds size equal blocks along axis 0; returns the reduction of block `rank`."""
-        back = _same
+        x, back = _on_host(x)
         if _is_torch(x):
             arr = x.contiguous()
         elif _is_tf(x):
@@ -191,7 +217,7 @@ class Communicator:
     # -- data movement
     def broadcast_(self, x: Any, root: int = 0, timeout: float = 0.0) -> Any:
         """Overwrites `x` with rank `root`'s `x`, in place; returns it."""
-        bits, dtype = _bits(x)
+        bits, dtype = _bits(_ready(x))
         self._native.broadcast(bits, root, timeout, dtype=dtype)
         return x
 

@@ -39,6 +39,9 @@ using collective::Store;
 using collective::Work;
 
 using Array = nb::ndarray<nb::device::cpu, nb::c_contig>;
+// Host or accelerator memory (DLPack from torch, TensorFlow, CuPy, JAX): the
+// calls that take it route by its device (ember/device.h).
+using AnyArray = nb::ndarray<nb::c_contig>;
 
 constexpr char kSupported[] = "float32, float64, bfloat16, float16, int32 or int64";  // DataType order
 
@@ -62,7 +65,8 @@ std::string DlpackTypeName(const nb::dlpack::dtype& t) {
 
 // The core's element type of `a`.  With `as`, `a` is a view of raw bits (any
 // element type of the same width) whose elements are `as`.
-DataType DataTypeOf(const Array& a, std::optional<DataType> as = std::nullopt) {
+template <typename A>
+DataType DataTypeOf(const A& a, std::optional<DataType> as = std::nullopt) {
   const nb::dlpack::dtype t = a.dtype();
   const auto code = static_cast<nb::dlpack::dtype_code>(t.code);
   if (as) {
@@ -82,6 +86,19 @@ DataType DataTypeOf(const Array& a, std::optional<DataType> as = std::nullopt) {
   }
   throw StatusError(Status::InvalidArgument(std::string("collectives take ") + kSupported + " arrays; got " +
                                             DlpackTypeName(t)));
+}
+
+// Where `a` lives: host memory, or a CUDA device (DLPack kDLCUDA; kDLCUDAHost
+// and managed memory are host-reachable and take the host path).
+device::Device DeviceOf(const AnyArray& a) {
+  const int type = a.device_type();
+  if (type == nb::device::cpu::value || type == nb::device::cuda_host::value ||
+      type == nb::device::cuda_managed::value) {
+    return {};
+  }
+  if (type == nb::device::cuda::value) return {device::Kind::kCuda, a.device_id()};
+  throw StatusError(Status::InvalidArgument("collectives take host or CUDA memory; got DLPack device type " +
+                                            std::to_string(type)));
 }
 
 CallOptions Timeout(double seconds) {
@@ -134,7 +151,11 @@ void BindCollective(nb::module_& m) {
           "timeout", [](const CommunicatorOptions& o) { return DurationToSeconds(o.timeout); },
           [](CommunicatorOptions& o, double s) { o.timeout = SecondsToDuration(s); })
       .def_rw("shm_buffer_bytes", &CommunicatorOptions::shm_buffer_bytes)
-      .def_rw("tcp_chunk_bytes", &CommunicatorOptions::tcp_chunk_bytes);
+      .def_rw("tcp_chunk_bytes", &CommunicatorOptions::tcp_chunk_bytes)
+      .def_rw("device_chunk_bytes", &CommunicatorOptions::device_chunk_bytes)
+      .def_prop_rw(
+          "cuda_libraries", [](const CommunicatorOptions& o) { return o.cuda.libraries; },
+          [](CommunicatorOptions& o, std::vector<std::string> libraries) { o.cuda.libraries = std::move(libraries); });
 
   nb::class_<Store>(m, "CollectiveStore", "Where ranks meet (ember::collective::Store).")
       .def_static("in_memory", &collective::NewInMemoryStore, "A store in this process (tests).")
@@ -167,10 +188,11 @@ void BindCollective(nb::module_& m) {
       .def("describe", &Communicator::Describe, "rank"_a)
       .def(
           "allreduce",
-          [](Communicator& c, Array a, ReduceOp op, double timeout, std::optional<DataType> dtype) {
+          [](Communicator& c, AnyArray a, ReduceOp op, double timeout, std::optional<DataType> dtype) {
             const DataType dt = DataTypeOf(a, dtype);
+            const device::Device where = DeviceOf(a);
             nb::gil_scoped_release release;
-            ThrowIfError(c.Allreduce(a.data(), a.size(), dt, op, Timeout(timeout)));
+            ThrowIfError(c.AllreduceOn(where, a.data(), a.size(), dt, op, Timeout(timeout)));
           },
           "array"_a, "op"_a, "timeout"_a = 0.0, "dtype"_a = nb::none())
       .def(
@@ -191,18 +213,19 @@ void BindCollective(nb::module_& m) {
           "arrays"_a, "op"_a, "timeout"_a = 0.0, "dtype"_a = nb::none())
       .def(
           "allreduce_async",
-          [](Communicator& c, nb::object owner, Array a, ReduceOp op, double timeout, std::optional<DataType> dtype) {
+          [](Communicator& c, nb::object owner, AnyArray a, ReduceOp op, double timeout, std::optional<DataType> dtype) {
             const DataType dt = DataTypeOf(a, dtype);
-            auto work = c.AllreduceAsync(a.data(), a.size(), dt, op, Timeout(timeout));
+            auto work = c.AllreduceOnAsync(DeviceOf(a), a.data(), a.size(), dt, op, Timeout(timeout));
             return PyWork{std::move(work), std::move(owner)};
           },
           "owner"_a, "array"_a, "op"_a, "timeout"_a = 0.0, "dtype"_a = nb::none())
       .def(
           "broadcast",
-          [](Communicator& c, Array a, int root, double timeout, std::optional<DataType> dtype) {
+          [](Communicator& c, AnyArray a, int root, double timeout, std::optional<DataType> dtype) {
             const DataType dt = DataTypeOf(a, dtype);
+            const device::Device where = DeviceOf(a);
             nb::gil_scoped_release release;
-            ThrowIfError(c.Broadcast(a.data(), a.size(), dt, root, Timeout(timeout)));
+            ThrowIfError(c.BroadcastOn(where, a.data(), a.size(), dt, root, Timeout(timeout)));
           },
           "array"_a, "root"_a, "timeout"_a = 0.0, "dtype"_a = nb::none())
       .def(

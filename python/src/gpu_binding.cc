@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "ember/device.h"
 #include "ember/gpu.h"
 
 namespace ember::python {
@@ -47,6 +48,16 @@ void BindGpu(nb::module_& m) {
       },
       "visible"_a, "library"_a = nb::none(), nb::call_guard<nb::gil_scoped_release>(),
       "The UUIDs of the GPUs `visible` names, from NVML; NotFoundError where NVML is absent.");
+  m.def(
+      "cuda_runtime",
+      [](std::optional<std::vector<std::string>> libraries) {
+        device::CudaOptions options;
+        if (libraries) options.libraries = *libraries;
+        return ValueOrThrow(device::LoadCuda(options))->Describe();
+      },
+      "libraries"_a = nb::none(), nb::call_guard<nb::gil_scoped_release>(),
+      "Which CUDA runtime the collectives would load for CUDA memory (ember/device.h), e.g. "
+      "'CUDA runtime 13000 (libcudart.so.13)'; NotFoundError naming what was tried.");
 }
 
 }  // namespace ember::python

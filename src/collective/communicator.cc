@@ -31,6 +31,7 @@
 #include "collective/call.h"
 #include "collective/reduce.h"
 #include "collective/shm_group.h"
+#include "collective/staged.h"
 #include "collective/tcp_ring.h"
 #include "common/codec.h"
 #include "ember/deadline.h"
@@ -147,6 +148,21 @@ class CommunicatorImpl : public Communicator {
                                        CallOptions options) override {
     return Enqueue([=, this] { return DoBroadcast(data, count, dtype, root, options); });
   }
+  Status AllreduceOn(device::Device d, void* data, size_t count, DataType dtype, ReduceOp op,
+                     CallOptions options) override {
+    if (d.kind == device::Kind::kHost) return Allreduce(data, count, dtype, op, options);
+    return Run([=, this] { return DoAllreduceOn(d, data, count, dtype, op, options); });
+  }
+  Status BroadcastOn(device::Device d, void* data, size_t count, DataType dtype, int root,
+                     CallOptions options) override {
+    if (d.kind == device::Kind::kHost) return Broadcast(data, count, dtype, root, options);
+    return Run([=, this] { return DoBroadcastOn(d, data, count, dtype, root, options); });
+  }
+  std::unique_ptr<Work> AllreduceOnAsync(device::Device d, void* data, size_t count, DataType dtype, ReduceOp op,
+                                         CallOptions options) override {
+    if (d.kind == device::Kind::kHost) return AllreduceAsync(data, count, dtype, op, options);
+    return Enqueue([=, this] { return DoAllreduceOn(d, data, count, dtype, op, options); });
+  }
   void Abort(const std::string& reason) override;
 
  private:
@@ -167,6 +183,12 @@ class CommunicatorImpl : public Communicator {
   Status DoReduceScatter(const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
                          CallOptions options);
   Status DoBarrier(CallOptions options);
+  // Device memory: `call(host chunk, elements, chunk options)` over the staged chunks.
+  Status DoAllreduceOn(device::Device d, void* data, size_t count, DataType dtype, ReduceOp op,
+                       CallOptions options);
+  Status DoBroadcastOn(device::Device d, void* data, size_t count, DataType dtype, int root, CallOptions options);
+  Status Staged(device::Device d, void* data, size_t count, DataType dtype, bool copy_in, bool copy_back,
+                CallOptions options, const std::function<Status(void*, size_t, CallOptions)>& call);
 
   // Starts a call: the broken status if any, else a descriptor with the next seq.
   Status Begin(Kind kind, DataType dtype, ReduceOp op, uint64_t count, int root, CallDesc* desc);
@@ -193,6 +215,9 @@ class CommunicatorImpl : public Communicator {
   bool ring_over_all_ = false;
 
   uint64_t seq_ = 0;  // only touched by the call that runs (Run/WorkerLoop serialize)
+  // Device staging per device ordinal, made at its first call; only touched by the call that runs.
+  std::shared_ptr<device::Runtime> device_runtime_;
+  std::map<int, std::unique_ptr<DeviceStaging>> staging_;
 
   Mutex broken_mu_;
   Status broken_ GUARDED_BY(broken_mu_);
@@ -449,6 +474,62 @@ Status CommunicatorImpl::ReduceAll(const CallDesc& desc, void* data, Deadline de
   }
   return Status::OK();
 }
+
+// ------------------------------------------------------------------ device memory
+
+Status CommunicatorImpl::Staged(device::Device d, void* data, size_t count, DataType dtype, bool copy_in,
+                                bool copy_back, CallOptions options,
+                                const std::function<Status(void*, size_t, CallOptions)>& call) {
+  {
+    MutexLock lock(&broken_mu_);
+    if (!broken_.ok()) return broken_;
+  }
+  const size_t elem = SizeOf(dtype);
+  if (elem == 0) return Status::InvalidArgument("collective call: unknown dtype");
+  if (d.kind != device::Kind::kCuda) return Status::InvalidArgument("collective call: unknown device kind");
+  if (count > 0 && data == nullptr) return Status::InvalidArgument("collective call: null device buffer");
+  const std::string where = Describe(rank()) + ", CUDA device " + std::to_string(d.ordinal);
+  auto it = staging_.find(d.ordinal);
+  if (it == staging_.end()) {
+    // A rank that cannot stage breaks the communicator: the others fail at once, naming it.
+    if (device_runtime_ == nullptr) {
+      device_runtime_ = options_.device_runtime;
+      if (device_runtime_ == nullptr) {
+        auto loaded = device::LoadCuda(options_.cuda);
+        if (!loaded.ok()) return Fail(loaded.status().WithContext(where));
+        device_runtime_ = *loaded;
+      }
+    }
+    auto opened = DeviceStaging::Open(device_runtime_, d.ordinal, options_.device_chunk_bytes);
+    if (!opened.ok()) return Fail(opened.status().WithContext(where + ": staging buffers"));
+    it = staging_.emplace(d.ordinal, std::move(*opened)).first;
+  }
+  const Deadline deadline = DeadlineFor(options);
+  auto outcome = it->second->Run(data, count * elem, copy_in, copy_back, [&](void* host, size_t bytes) {
+    CallOptions chunk;
+    chunk.timeout = std::max(deadline.remaining(), Duration(1));
+    return call(host, bytes / elem, chunk);
+  });
+  if (outcome.runtime_failed) return Fail(outcome.status.WithContext(where));
+  return outcome.status;
+}
+
+Status CommunicatorImpl::DoAllreduceOn(device::Device d, void* data, size_t count, DataType dtype, ReduceOp op,
+                                       CallOptions options) {
+  return Staged(d, data, count, dtype, true, true, options, [&](void* host, size_t n, CallOptions chunk) {
+    return DoAllreduce(host, n, dtype, op, chunk);
+  });
+}
+
+Status CommunicatorImpl::DoBroadcastOn(device::Device d, void* data, size_t count, DataType dtype, int root,
+                                       CallOptions options) {
+  const bool is_root = rank() == root;
+  return Staged(d, data, count, dtype, is_root, !is_root, options, [&](void* host, size_t n, CallOptions chunk) {
+    return DoBroadcast(host, n, dtype, root, chunk);
+  });
+}
+
+// ------------------------------------------------------------------ host memory
 
 Status CommunicatorImpl::DoAllreduce(void* data, size_t count, DataType dtype, ReduceOp op, CallOptions options) {
   CallDesc desc;

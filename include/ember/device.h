@@ -1,0 +1,75 @@
+// Accelerator memory, as the collectives see it: a GPU runtime's few calls
+// (pinned host memory, a stream, asynchronous copies, events) behind an
+// interface, and the CUDA runtime loaded at run time (dlopen), so that builds
+// and CPU hosts never need CUDA.  Tests substitute a fake runtime.
+//
+// Thread-safety: a Runtime may be used from several threads; a Stream or an
+// Event is used by one thread at a time (the collectives' call thread).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ember/result.h"
+#include "ember/status.h"
+
+namespace ember::device {
+
+// Where a buffer lives.
+enum class Kind : uint8_t {
+  kHost = 0,
+  kCuda = 1,
+};
+
+struct Device {
+  Kind kind = Kind::kHost;
+  int ordinal = 0;  // the runtime's device number inside the process (CUDA: after CUDA_VISIBLE_DEVICES)
+};
+
+enum class CopyKind : uint8_t {
+  kDeviceToHost = 0,
+  kHostToDevice = 1,
+};
+
+using Stream = void*;  // the runtime's stream handle (cudaStream_t)
+using Event = void*;   // the runtime's event handle (cudaEvent_t)
+
+class Runtime {
+ public:
+  virtual ~Runtime() = default;
+  // E.g. "CUDA runtime 12040 (libcudart.so.12)".
+  virtual std::string Describe() const = 0;
+  // Makes `ordinal` the calling thread's current device.
+  virtual Status SetDevice(int ordinal) = 0;
+  // Page-locked host memory (fast, asynchronous copies); freed with FreeHost.
+  virtual Result<void*> AllocHost(size_t bytes) = 0;
+  virtual void FreeHost(void* p) = 0;
+  // A stream of the current device that does not wait on the default stream.
+  virtual Result<Stream> NewStream() = 0;
+  virtual void FreeStream(Stream s) = 0;
+  virtual Result<Event> NewEvent() = 0;
+  virtual void FreeEvent(Event e) = 0;
+  // Queues a copy of `bytes` on `stream`; returns before it ran.
+  virtual Status CopyAsync(void* dst, const void* src, size_t bytes, CopyKind kind, Stream stream) = 0;
+  // Marks the point `stream` has reached; WaitEvent blocks the calling thread
+  // until the stream passed it.
+  virtual Status RecordEvent(Event e, Stream stream) = 0;
+  virtual Status WaitEvent(Event e) = 0;
+  // Blocks until everything queued on `stream` ran.
+  virtual Status Synchronize(Stream stream) = 0;
+};
+
+struct CudaOptions {
+  // dlopen names (or paths) tried in order; the first that loads wins.  A
+  // process that already loaded the runtime (PyTorch, TensorFlow, CuPy)
+  // finds it by its soname.
+  std::vector<std::string> libraries = {"libcudart.so.12", "libcudart.so.13", "libcudart.so.11.0", "libcudart.so"};
+};
+
+// The CUDA runtime (libcudart), loaded now.  NotFound, naming the libraries
+// tried and dlerror's words, where none loads (a host without CUDA).
+Result<std::shared_ptr<Runtime>> LoadCuda(const CudaOptions& options = {});
+
+}  // namespace ember::device

@@ -1,0 +1,289 @@
+// Collectives on "device" memory through a fake accelerator runtime: its
+// device memory is host memory, and its copies run later, in stream order, on
+// a thread of its own (as a GPU's copy engine does), so the staging pipeline's
+// ordering, slot reuse and failures are exercised without a GPU.  The CUDA
+// runtime itself is loaded only on GPU hosts (scripts/gpu_check.sh).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collective/staged.h"
+#include "ember/collective.h"
+#include "ember/device.h"
+
+namespace ember::collective {
+namespace {
+
+const std::string kSecret = "0123456789abcdef-collective";
+
+std::string UniquePrefix() {
+  static std::atomic<int> n{0};
+  return "ember-staged-" + std::to_string(getpid()) + "-c" + std::to_string(n++);
+}
+
+// One stream; operations run in order on a copy thread, each a little late.
+class FakeRuntime : public device::Runtime {
+ public:
+  FakeRuntime() : engine_([this] { Loop(); }) {}
+  ~FakeRuntime() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    engine_.join();
+  }
+  std::string Describe() const override { return "fake runtime"; }
+  Status SetDevice(int) override { return Status::OK(); }
+  Result<void*> AllocHost(size_t bytes) override {
+    ++host_allocs;
+    return static_cast<void*>(new std::byte[bytes]);
+  }
+  void FreeHost(void* p) override {
+    --host_allocs;
+    delete[] static_cast<std::byte*>(p);
+  }
+  Result<device::Stream> NewStream() override { return static_cast<device::Stream>(this); }
+  void FreeStream(device::Stream) override {}
+  Result<device::Event> NewEvent() override { return static_cast<device::Event>(new uint64_t(0)); }
+  void FreeEvent(device::Event e) override { delete static_cast<uint64_t*>(e); }
+  Status CopyAsync(void* dst, const void* src, size_t bytes, device::CopyKind kind, device::Stream) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const bool to_host = kind == device::CopyKind::kDeviceToHost;
+    log.push_back(std::string(to_host ? "in " : "out ") + std::to_string(bytes));
+    if (fail_copy_at >= 0 && copies_++ == fail_copy_at) return Status::IOError("cudaMemcpyAsync failed: fake error");
+    queue_.push_back([=] {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      std::memcpy(dst, src, bytes);
+    });
+    ++queued_;
+    cv_.notify_all();
+    return Status::OK();
+  }
+  Status RecordEvent(device::Event e, device::Stream) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    *static_cast<uint64_t*>(e) = queued_;  // passed once that many operations ran
+    return Status::OK();
+  }
+  Status WaitEvent(device::Event e) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    const uint64_t mark = *static_cast<uint64_t*>(e);
+    cv_.wait(lock, [&] { return done_ >= mark; });
+    log.push_back("wait");
+    return Status::OK();
+  }
+  Status Synchronize(device::Stream) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_ >= queued_; });
+    return Status::OK();
+  }
+  void Note(const std::string& what) {
+    std::lock_guard<std::mutex> lock(mu_);
+    log.push_back(what);
+  }
+
+  std::vector<std::string> log;  // guarded by mu_ while calls run
+  int fail_copy_at = -1;         // this copy (0-based) fails
+  std::atomic<int> host_allocs{0};
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      auto op = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      op();
+      lock.lock();
+      ++done_;
+      cv_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  uint64_t queued_ = 0, done_ = 0;
+  int copies_ = 0;
+  bool stop_ = false;
+  std::thread engine_;
+};
+
+TEST(DeviceStagingTest, ChunksOverlapTheirCopiesAndLandInOrder) {
+  auto rt = std::make_shared<FakeRuntime>();
+  auto staging = DeviceStaging::Open(rt, 0, 64);
+  ASSERT_TRUE(staging.ok()) << staging.status().ToString();
+  std::vector<float> device(100);  // 400 bytes: 6 chunks of 64 and one of 16
+  for (size_t i = 0; i < device.size(); ++i) device[i] = static_cast<float>(i);
+  int chunk = 0;
+  auto outcome = (*staging)->Run(device.data(), device.size() * sizeof(float), true, true,
+                                 [&](void* host, size_t bytes) {
+                                   rt->Note("op " + std::to_string(chunk++));
+                                   auto* f = static_cast<float*>(host);
+                                   for (size_t i = 0; i < bytes / sizeof(float); ++i) f[i] *= 2;
+                                   return Status::OK();
+                                 });
+  ASSERT_TRUE(outcome.status.ok()) << outcome.status.ToString();
+  for (size_t i = 0; i < device.size(); ++i) ASSERT_EQ(device[i], 2.0f * static_cast<float>(i)) << i;
+  // Chunk 1 was on its way to the host before chunk 0 was worked on.
+  const auto& log = rt->log;
+  EXPECT_EQ(log[0], "in 64");
+  EXPECT_EQ(log[1], "in 64");
+  EXPECT_EQ(log[2], "wait");
+  EXPECT_EQ(log[3], "op 0");
+  EXPECT_EQ(log[4], "out 64");
+  EXPECT_EQ(log[5], "in 64");  // chunk 2 reuses chunk 0's slot, after chunk 0 went back
+  EXPECT_EQ(chunk, 7);
+  EXPECT_EQ(std::count(log.begin(), log.end(), "in 16"), 1);
+  EXPECT_EQ(std::count(log.begin(), log.end(), "out 16"), 1);
+  staging->reset();
+  EXPECT_EQ(rt->host_allocs.load(), 0);
+}
+
+TEST(DeviceStagingTest, AFailedOpStopsWithNothingInFlight) {
+  auto rt = std::make_shared<FakeRuntime>();
+  auto staging = DeviceStaging::Open(rt, 0, 64);
+  ASSERT_TRUE(staging.ok());
+  std::vector<float> device(100, 1.0f);
+  int chunk = 0;
+  auto outcome = (*staging)->Run(device.data(), 400, true, true, [&](void*, size_t) {
+    return ++chunk == 3 ? Status::Aborted("peer gone") : Status::OK();
+  });
+  EXPECT_EQ(outcome.status.code(), StatusCode::kAborted);
+  EXPECT_FALSE(outcome.runtime_failed);
+  EXPECT_EQ(chunk, 3);
+}
+
+// N ranks as N threads, each with its own fake runtime (its own "GPU").
+void RunRanks(int size, const std::function<void(int, Communicator&, FakeRuntime&)>& fn,
+              std::function<void(int, FakeRuntime&)> setup = nullptr, Duration timeout = Duration(20000)) {
+  auto store = NewInMemoryStore();
+  const std::string prefix = UniquePrefix();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      auto rt = std::make_shared<FakeRuntime>();
+      if (setup) setup(r, *rt);
+      CommunicatorOptions o;
+      o.rank = r;
+      o.size = size;
+      o.host = "h0";
+      o.secret = kSecret;
+      o.prefix = prefix;
+      o.timeout = timeout;
+      o.device_chunk_bytes = 256;
+      o.device_runtime = rt;
+      auto comm = Communicator::Create(o, store);
+      ASSERT_TRUE(comm.ok()) << comm.status().ToString();
+      ASSERT_TRUE((*comm)->Barrier().ok());  // every rank is set up before one may break it
+      fn(r, **comm, *rt);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+constexpr device::Device kCuda0{device::Kind::kCuda, 0};
+
+TEST(DeviceCollectiveTest, AllreduceAndBroadcastOnDeviceMemoryMatchHostResults) {
+  RunRanks(3, [](int r, Communicator& c, FakeRuntime&) {
+    std::vector<float> device(1001), host(1001);
+    for (size_t i = 0; i < device.size(); ++i) device[i] = host[i] = static_cast<float>(r * 1000 + i) * 0.25f;
+    ASSERT_TRUE(c.AllreduceOn(kCuda0, device.data(), device.size(), DataType::kFloat32, ReduceOp::kAverage).ok());
+    ASSERT_TRUE(c.Allreduce(host.data(), host.size(), DataType::kFloat32, ReduceOp::kAverage).ok());
+    EXPECT_EQ(std::memcmp(device.data(), host.data(), host.size() * sizeof(float)), 0);
+
+    std::vector<uint16_t> bf16(777, static_cast<uint16_t>(0x3f80 + r));  // bfloat16 bits near 1.0
+    std::vector<uint16_t> bf16_host = bf16;
+    ASSERT_TRUE(c.AllreduceOn(kCuda0, bf16.data(), bf16.size(), DataType::kBFloat16, ReduceOp::kSum).ok());
+    ASSERT_TRUE(c.Allreduce(bf16_host.data(), bf16_host.size(), DataType::kBFloat16, ReduceOp::kSum).ok());
+    EXPECT_EQ(bf16, bf16_host);
+
+    std::vector<int64_t> b(300, r);
+    ASSERT_TRUE(c.BroadcastOn(kCuda0, b.data(), b.size(), DataType::kInt64, 2).ok());
+    EXPECT_EQ(b, std::vector<int64_t>(300, 2));
+
+    std::vector<double> async(500, r + 1.0);
+    auto work = c.AllreduceOnAsync(kCuda0, async.data(), async.size(), DataType::kFloat64, ReduceOp::kSum);
+    ASSERT_TRUE(work->Wait().ok());
+    EXPECT_EQ(async, std::vector<double>(500, 6.0));
+  });
+}
+
+TEST(DeviceCollectiveTest, AFailedCopyFailsEveryRankAtOnceNamingTheRank) {
+  std::vector<Status> got(3);
+  std::vector<double> seconds(3);
+  RunRanks(
+      3,
+      [&](int r, Communicator& c, FakeRuntime&) {
+        std::vector<float> device(1000, 1.0f);
+        const auto start = std::chrono::steady_clock::now();
+        got[r] = c.AllreduceOn(kCuda0, device.data(), device.size(), DataType::kFloat32, ReduceOp::kSum);
+        seconds[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      },
+      [](int r, FakeRuntime& rt) {
+        if (r == 1) rt.fail_copy_at = 3;  // rank 1's fourth copy: mid-call
+      },
+      Duration(60000));
+  EXPECT_EQ(got[1].code(), StatusCode::kIOError) << got[1].ToString();
+  EXPECT_NE(got[1].message().find("CUDA device 0"), std::string::npos) << got[1].ToString();
+  EXPECT_NE(got[1].message().find("fake error"), std::string::npos) << got[1].ToString();
+  for (int r : {0, 2}) {
+    EXPECT_FALSE(got[r].ok());
+    EXPECT_NE(got[r].message().find("rank 1"), std::string::npos) << got[r].ToString();
+    EXPECT_LT(seconds[r], 30.0) << "rank " << r << " waited for its timeout instead of learning of rank 1";
+  }
+}
+
+TEST(DeviceCollectiveTest, WithoutACudaRuntimeEveryRankFailsNamingTheRankThatHasNone) {
+  auto store = NewInMemoryStore();
+  const std::string prefix = UniquePrefix();
+  std::vector<Status> got(2, Status::Internal("the rank did not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      CommunicatorOptions o;
+      o.rank = r;
+      o.size = 2;
+      o.host = "h0";
+      o.secret = kSecret;
+      o.prefix = prefix;
+      o.timeout = Duration(60000);
+      o.cuda.libraries = {"libember-no-such-cudart.so"};
+      std::shared_ptr<FakeRuntime> fake;
+      if (r == 0) o.device_runtime = fake = std::make_shared<FakeRuntime>();  // rank 0 has a runtime
+      auto comm = Communicator::Create(o, store);
+      ASSERT_TRUE(comm.ok()) << comm.status().ToString();
+      ASSERT_TRUE((*comm)->Barrier().ok());  // both ranks are set up before rank 1 breaks it
+      std::vector<float> device(100, 1.0f);
+      got[r] = (*comm)->AllreduceOn(kCuda0, device.data(), device.size(), DataType::kFloat32, ReduceOp::kSum);
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(got[1].code(), StatusCode::kNotFound) << got[1].ToString();
+  EXPECT_NE(got[1].message().find("libember-no-such-cudart.so"), std::string::npos) << got[1].ToString();
+  EXPECT_FALSE(got[0].ok());
+  EXPECT_NE(got[0].message().find("rank 1"), std::string::npos) << got[0].ToString();
+}
+
+TEST(CudaRuntimeTest, AnAbsentLibraryIsNotFoundNamingIt) {
+  auto rt = device::LoadCuda(device::CudaOptions{{"libember-no-such-cudart.so"}});
+  ASSERT_FALSE(rt.ok());
+  EXPECT_EQ(rt.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(rt.status().message().find("libember-no-such-cudart.so"), std::string::npos);
+  EXPECT_NE(rt.status().message().find("nvidia-cuda-runtime-cu12"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ember::collective
