@@ -435,8 +435,12 @@ struct HalfAvx2 {
   static EMBER_TARGET_AVX2 void F16(uint16_t* dst, const void* const* srcs, int n, size_t count) {
     avx2::FusedReduceN<F16Avx2, Op>(dst, srcs, n, count);
   }
-  static EMBER_TARGET_AVX2 void DivideBf16(uint16_t* p, size_t count, int d) { avx2::FusedDivide<Bf16Avx2>(p, count, d); }
-  static EMBER_TARGET_AVX2 void DivideF16(uint16_t* p, size_t count, int d) { avx2::FusedDivide<F16Avx2>(p, count, d); }
+  static EMBER_TARGET_AVX2 void DivideBf16(uint16_t* p, size_t count, int d) {
+    avx2::FusedDivide<Bf16Avx2>(p, count, d);
+  }
+  static EMBER_TARGET_AVX2 void DivideF16(uint16_t* p, size_t count, int d) {
+    avx2::FusedDivide<F16Avx2>(p, count, d);
+  }
 };
 struct HalfAvx512 {
   template <typename Op>
