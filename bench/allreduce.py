@@ -1,6 +1,7 @@
 """Allreduce bus bandwidth and latency: Ember's collectives vs Gloo vs torch.distributed (gloo).
 
-float32 sum allreduce, in place, ranks as separate processes on this host (2 and 4 by default).
+float32 sum allreduce (--dtype: bfloat16, float16 too), in place, ranks as separate processes on
+this host (2 and 4 by default).
 Contenders, interleaved per size (every repeat runs each once, in rotating order):
 
 * ember_shm: ember::collective::Communicator, Transport::kAuto (shared memory on one host);
@@ -22,6 +23,11 @@ contender's the median over --repeats runs.  busbw = bytes / time * 2(N-1)/N.  m
 The last line: ``allreduce_busbw_64MiB: ember=<GB/s> gloo=<GB/s> ratio=<v>`` (2 ranks, 64 MiB,
 ember_shm vs the best Gloo variant).  --netns adds 2 ranks in two network namespaces joined by
 a veth pair (created and removed here; needs root): ember_tcp vs Gloo over real TCP.
+
+--dtype bfloat16|float16: the same, over 16-bit elements (the same bytes, half the elements).
+Debian's Gloo harness is float32 only, so its variants are left out and torch's gloo (which
+reduces bfloat16 and float16) is the peer; the last line is then
+``allreduce_busbw_64MiB_<dtype>: ember=<GB/s> torch=<GB/s> ratio=<v>``.
 """
 from __future__ import annotations
 
@@ -156,7 +162,7 @@ class Harness:
 
 
 # ----------------------------------------------------------------------------- torch harness
-def _torch_rank(rank: int, size: int, init: str, conn) -> None:  # runs in a spawned process
+def _torch_rank(rank: int, size: int, init: str, conn, dtype_name: str = "float32") -> None:  # runs in a spawned process
     import datetime
     import statistics
     import torch
@@ -170,17 +176,20 @@ def _torch_rank(rank: int, size: int, init: str, conn) -> None:  # runs in a spa
         return
     conn.send("ready")
     s = size * (size + 1) // 2
+    dtype = getattr(torch, dtype_name)
+    esize = torch.empty(0, dtype=dtype).element_size()
     count = -1
     while True:
         cmd = conn.recv().split()
         if cmd[0] == "quit":
             break
         nbytes, warmup, min_iters, min_secs = int(cmd[1]), int(cmd[2]), int(cmd[3]), float(cmd[4])
-        if max(1, nbytes // 4) != count:
-            count = max(1, nbytes // 4)
-            base = (torch.arange(count, dtype=torch.int64) % 13 + 1).to(torch.float32)
-            data = torch.empty(count, dtype=torch.float32)
-            want = torch.empty(count, dtype=torch.float32)
+        if max(1, nbytes // esize) != count:
+            count = max(1, nbytes // esize)
+            # Small integers: every sum is exact in each dtype (bfloat16: up to 256).
+            base = (torch.arange(count, dtype=torch.int64) % 13 + 1).to(dtype)
+            data = torch.empty(count, dtype=dtype)
+            want = torch.empty(count, dtype=dtype)
 
         def once(k: int) -> float:
             c = float(k % 13)
@@ -208,7 +217,7 @@ def _torch_rank(rank: int, size: int, init: str, conn) -> None:  # runs in a spa
     dist.destroy_process_group()
 
 
-def torch_harness_main(ranks: int) -> int:
+def torch_harness_main(ranks: int, dtype: str = "float32") -> int:
     """The torch contender's harness: the C++ harnesses' stdin/stdout protocol, ranks spawned
     with multiprocessing, meeting through a FileStore."""
     import multiprocessing as mp
@@ -219,7 +228,7 @@ def torch_harness_main(ranks: int) -> int:
     procs, conns = [], []
     for r in range(ranks):
         a, b = ctx.Pipe()
-        p = ctx.Process(target=_torch_rank, args=(r, ranks, init, b), daemon=True)
+        p = ctx.Process(target=_torch_rank, args=(r, ranks, init, b, dtype), daemon=True)
         p.start()
         procs.append(p)
         conns.append(a)
@@ -375,7 +384,8 @@ def best_gloo(res: dict, nbytes: int, variants: List[str]) -> tuple[float, str]:
     return min(cands) if cands else (float("nan"), "-")
 
 
-def table(res: dict, ranks: int, sizes: List[int], cols: List[str], variants: List[str], memcpy: float) -> List[str]:
+def table(res: dict, ranks: int, sizes: List[int], cols: List[str], variants: List[str], memcpy: float,
+          dtype: str = "float32") -> List[str]:
     main_cols = [c for c in cols if not c.startswith("gloo_")] + ["gloo"]
     main_cols.insert(len(main_cols) - 1 - ("torch" in main_cols), main_cols.pop())  # gloo before torch
 
@@ -391,7 +401,7 @@ def table(res: dict, ranks: int, sizes: List[int], cols: List[str], variants: Li
     head = (f"{'size':>8} |" + "".join(f" {c if c != 'gloo' else 'gloo (best)':>18} |" for c in main_cols)
             + f" {'gloo variant':>12} | {'shm/gloo':>8} | {'tcp/gloo':>8} | {'shm/torch':>9} | {'shm/memcpy':>10} | load")
     units = f"{'':>8} |" + "".join(f" {'GB/s':>7} {'µs':>10} |" for _ in main_cols)
-    lines = [f"== {ranks} ranks: busbw GB/s and median µs per float32 sum allreduce; memcpy {memcpy:.2f} GB/s",
+    lines = [f"== {ranks} ranks: busbw GB/s and median µs per {dtype} sum allreduce; memcpy {memcpy:.2f} GB/s",
              head, units, "-" * len(head)]
     for n in sizes:
         gt, gv = best_gloo(res, n, variants)
@@ -448,16 +458,21 @@ def main() -> int:
     p.add_argument("--no-torch", action="store_true")
     p.add_argument("--netns", action="store_true", help="also 2 ranks in two network namespaces (veth; root)")
     p.add_argument("--json", help="write every measurement here")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                   help="element type (default float32); 16-bit: Debian's Gloo is left out, torch is the peer")
     p.add_argument("--torch-harness", type=int, metavar="RANKS", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.torch_harness:
-        return torch_harness_main(args.torch_harness)
+        return torch_harness_main(args.torch_harness, args.dtype)
 
     sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else (QUICK_SIZES if args.quick else DEFAULT_SIZES)
     if args.quick and not args.sizes:
         args.repeats = 1
     rank_counts = [int(r) for r in args.ranks.split(",")]
     variants = [v for v in args.gloo_variants.split(",") if v]
+    if args.dtype != "float32":
+        variants = []  # the Gloo harness reduces float32 only
+    dt = ["--dtype", args.dtype]
     t_start = time.monotonic()
     log(machine_info())
     built = build()
@@ -476,11 +491,11 @@ def main() -> int:
     for ranks in rank_counts:
         specs = []
         if not built["ember_allreduce"]:
-            specs += [("ember_shm", [ember_bin, "--ranks", str(ranks)], None),
-                      ("ember_tcp", [ember_bin, "--ranks", str(ranks), "--tcp"], None)]
+            specs += [("ember_shm", [ember_bin, "--ranks", str(ranks), *dt], None),
+                      ("ember_tcp", [ember_bin, "--ranks", str(ranks), "--tcp", *dt], None)]
         specs += [(f"gloo_{v}", [gloo_bin, "--ranks", str(ranks), "--variant", v], None) for v in variants]
         if tenv:
-            specs.append(("torch", [sys.executable, __file__, "--torch-harness", str(ranks)], tenv))
+            specs.append(("torch", [sys.executable, __file__, "--torch-harness", str(ranks), *dt], tenv))
         memcpy = Harness("memcpy", [gloo_bin, "--ranks", "1", "--variant", "allreduce"])
         hs = start(specs)
         memcpy.wait_ready()
@@ -495,7 +510,7 @@ def main() -> int:
         memcpy_all += res.get("memcpy_gbps", [])
         all_res[str(ranks)] = res
         cols = [s[0] for s in specs]
-        report += table(res, ranks, sizes, cols, variants, median(res.get("memcpy_gbps", [])))
+        report += table(res, ranks, sizes, cols, variants, median(res.get("memcpy_gbps", [])), args.dtype)
         report += [f"   {s[0]} failed: {h.error}" for s in specs for h in hs if h.name == s[0] and h.error]
         report += [f"   {s[0]} did not start" for s in specs if s[0] not in [h.name for h in hs]]
         report += goals(res, ranks, sizes, variants)
@@ -507,7 +522,7 @@ def main() -> int:
             ns_args = ["--ranks", "2", "--netns", ",".join(NETNS), "--hosts", ",".join(NETNS_HOSTS)]
             specs = []
             if not built["ember_allreduce"]:
-                specs.append(("ember_tcp", [ember_bin, *ns_args, "--tcp"], None))
+                specs.append(("ember_tcp", [ember_bin, *ns_args, "--tcp", *dt], None))
             specs += [(f"gloo_{v}", [gloo_bin, *ns_args, "--variant", v], None) for v in variants]
             hs = start(specs)
             res = {}
@@ -515,7 +530,7 @@ def main() -> int:
             for h in hs:
                 h.close()
             all_res["netns2"] = res
-            lines = table(res, 2, sizes, [s[0] for s in specs], variants, float("nan"))
+            lines = table(res, 2, sizes, [s[0] for s in specs], variants, float("nan"), args.dtype)
             report.append(lines[0].replace("== 2 ranks", "== 2 ranks in two network namespaces (veth pair, TCP)"))
             report += lines[1:]
             report += [f"   {h.name} failed: {h.error}" for h in hs if h.error]
@@ -539,8 +554,15 @@ def main() -> int:
     log(f"done in {time.monotonic() - t_start:.0f} s; {machine_info()}")
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": machine_info(), "sizes": sizes, "results": all_res,
-                                               "gloo_variants": variants}, indent=1, default=str))
+                                               "gloo_variants": variants, "dtype": args.dtype}, indent=1,
+                                              default=str))
     r2 = all_res.get("2", {})
+    if args.dtype != "float32":
+        et, tt = median(r2.get("ember_shm", {}).get(64 * MiB, [])), median(r2.get("torch", {}).get(64 * MiB, []))
+        eb, tb = busbw(64 * MiB, et, 2), busbw(64 * MiB, tt, 2)
+        print(f"allreduce_busbw_64MiB_{args.dtype}: ember={eb:.3f} torch={tb:.3f} "
+              f"ratio={eb / tb if tb == tb else float('nan'):.2f}")
+        return 0
     et = median(r2.get("ember_shm", {}).get(64 * MiB, []))
     gt, _ = best_gloo(r2, 64 * MiB, variants)
     eb, gb = busbw(64 * MiB, et, 2), busbw(64 * MiB, gt, 2)

@@ -106,8 +106,11 @@ class SharedStore : public ec::Store {
 class EmberContender : public bench::Contender {
  public:
   explicit EmberContender(std::unique_ptr<ec::Communicator> comm) : comm_(std::move(comm)) {}
-  std::string Allreduce(float* data, size_t count, bool max) override {
-    ember::Status st = comm_->Allreduce(data, count, ec::DataType::kFloat32, max ? ec::ReduceOp::kMax : ec::ReduceOp::kSum);
+  std::string Allreduce(void* data, size_t count, bench::Dtype dtype, bool max) override {
+    const ec::DataType t = dtype == bench::Dtype::kBFloat16  ? ec::DataType::kBFloat16
+                           : dtype == bench::Dtype::kFloat16 ? ec::DataType::kFloat16
+                                                              : ec::DataType::kFloat32;
+    ember::Status st = comm_->Allreduce(data, count, t, max ? ec::ReduceOp::kMax : ec::ReduceOp::kSum);
     return st.ok() ? "" : "ember: " + st.ToString();
   }
 

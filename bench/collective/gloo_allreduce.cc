@@ -54,7 +54,11 @@ class GlooContender : public bench::Contender {
     }
   }
 
-  std::string Allreduce(float* data, size_t count, bool max) override {
+  // float32 only: bench/allreduce.py runs Debian's Gloo for --dtype float32
+  // and leaves the 16-bit comparison to torch's gloo.
+  std::string Allreduce(void* raw, size_t count, bench::Dtype dtype, bool max) override {
+    if (dtype != bench::Dtype::kFloat32) return "gloo harness: float32 only";
+    float* data = static_cast<float*>(raw);
     try {
       if (variant_ == "allreduce") {
         gloo::AllreduceOptions opts(ctx_);

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -74,15 +75,43 @@ bool WriteLine(int fd, const std::string& s) {
 }
 
 // ---------------------------------------------------------------- one rank
+size_t SizeOf(Dtype t) { return t == Dtype::kFloat32 ? 4 : 2; }
+
+// The harness's values are small integers (at most 25 * size(size+1)/2), exact
+// in every dtype up to 4 ranks (bfloat16: 256, float16: 2048).
+uint16_t ToHalfBits(Dtype t, float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  if (t == Dtype::kBFloat16) return static_cast<uint16_t>(bits >> 16);  // exact: the low bits are zero
+  if (v == 0.0f) return 0;
+  const int exp = static_cast<int>((bits >> 23) & 0xff) - 127;  // a normal float16 for these values
+  return static_cast<uint16_t>(((exp + 15) << 10) | ((bits >> 13) & 0x3ff));
+}
+
+float FromHalfBits(Dtype t, uint16_t h) {
+  uint32_t bits;
+  if (t == Dtype::kBFloat16) {
+    bits = static_cast<uint32_t>(h) << 16;
+  } else {
+    const uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+    bits = (static_cast<uint32_t>(h & 0x8000) << 16) |
+           (exp == 0 && mant == 0 ? 0 : ((exp + 112) << 23) | (mant << 13));  // zero or normal only
+  }
+  float v;
+  std::memcpy(&v, &bits, 4);
+  return v;
+}
+
 class RankBench {
  public:
   RankBench(const RankEnv& env, Contender* c) : env_(env), c_(c) {}
 
   // "ok <median_s> <iters>" or "err <message>"
   std::string Run(size_t bytes, int warmup, int min_iters, double min_secs) {
-    size_t count = std::max<size_t>(1, bytes / sizeof(float));
-    if (count != data_.size()) {
-      data_.assign(count, 0.0f);
+    const size_t es = SizeOf(env_.dtype);
+    size_t count = std::max<size_t>(1, bytes / es);
+    if (count != base_.size()) {
+      data_.assign(count * es, 0);
       base_.resize(count);
       for (size_t i = 0; i < count; ++i) base_[i] = static_cast<float>(1 + i % 13);
     }
@@ -94,7 +123,7 @@ class RankBench {
     }
     // Agree on the iteration count: every rank must make the same calls.
     float slowest = static_cast<float>(Median(warm));
-    if (std::string e = c_->Allreduce(&slowest, 1, /*max=*/true); !e.empty()) return "err " + e;
+    if (std::string e = c_->Allreduce(&slowest, 1, Dtype::kFloat32, /*max=*/true); !e.empty()) return "err " + e;
     long iters = std::max<long>(min_iters, std::lround(std::ceil(min_secs / std::max(slowest, 1e-9f))));
     iters = std::min<long>(iters, 200000);
     std::vector<double> times;
@@ -115,21 +144,29 @@ class RankBench {
     const float r1 = static_cast<float>(env_.rank + 1);
     const float s = static_cast<float>(env_.size * (env_.size + 1) / 2);
     const float c = static_cast<float>(k % 13);
-    const size_t n = data_.size();
-    float* x = data_.data();
+    const size_t n = base_.size();
+    const Dtype t = env_.dtype;
     const float* b = base_.data();
-    for (size_t i = 0; i < n; ++i) x[i] = r1 * (b[i] + c);
+    if (t == Dtype::kFloat32) {
+      float* x = reinterpret_cast<float*>(data_.data());
+      for (size_t i = 0; i < n; ++i) x[i] = r1 * (b[i] + c);
+    } else {
+      uint16_t* x = reinterpret_cast<uint16_t*>(data_.data());
+      for (size_t i = 0; i < n; ++i) x[i] = ToHalfBits(t, r1 * (b[i] + c));
+    }
     auto t0 = Clock::now();
-    std::string err = c_->Allreduce(x, n, /*max=*/false);
+    std::string err = c_->Allreduce(data_.data(), n, t, /*max=*/false);
     auto t1 = Clock::now();
     if (!err.empty()) return err;
     *secs = Seconds(t0, t1);
     for (size_t i = 0; i < n; ++i) {
-      float want = s * (b[i] + c);
-      if (x[i] != want) {
+      const float got = t == Dtype::kFloat32 ? reinterpret_cast<const float*>(data_.data())[i]
+                                             : FromHalfBits(t, reinterpret_cast<const uint16_t*>(data_.data())[i]);
+      const float want = s * (b[i] + c);
+      if (got != want) {
         char buf[200];
         std::snprintf(buf, sizeof buf, "rank %d: wrong sum at element %zu of %zu, call %ld: got %g, want %g",
-                      env_.rank, i, n, k, x[i], want);
+                      env_.rank, i, n, k, got, want);
         return buf;
       }
     }
@@ -138,7 +175,8 @@ class RankBench {
 
   RankEnv env_;
   Contender* c_;
-  std::vector<float> data_, base_;
+  std::vector<float> base_;
+  std::vector<char> data_;  // what the contender reduces: base_'s values as env_.dtype
 };
 
 [[noreturn]] void RankMain(const RankEnv& env, const std::string& netns, int cmd_fd, int res_fd,
@@ -219,8 +257,15 @@ int HarnessMain(int argc, char** argv, const char* name, ContenderFactory factor
     else if (a == "--netns") netns = Split(next(), ',');
     else if (a == "--tcp") proto.tcp = true;
     else if (a == "--variant") proto.variant = next();
-    else {
+    else if (a == "--dtype") {
+      const std::string d = next();
+      if (d == "float32") proto.dtype = Dtype::kFloat32;
+      else if (d == "bfloat16") proto.dtype = Dtype::kBFloat16;
+      else if (d == "float16") proto.dtype = Dtype::kFloat16;
+      else { std::fprintf(stderr, "%s: --dtype float32|bfloat16|float16, not %s\n", name, d.c_str()); return 2; }
+    } else {
       std::fprintf(stderr, "usage: %s [--ranks N] [--hosts a,b,..] [--netns ns0,ns1,..] [--tcp] [--variant V]\n"
+                           "       [--dtype float32|bfloat16|float16]\n"
                            "then commands on stdin (see bench/collective/harness.h)\n", name);
       return 2;
     }

@@ -6,8 +6,9 @@
 // answering each with one JSON line on stdout:
 //
 //   run <bytes> <warmup> <min_iters> <min_secs>
-//       every rank: `warmup` verified allreduces (sum, float32, in place) of
-//       bytes/4 elements, then agree on an iteration count (the ranks' largest
+//       every rank: `warmup` verified allreduces (sum, in place, of the
+//       harness's --dtype: float32 by default, bfloat16 or float16) of
+//       bytes/sizeof(dtype) elements, then agree on an iteration count (the ranks' largest
 //       warm-up median, through the contender's own max-allreduce) and time
 //       max(min_iters, min_secs / that) verified allreduces one by one.
 //       -> {"bytes":..,"iters":..,"median_s":<slowest rank's median>,"rank_median_s":[..]}
@@ -28,6 +29,9 @@
 
 namespace bench {
 
+// The element types a run can allreduce (--dtype).
+enum class Dtype { kFloat32, kBFloat16, kFloat16 };
+
 struct RankEnv {
   int rank = 0;
   int size = 1;
@@ -36,14 +40,16 @@ struct RankEnv {
   std::string run_id;              // unique per harness run (pid based)
   bool tcp = false;                // --tcp: a contender's TCP-only variant
   std::string variant;             // --variant VALUE, contender specific
+  Dtype dtype = Dtype::kFloat32;   // --dtype float32|bfloat16|float16
 };
 
 // One rank's end of a contender.  Methods return "" on success, else an error message.
 class Contender {
  public:
   virtual ~Contender() = default;
-  // In place over `count` float32 elements: sum, or max when `max`.
-  virtual std::string Allreduce(float* data, size_t count, bool max) = 0;
+  // In place over `count` elements of `dtype` (16-bit ones as their bits):
+  // sum, or max when `max`.  A contender without `dtype` returns an error.
+  virtual std::string Allreduce(void* data, size_t count, Dtype dtype, bool max) = 0;
 };
 
 // Builds a rank's contender after fork (and after entering its namespace).

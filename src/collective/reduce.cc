@@ -9,8 +9,13 @@
 //
 // Each kernel is compiled three times, for AVX-512, AVX2+F16C and the
 // baseline, and picked once per process by what the CPU supports.  The
-// float16 conversions are F16C instructions where available and an exact
-// software version otherwise (clang 14 has no _Float16 on x86).
+// 16-bit floats are the exception to the block shape on x86: their AVX2 and
+// AVX-512 kernels are written with intrinsics and fused (widen, combine,
+// narrow in registers; see "fused" below), so they move as many bytes per
+// second as float32; the baseline keeps the block kernels, which are also the
+// scalar definition.  The float16 conversions are F16C instructions where
+// available and an exact software version otherwise (clang 14 has no
+// _Float16 on x86).
 #if defined(__GNUC__) && !defined(__clang__)
 // -O3 for this file only: GCC's -O2 vectorizer gives up on loops of unknown
 // trip count, which is most of them here.
@@ -164,48 +169,154 @@ struct F16SoftCodec {
 };
 
 #if EMBER_X86
-// Out of line (one call per block): GCC cannot always-inline a function
-// with more ISA into the generic template that calls it.
 #define EMBER_TARGET_AVX2 __attribute__((target("avx2,f16c")))
 #define EMBER_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c")))
 
-struct F16cCodec {
-  static EMBER_TARGET_AVX2 void Widen(float* out, const uint16_t* in, size_t m) {
-    size_t i = 0;
-    for (; i + 8 <= m; i += 8) {
-      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
-      _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
-    }
-    for (; i < m; ++i) out[i] = F16WidenSoft(in[i]);
+// --- 16-bit floats, fused: the vector kernels. ---
+//
+// Each step takes one vector's worth of elements from every source, widens
+// it, combines it in registers and narrows it straight into dst: no block of
+// floats in L1 between the passes, so a 16-bit element costs about what a
+// float32 one does and the reduction moves as many bytes per second.  Every
+// element sees the same operations in the same order as the scalar
+// definition (Bf16Widen / Bf16Narrow, F16C, Sum/Min/Max::Apply), so the bits
+// are those of the baseline kernels (reduce_test checks every ISA).  dst may
+// equal a source: a step reads all its sources before it stores.
+
+enum class VOp { kSum, kMin, kMax };
+template <typename Op> constexpr VOp kVOp = VOp::kSum;
+template <> constexpr VOp kVOp<Min<float>> = VOp::kMin;
+template <> constexpr VOp kVOp<Max<float>> = VOp::kMax;
+
+#define EMBER_AVX2_INLINE inline __attribute__((always_inline, target("avx2,f16c")))
+#define EMBER_AVX512_INLINE \
+  inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c")))
+
+// A step is two vectors of floats.  The Min/Max operand order is the scalar
+// rule's: minps(x, y) is x < y ? x : y, so b < a ? b : a is minps(b, a).
+template <VOp op>
+EMBER_AVX2_INLINE __m256 Apply256(__m256 a, __m256 b) {
+  if constexpr (op == VOp::kMin) return _mm256_min_ps(b, a);
+  if constexpr (op == VOp::kMax) return _mm256_max_ps(b, a);
+  return _mm256_add_ps(a, b);
+}
+template <VOp op>
+EMBER_AVX512_INLINE __m512 Apply512(__m512 a, __m512 b) {
+  if constexpr (op == VOp::kMin) return _mm512_min_ps(b, a);
+  if constexpr (op == VOp::kMax) return _mm512_max_ps(b, a);
+  return _mm512_add_ps(a, b);
+}
+
+// bfloat16 with AVX2, 16 elements a step.  Widening interleaves each 128-bit
+// lane's words with zeros (unpacklo: words 0-3, unpackhi: words 4-7), and
+// narrowing packs the same lanes back (packus), so the two permutations
+// cancel and no cross-lane shuffle is needed.
+struct Bf16Avx2 {
+  static constexpr size_t kStep = 16;
+  struct W { __m256 lo, hi; };
+  static EMBER_AVX2_INLINE W Load(const uint16_t* p) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    const __m256i z = _mm256_setzero_si256();
+    return {_mm256_castsi256_ps(_mm256_unpacklo_epi16(z, x)), _mm256_castsi256_ps(_mm256_unpackhi_epi16(z, x))};
   }
-  static EMBER_TARGET_AVX2 void Narrow(uint16_t* out, const float* in, size_t m) {
-    size_t i = 0;
-    for (; i + 8 <= m; i += 8) {
-      const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
-    }
-    for (; i < m; ++i) out[i] = F16NarrowSoft(in[i]);
+  // Bf16Narrow on 8 floats, the result in the low half of each 32-bit lane.
+  static EMBER_AVX2_INLINE __m256i Round(__m256 f) {
+    const __m256i b = _mm256_castps_si256(f);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+    const __m256i rounded = _mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7fff)), lsb);
+    const __m256i quiet = _mm256_or_si256(b, _mm256_set1_epi32(0x400000));
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7fffffff)),
+                                           _mm256_set1_epi32(0x7f800000));
+    return _mm256_srli_epi32(_mm256_blendv_epi8(rounded, quiet, nan), 16);
+  }
+  static EMBER_AVX2_INLINE void Store(uint16_t* p, W w) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm256_packus_epi32(Round(w.lo), Round(w.hi)));
+  }
+  template <VOp op>
+  static EMBER_AVX2_INLINE W Apply(W a, W b) { return {Apply256<op>(a.lo, b.lo), Apply256<op>(a.hi, b.hi)}; }
+  static EMBER_AVX2_INLINE W Div(W a, float d) {
+    const __m256 v = _mm256_set1_ps(d);
+    return {_mm256_div_ps(a.lo, v), _mm256_div_ps(a.hi, v)};
   }
 };
 
-struct F16Avx512Codec {
-  static EMBER_TARGET_AVX512 void Widen(float* out, const uint16_t* in, size_t m) {
-    size_t i = 0;
-    for (; i + 16 <= m; i += 16) {
-      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(in + i));
-      _mm512_storeu_ps(out + i, _mm512_cvtph_ps(h));
-    }
-    for (; i < m; ++i) out[i] = F16WidenSoft(in[i]);
+// float16 with F16C, 16 elements a step.
+struct F16Avx2 {
+  static constexpr size_t kStep = 16;
+  using W = Bf16Avx2::W;
+  static EMBER_AVX2_INLINE W Load(const uint16_t* p) {
+    return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))};
   }
-  static EMBER_TARGET_AVX512 void Narrow(uint16_t* out, const float* in, size_t m) {
-    size_t i = 0;
-    for (; i + 16 <= m; i += 16) {
-      const __m256i h = _mm512_cvtps_ph(_mm512_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), h);
-    }
-    for (; i < m; ++i) out[i] = F16NarrowSoft(in[i]);
+  static EMBER_AVX2_INLINE void Store(uint16_t* p, W w) {
+    constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(w.lo, kRound));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p + 8), _mm256_cvtps_ph(w.hi, kRound));
+  }
+  template <VOp op>
+  static EMBER_AVX2_INLINE W Apply(W a, W b) { return Bf16Avx2::Apply<op>(a, b); }
+  static EMBER_AVX2_INLINE W Div(W a, float d) { return Bf16Avx2::Div(a, d); }
+};
+
+// bfloat16 with AVX-512, 32 elements a step (the same lane trick as Bf16Avx2).
+struct Bf16Avx512 {
+  static constexpr size_t kStep = 32;
+  struct W { __m512 lo, hi; };
+  static EMBER_AVX512_INLINE W Load(const uint16_t* p) {
+    const __m512i x = _mm512_loadu_si512(p);
+    const __m512i z = _mm512_setzero_si512();
+    return {_mm512_castsi512_ps(_mm512_unpacklo_epi16(z, x)), _mm512_castsi512_ps(_mm512_unpackhi_epi16(z, x))};
+  }
+  static EMBER_AVX512_INLINE __m512i Round(__m512 f) {
+    const __m512i b = _mm512_castps_si512(f);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_add_epi32(_mm512_add_epi32(b, _mm512_set1_epi32(0x7fff)), lsb);
+    const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(b, _mm512_set1_epi32(0x7fffffff)),
+                                                  _mm512_set1_epi32(0x7f800000));
+    // rounded where a number, b | 0x400000 (quiet) where NaN.
+    return _mm512_srli_epi32(_mm512_mask_or_epi32(rounded, nan, b, _mm512_set1_epi32(0x400000)), 16);
+  }
+  static EMBER_AVX512_INLINE void Store(uint16_t* p, W w) {
+    _mm512_storeu_si512(p, _mm512_packus_epi32(Round(w.lo), Round(w.hi)));
+  }
+  template <VOp op>
+  static EMBER_AVX512_INLINE W Apply(W a, W b) { return {Apply512<op>(a.lo, b.lo), Apply512<op>(a.hi, b.hi)}; }
+  static EMBER_AVX512_INLINE W Div(W a, float d) {
+    const __m512 v = _mm512_set1_ps(d);
+    return {_mm512_div_ps(a.lo, v), _mm512_div_ps(a.hi, v)};
   }
 };
+
+// float16 with AVX-512's F16C forms, 32 elements a step.
+struct F16Avx512 {
+  static constexpr size_t kStep = 32;
+  using W = Bf16Avx512::W;
+  static EMBER_AVX512_INLINE W Load(const uint16_t* p) {
+    return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))),
+            _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16)))};
+  }
+  static EMBER_AVX512_INLINE void Store(uint16_t* p, W w) {
+    constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(w.lo, kRound));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p + 16), _mm512_cvtps_ph(w.hi, kRound));
+  }
+  template <VOp op>
+  static EMBER_AVX512_INLINE W Apply(W a, W b) { return Bf16Avx512::Apply<op>(a, b); }
+  static EMBER_AVX512_INLINE W Div(W a, float d) { return Bf16Avx512::Div(a, d); }
+};
+
+
+namespace avx2 {
+#define EMBER_FUSED_INLINE EMBER_AVX2_INLINE
+#include "collective/reduce_fused.inc"
+#undef EMBER_FUSED_INLINE
+}  // namespace avx2
+
+namespace avx512 {
+#define EMBER_FUSED_INLINE EMBER_AVX512_INLINE
+#include "collective/reduce_fused.inc"
+#undef EMBER_FUSED_INLINE
+}  // namespace avx512
 #endif
 
 template <typename Codec, typename Op>
@@ -245,26 +356,26 @@ EMBER_INLINE void ReduceBf16(uint16_t* dst, const void* const* srcs, int n, size
   }
 }
 
-template <typename F16, template <typename> class Op>
+template <typename Half, template <typename> class Op>
 EMBER_INLINE void ReduceDtype(DataType dtype, void* dst, const void* const* srcs, int n, size_t count) {
   switch (dtype) {
     case DataType::kFloat32: return ReduceTyped<float, Op<float>>(static_cast<float*>(dst), srcs, n, count);
     case DataType::kFloat64: return ReduceTyped<double, Op<double>>(static_cast<double*>(dst), srcs, n, count);
     case DataType::kInt32: return ReduceTyped<int32_t, Op<int32_t>>(static_cast<int32_t*>(dst), srcs, n, count);
     case DataType::kInt64: return ReduceTyped<int64_t, Op<int64_t>>(static_cast<int64_t*>(dst), srcs, n, count);
-    case DataType::kBFloat16: return ReduceBf16<Op<float>>(static_cast<uint16_t*>(dst), srcs, n, count);
-    case DataType::kFloat16: return ReduceHalf<F16, Op<float>>(static_cast<uint16_t*>(dst), srcs, n, count);
+    case DataType::kBFloat16: return Half::template Bf16<Op<float>>(static_cast<uint16_t*>(dst), srcs, n, count);
+    case DataType::kFloat16: return Half::template F16<Op<float>>(static_cast<uint16_t*>(dst), srcs, n, count);
   }
 }
 
 // n >= 2, count > 0.
-template <typename F16>
+template <typename Half>
 EMBER_INLINE void ReduceBody(DataType dtype, ReduceOp op, void* dst, const void* const* srcs, int n, size_t count) {
   switch (op) {
-    case ReduceOp::kMin: return ReduceDtype<F16, Min>(dtype, dst, srcs, n, count);
-    case ReduceOp::kMax: return ReduceDtype<F16, Max>(dtype, dst, srcs, n, count);
+    case ReduceOp::kMin: return ReduceDtype<Half, Min>(dtype, dst, srcs, n, count);
+    case ReduceOp::kMax: return ReduceDtype<Half, Max>(dtype, dst, srcs, n, count);
     case ReduceOp::kSum:
-    case ReduceOp::kAverage: return ReduceDtype<F16, Sum>(dtype, dst, srcs, n, count);
+    case ReduceOp::kAverage: return ReduceDtype<Half, Sum>(dtype, dst, srcs, n, count);
   }
 }
 
@@ -286,41 +397,92 @@ EMBER_INLINE void DivideHalf(uint16_t* p, size_t count, int divisor) {
   }
 }
 
-template <typename F16>
+template <typename Half>
 EMBER_INLINE void DivideBody(DataType dtype, void* data, size_t count, int divisor) {
   switch (dtype) {
     case DataType::kFloat32: return DivideTyped(static_cast<float*>(data), count, static_cast<float>(divisor));
     case DataType::kFloat64: return DivideTyped(static_cast<double*>(data), count, static_cast<double>(divisor));
     case DataType::kInt32: return DivideTyped(static_cast<int32_t*>(data), count, static_cast<int32_t>(divisor));
     case DataType::kInt64: return DivideTyped(static_cast<int64_t*>(data), count, static_cast<int64_t>(divisor));
-    case DataType::kBFloat16: return DivideHalf<Bf16Codec>(static_cast<uint16_t*>(data), count, divisor);
-    case DataType::kFloat16: return DivideHalf<F16>(static_cast<uint16_t*>(data), count, divisor);
+    case DataType::kBFloat16: return Half::DivideBf16(static_cast<uint16_t*>(data), count, divisor);
+    case DataType::kFloat16: return Half::DivideF16(static_cast<uint16_t*>(data), count, divisor);
   }
 }
+
+// The 16-bit kernels of each instruction set: the block kernels (scalar
+// code the compiler vectorizes) as the baseline, the fused ones above it.
+struct HalfBaseline {
+  template <typename Op>
+  static EMBER_INLINE void Bf16(uint16_t* dst, const void* const* srcs, int n, size_t count) {
+    ReduceBf16<Op>(dst, srcs, n, count);
+  }
+  template <typename Op>
+  static EMBER_INLINE void F16(uint16_t* dst, const void* const* srcs, int n, size_t count) {
+    ReduceHalf<F16SoftCodec, Op>(dst, srcs, n, count);
+  }
+  static EMBER_INLINE void DivideBf16(uint16_t* p, size_t count, int d) { DivideHalf<Bf16Codec>(p, count, d); }
+  static EMBER_INLINE void DivideF16(uint16_t* p, size_t count, int d) { DivideHalf<F16SoftCodec>(p, count, d); }
+};
+#if EMBER_X86
+// Out of line (one call per ReduceN): the generic ReduceBody that calls
+// these has no target, so it cannot always-inline them.
+struct HalfAvx2 {
+  template <typename Op>
+  static EMBER_TARGET_AVX2 void Bf16(uint16_t* dst, const void* const* srcs, int n, size_t count) {
+    avx2::FusedReduceN<Bf16Avx2, Op>(dst, srcs, n, count);
+  }
+  template <typename Op>
+  static EMBER_TARGET_AVX2 void F16(uint16_t* dst, const void* const* srcs, int n, size_t count) {
+    avx2::FusedReduceN<F16Avx2, Op>(dst, srcs, n, count);
+  }
+  static EMBER_TARGET_AVX2 void DivideBf16(uint16_t* p, size_t count, int d) {
+    avx2::FusedDivide<Bf16Avx2>(p, count, d);
+  }
+  static EMBER_TARGET_AVX2 void DivideF16(uint16_t* p, size_t count, int d) {
+    avx2::FusedDivide<F16Avx2>(p, count, d);
+  }
+};
+struct HalfAvx512 {
+  template <typename Op>
+  static EMBER_TARGET_AVX512 void Bf16(uint16_t* dst, const void* const* srcs, int n, size_t count) {
+    avx512::FusedReduceN<Bf16Avx512, Op>(dst, srcs, n, count);
+  }
+  template <typename Op>
+  static EMBER_TARGET_AVX512 void F16(uint16_t* dst, const void* const* srcs, int n, size_t count) {
+    avx512::FusedReduceN<F16Avx512, Op>(dst, srcs, n, count);
+  }
+  static EMBER_TARGET_AVX512 void DivideBf16(uint16_t* p, size_t count, int d) {
+    avx512::FusedDivide<Bf16Avx512>(p, count, d);
+  }
+  static EMBER_TARGET_AVX512 void DivideF16(uint16_t* p, size_t count, int d) {
+    avx512::FusedDivide<F16Avx512>(p, count, d);
+  }
+};
+#endif
 
 // One instance of each entry point per instruction set.
 using ReduceFn = void (*)(DataType, ReduceOp, void*, const void* const*, int, size_t);
 using DivideFn = void (*)(DataType, void*, size_t, int);
 
 void ReduceBaseline(DataType t, ReduceOp op, void* dst, const void* const* srcs, int n, size_t count) {
-  ReduceBody<F16SoftCodec>(t, op, dst, srcs, n, count);
+  ReduceBody<HalfBaseline>(t, op, dst, srcs, n, count);
 }
 void DivideBaseline(DataType t, void* data, size_t count, int divisor) {
-  DivideBody<F16SoftCodec>(t, data, count, divisor);
+  DivideBody<HalfBaseline>(t, data, count, divisor);
 }
 #if EMBER_X86
 EMBER_TARGET_AVX2 void ReduceAvx2(DataType t, ReduceOp op, void* dst, const void* const* srcs, int n, size_t count) {
-  ReduceBody<F16cCodec>(t, op, dst, srcs, n, count);
+  ReduceBody<HalfAvx2>(t, op, dst, srcs, n, count);
 }
 EMBER_TARGET_AVX2 void DivideAvx2(DataType t, void* data, size_t count, int divisor) {
-  DivideBody<F16cCodec>(t, data, count, divisor);
+  DivideBody<HalfAvx2>(t, data, count, divisor);
 }
 EMBER_TARGET_AVX512 void ReduceAvx512(DataType t, ReduceOp op, void* dst, const void* const* srcs, int n,
                                       size_t count) {
-  ReduceBody<F16Avx512Codec>(t, op, dst, srcs, n, count);
+  ReduceBody<HalfAvx512>(t, op, dst, srcs, n, count);
 }
 EMBER_TARGET_AVX512 void DivideAvx512(DataType t, void* data, size_t count, int divisor) {
-  DivideBody<F16Avx512Codec>(t, data, count, divisor);
+  DivideBody<HalfAvx512>(t, data, count, divisor);
 }
 #endif
 
@@ -329,38 +491,72 @@ struct Kernels {
   DivideFn divide;
 };
 
-const Kernels& Pick() {
-  static const Kernels kernels = [] {
+Kernels KernelsFor(KernelIsa isa) {
+  switch (isa) {
 #if EMBER_X86
-    __builtin_cpu_init();
-    // F16C from CPUID leaf 1 (clang 14's __builtin_cpu_supports does not know it).
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
-    if (f16c && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
-      return Kernels{ReduceAvx512, DivideAvx512};
-    }
-    if (f16c && __builtin_cpu_supports("avx2")) return Kernels{ReduceAvx2, DivideAvx2};
+    case KernelIsa::kAvx512: return Kernels{ReduceAvx512, DivideAvx512};
+    case KernelIsa::kAvx2: return Kernels{ReduceAvx2, DivideAvx2};
 #endif
-    return Kernels{ReduceBaseline, DivideBaseline};
-  }();
+    default: return Kernels{ReduceBaseline, DivideBaseline};
+  }
+}
+
+KernelIsa BestIsa() {
+  for (KernelIsa isa : {KernelIsa::kAvx512, KernelIsa::kAvx2}) {
+    if (CpuSupports(isa)) return isa;
+  }
+  return KernelIsa::kBaseline;
+}
+
+const Kernels& Pick() {
+  static const Kernels kernels = KernelsFor(BestIsa());
   return kernels;
 }
 
 }  // namespace
+
+bool CpuSupports(KernelIsa isa) {
+  if (isa == KernelIsa::kBaseline) return true;
+#if EMBER_X86
+  __builtin_cpu_init();
+  // F16C from CPUID leaf 1 (clang 14's __builtin_cpu_supports does not know it).
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+  const bool avx2 = f16c && __builtin_cpu_supports("avx2");
+  if (isa == KernelIsa::kAvx2) return avx2;
+  return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#else
+  return false;
+#endif
+}
 
 float BFloat16ToFloat(uint16_t v) { return Bf16Widen(v); }
 uint16_t FloatToBFloat16(float f) { return Bf16Narrow(f); }
 float Float16ToFloat(uint16_t v) { return F16WidenSoft(v); }
 uint16_t FloatToFloat16(float f) { return F16NarrowSoft(f); }
 
-void ReduceN(DataType dtype, ReduceOp op, void* dst, const void* const* srcs, int n, size_t count) {
+namespace {
+
+void ReduceWith(const Kernels& k, DataType dtype, ReduceOp op, void* dst, const void* const* srcs, int n,
+                size_t count) {
   if (n <= 0 || count == 0) return;
   if (n == 1) {
     if (dst != srcs[0]) std::memcpy(dst, srcs[0], count * SizeOf(dtype));
     return;
   }
-  Pick().reduce(dtype, op, dst, srcs, n, count);
+  k.reduce(dtype, op, dst, srcs, n, count);
+}
+
+void DivideWith(const Kernels& k, DataType dtype, void* data, size_t count, int divisor) {
+  if (divisor == 1 || count == 0) return;
+  k.divide(dtype, data, count, divisor);
+}
+
+}  // namespace
+
+void ReduceN(DataType dtype, ReduceOp op, void* dst, const void* const* srcs, int n, size_t count) {
+  ReduceWith(Pick(), dtype, op, dst, srcs, n, count);
 }
 
 void ReduceInto(DataType dtype, ReduceOp op, void* dst, const void* src, size_t count) {
@@ -369,8 +565,16 @@ void ReduceInto(DataType dtype, ReduceOp op, void* dst, const void* src, size_t 
 }
 
 void DivideBy(DataType dtype, void* data, size_t count, int divisor) {
-  if (divisor == 1 || count == 0) return;
-  Pick().divide(dtype, data, count, divisor);
+  DivideWith(Pick(), dtype, data, count, divisor);
+}
+
+void ReduceNWith(KernelIsa isa, DataType dtype, ReduceOp op, void* dst, const void* const* srcs, int n,
+                 size_t count) {
+  ReduceWith(KernelsFor(isa), dtype, op, dst, srcs, n, count);
+}
+
+void DivideByWith(KernelIsa isa, DataType dtype, void* data, size_t count, int divisor) {
+  DivideWith(KernelsFor(isa), dtype, data, count, divisor);
 }
 
 }  // namespace ember::collective

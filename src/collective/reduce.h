@@ -20,6 +20,20 @@ void ReduceInto(DataType dtype, ReduceOp op, void* dst, const void* src, size_t 
 // data[i] /= divisor (kAverage's second half); integers truncate toward zero.
 void DivideBy(DataType dtype, void* data, size_t count, int divisor);
 
+// The instruction sets the kernels are compiled for.  ReduceN and DivideBy
+// use the best one the CPU has (picked once per process); tests and
+// benchmarks run each through ReduceNWith / DivideByWith.  All of them give
+// the same bits.
+enum class KernelIsa { kBaseline, kAvx2, kAvx512 };  // AVX2 means AVX2 + F16C
+
+// Whether this CPU runs `isa`'s kernels (kBaseline: always).  Thread-safe.
+bool CpuSupports(KernelIsa isa);
+
+// ReduceN and DivideBy with `isa`'s kernels; `isa` must be supported.
+void ReduceNWith(KernelIsa isa, DataType dtype, ReduceOp op, void* dst, const void* const* srcs, int n,
+                 size_t count);
+void DivideByWith(KernelIsa isa, DataType dtype, void* data, size_t count, int divisor);
+
 // Scalar conversions, exposed for tests and the bindings.
 float BFloat16ToFloat(uint16_t v);
 uint16_t FloatToBFloat16(float f);  // round to nearest even; NaN stays NaN

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -22,6 +23,24 @@ const DataType kDtypes[] = {DataType::kFloat32, DataType::kFloat64, DataType::kB
                             DataType::kFloat16, DataType::kInt32,   DataType::kInt64};
 const ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax};
 const size_t kCounts[] = {0, 1, 7, 16, 1023, 2048, 4097, 10007};
+
+// Every instruction set this CPU runs: each must give the reference's bits.
+std::vector<KernelIsa> Isas() {
+  std::vector<KernelIsa> isas;
+  for (KernelIsa isa : {KernelIsa::kBaseline, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+    if (CpuSupports(isa)) isas.push_back(isa);
+  }
+  return isas;
+}
+
+const char* IsaName(KernelIsa isa) {
+  switch (isa) {
+    case KernelIsa::kBaseline: return "baseline";
+    case KernelIsa::kAvx2: return "avx2";
+    case KernelIsa::kAvx512: return "avx512";
+  }
+  return "?";
+}
 
 // --- A straightforward reference: one element at a time, in source order. ---
 
@@ -140,35 +159,38 @@ TEST_P(ReduceTest, MatchesReferenceForEveryLengthAndSourceCount) {
   const auto [dtype, op] = GetParam();
   const size_t es = SizeOf(dtype);
   std::mt19937_64 rng(static_cast<uint64_t>(dtype) * 31 + static_cast<uint64_t>(op));
-  for (bool specials : {false, true}) {
-    if (specials && !IsFloat(dtype)) continue;
-    for (int n : {1, 2, 3, 8}) {
-      for (size_t count : kCounts) {
-        // +1 element so that the sources start misaligned.
-        std::vector<std::vector<char>> bufs(n, std::vector<char>((count + 1) * es));
-        std::vector<const void*> srcs;
-        for (auto& b : bufs) {
-          Fill(dtype, b.data() + es, count, &rng, specials);
-          srcs.push_back(b.data() + es);
-        }
-        std::vector<char> want(count * es + 1), got(count * es + 1);
-        Reference(dtype, op, want.data(), srcs, count);
-        ReduceN(dtype, op, got.data(), srcs.data(), n, count);
-        const std::string what = std::string(DataTypeName(dtype)) + " " + ReduceOpName(op) + " n=" +
-                                 std::to_string(n) + (specials ? " with NaN/inf" : "");
-        ExpectSame(dtype, want, got, count, what);
+  for (KernelIsa isa : Isas()) {
+    for (bool specials : {false, true}) {
+      if (specials && !IsFloat(dtype)) continue;
+      for (int n : {1, 2, 3, 8}) {
+        for (size_t count : kCounts) {
+          // +1 element so that the sources start misaligned.
+          std::vector<std::vector<char>> bufs(n, std::vector<char>((count + 1) * es));
+          std::vector<const void*> srcs;
+          for (auto& b : bufs) {
+            Fill(dtype, b.data() + es, count, &rng, specials);
+            srcs.push_back(b.data() + es);
+          }
+          std::vector<char> want(count * es + 1), got(count * es + 1);
+          Reference(dtype, op, want.data(), srcs, count);
+          ReduceNWith(isa, dtype, op, got.data(), srcs.data(), n, count);
+          const std::string what = std::string(IsaName(isa)) + " " + DataTypeName(dtype) + " " +
+                                   ReduceOpName(op) + " n=" +
+                                   std::to_string(n) + (specials ? " with NaN/inf" : "");
+          ExpectSame(dtype, want, got, count, what);
 
-        // In place: dst aliases the first source.
-        std::vector<char> first(bufs[0].begin() + es, bufs[0].end());
-        std::vector<const void*> srcs2 = srcs;
-        srcs2[0] = first.data();
-        ReduceN(dtype, op, first.data(), srcs2.data(), n, count);
-        ExpectSame(dtype, want, first, count, what + " in place");
+          // In place: dst aliases the first source.
+          std::vector<char> first(bufs[0].begin() + es, bufs[0].end());
+          std::vector<const void*> srcs2 = srcs;
+          srcs2[0] = first.data();
+          ReduceNWith(isa, dtype, op, first.data(), srcs2.data(), n, count);
+          ExpectSame(dtype, want, first, count, what + " in place");
 
-        if (n == 2) {
-          std::vector<char> acc(bufs[0].begin() + es, bufs[0].end());
-          ReduceInto(dtype, op, acc.data(), srcs[1], count);
-          ExpectSame(dtype, want, acc, count, what + " ReduceInto");
+          if (n == 2 && isa == Isas().back()) {
+            std::vector<char> acc(bufs[0].begin() + es, bufs[0].end());
+            ReduceInto(dtype, op, acc.data(), srcs[1], count);
+            ExpectSame(dtype, want, acc, count, what + " ReduceInto");
+          }
         }
       }
     }
@@ -219,37 +241,129 @@ TEST(ReduceTest, MinMaxKeepTheScalarNanRule) {
 
 TEST(ReduceTest, DivideByMatchesScalarDivision) {
   std::mt19937_64 rng(7);
-  for (DataType t : kDtypes) {
-    for (size_t count : kCounts) {
-      const size_t es = SizeOf(t);
-      std::vector<char> data(count * es + 1);
-      Fill(t, data.data(), count, &rng, IsFloat(t));
-      std::vector<char> want = data;
-      for (size_t i = 0; i < count; ++i) {
-        char* e = want.data() + i * es;
-        switch (t) {
-          case DataType::kFloat32: { float v; std::memcpy(&v, e, 4); v /= 3.0f; std::memcpy(e, &v, 4); break; }
-          case DataType::kFloat64: { double v; std::memcpy(&v, e, 8); v /= 3.0; std::memcpy(e, &v, 8); break; }
-          case DataType::kInt32: { int32_t v; std::memcpy(&v, e, 4); v /= 3; std::memcpy(e, &v, 4); break; }
-          case DataType::kInt64: { int64_t v; std::memcpy(&v, e, 8); v /= 3; std::memcpy(e, &v, 8); break; }
-          case DataType::kBFloat16: {
-            uint16_t v; std::memcpy(&v, e, 2); v = FloatToBFloat16(BFloat16ToFloat(v) / 3.0f); std::memcpy(e, &v, 2);
-            break;
-          }
-          case DataType::kFloat16: {
-            uint16_t v; std::memcpy(&v, e, 2); v = FloatToFloat16(Float16ToFloat(v) / 3.0f); std::memcpy(e, &v, 2);
-            break;
+  for (KernelIsa isa : Isas()) {
+    for (DataType t : kDtypes) {
+      for (size_t count : kCounts) {
+        const size_t es = SizeOf(t);
+        std::vector<char> data(count * es + 1);
+        Fill(t, data.data(), count, &rng, IsFloat(t));
+        std::vector<char> want = data;
+        for (size_t i = 0; i < count; ++i) {
+          char* e = want.data() + i * es;
+          switch (t) {
+            case DataType::kFloat32: { float v; std::memcpy(&v, e, 4); v /= 3.0f; std::memcpy(e, &v, 4); break; }
+            case DataType::kFloat64: { double v; std::memcpy(&v, e, 8); v /= 3.0; std::memcpy(e, &v, 8); break; }
+            case DataType::kInt32: { int32_t v; std::memcpy(&v, e, 4); v /= 3; std::memcpy(e, &v, 4); break; }
+            case DataType::kInt64: { int64_t v; std::memcpy(&v, e, 8); v /= 3; std::memcpy(e, &v, 8); break; }
+            case DataType::kBFloat16: {
+              uint16_t v; std::memcpy(&v, e, 2); v = FloatToBFloat16(BFloat16ToFloat(v) / 3.0f); std::memcpy(e, &v, 2);
+              break;
+            }
+            case DataType::kFloat16: {
+              uint16_t v; std::memcpy(&v, e, 2); v = FloatToFloat16(Float16ToFloat(v) / 3.0f); std::memcpy(e, &v, 2);
+              break;
+            }
           }
         }
+        DivideByWith(isa, t, data.data(), count, 3);
+        ExpectSame(t, want, data, count, std::string("DivideBy ") + IsaName(isa) + " " + DataTypeName(t));
       }
-      DivideBy(t, data.data(), count, 3);
-      ExpectSame(t, want, data, count, std::string("DivideBy ") + DataTypeName(t));
     }
   }
   int32_t neg[2] = {-7, 7};
   DivideBy(DataType::kInt32, neg, 2, 2);
   EXPECT_EQ(neg[0], -3);  // toward zero
   EXPECT_EQ(neg[1], 3);
+}
+
+// --- The 16-bit kernels on the values that test a conversion. ---
+
+struct Half {
+  DataType dtype;
+  uint16_t inf, qnan, snan;  // +inf, a quiet and a signaling NaN with payloads
+  int mant_bits;
+  float (*widen)(uint16_t);
+  uint16_t (*narrow)(float);
+};
+const Half kHalves[] = {
+    {DataType::kBFloat16, 0x7f80, 0x7fc1, 0x7f81, 7, BFloat16ToFloat, FloatToBFloat16},
+    {DataType::kFloat16, 0x7c00, 0x7e01, 0x7d01, 10, Float16ToFloat, FloatToFloat16},
+};
+
+// x + -0 is x for every x, NaN payloads included (the FPU returns the NaN
+// operand, quieted), so each kernel must give exactly narrow(widen(x)) for
+// all 65536 patterns: every NaN, infinity, subnormal and normal through the
+// vector widen and narrow, bit for bit, no NaN-matches-NaN allowance.  dst
+// starts at every offset in a cache line (the kernels align their stores).
+TEST(ReduceHalfKernels, EveryPatternPlusMinusZeroIsExact) {
+  for (KernelIsa isa : Isas()) {
+    for (const Half& h : kHalves) {
+      constexpr size_t kCount = 0x10000 + 37;  // past a whole number of steps
+      std::vector<uint16_t> x(kCount), zero(kCount, 0x8000), want(kCount);
+      for (size_t i = 0; i < kCount; ++i) {
+        x[i] = static_cast<uint16_t>(i * 40503u);  // a permutation of the patterns, then a few again
+        want[i] = h.narrow(h.widen(x[i]));
+      }
+      std::vector<uint16_t> out(kCount + 64);
+      uint16_t* line = out.data() + (64 - reinterpret_cast<uintptr_t>(out.data()) % 64) % 64 / 2;
+      for (size_t shift = 0; shift < 32; shift += 3) {
+        uint16_t* dst = line + shift;
+        const void* srcs[2] = {x.data(), zero.data()};
+        ReduceNWith(isa, h.dtype, ReduceOp::kSum, dst, srcs, 2, kCount);
+        for (size_t i = 0; i < kCount; ++i) {
+          ASSERT_EQ(dst[i], want[i]) << IsaName(isa) << " " << DataTypeName(h.dtype) << " pattern " << std::hex
+                                     << x[i] << " dst shift " << std::dec << shift;
+        }
+      }
+    }
+  }
+}
+
+// Sums of two values whose exponents differ by 0..mant_bits+2: the exact
+// float sum lands on, just off and exactly between two 16-bit values, so the
+// narrowing's round-to-nearest-even is tested on ties both ways; plus
+// infinities, NaNs and subnormals mixed in, three sources, min and max, and
+// odd lengths at odd offsets.
+TEST(ReduceHalfKernels, RoundingTiesAndSpecialsMatchReference) {
+  std::mt19937 rng(11);
+  for (const Half& h : kHalves) {
+    const int exp_shift = h.mant_bits;
+    const uint16_t exp_mask = static_cast<uint16_t>(h.inf);
+    auto random_pair = [&](uint16_t* a, uint16_t* b) {
+      *a = static_cast<uint16_t>(rng());
+      const int ea = (*a & exp_mask) >> exp_shift;
+      const int eb = std::max(0, ea - static_cast<int>(rng() % static_cast<unsigned>(h.mant_bits + 3)));
+      *b = static_cast<uint16_t>((rng() & ~exp_mask & 0xffffu) | (static_cast<unsigned>(eb) << exp_shift));
+      switch (rng() % 16) {  // specials now and then
+        case 0: *b = h.inf; break;
+        case 1: *b = h.qnan; break;
+        case 2: *b = h.snan; break;
+        case 3: *b = static_cast<uint16_t>(rng() % 4);  // subnormal or zero
+        default: break;
+      }
+    };
+    for (size_t count : {size_t{1}, size_t{15}, size_t{31}, size_t{33}, size_t{1001}, size_t{20011}}) {
+      std::vector<uint16_t> a(count + 1), b(count + 1), c(count + 1);
+      for (size_t i = 1; i <= count; ++i) {
+        random_pair(&a[i], &b[i]);
+        c[i] = static_cast<uint16_t>(rng() % 4 == 0 ? h.narrow(-h.widen(a[i])) : rng() & 0x8007u);
+      }
+      for (ReduceOp op : kOps) {
+        for (int n : {2, 3}) {
+          const void* srcs_arr[3] = {a.data() + 1, b.data() + 1, c.data() + 1};
+          std::vector<const void*> srcs(srcs_arr, srcs_arr + n);
+          std::vector<char> want(count * 2), got(count * 2);
+          Reference(h.dtype, op, want.data(), srcs, count);
+          for (KernelIsa isa : Isas()) {
+            ReduceNWith(isa, h.dtype, op, got.data(), srcs.data(), n, count);
+            ExpectSame(h.dtype, want, got, count,
+                       std::string(IsaName(isa)) + " " + DataTypeName(h.dtype) + " " + ReduceOpName(op) +
+                           " n=" + std::to_string(n) + " count=" + std::to_string(count));
+          }
+        }
+      }
+    }
+  }
 }
 
 // --- Conversions. ---

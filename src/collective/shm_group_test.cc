@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -634,6 +635,7 @@ namespace {
 // A quick benchmark, not run by default:
 //   collective_test --gtest_also_run_disabled_tests --gtest_filter='*DISABLED_Bench*'
 // 2 ranks as 2 threads allreducing float32; memcpy and ReduceN for scale.
+// DISABLED_BenchDtypes compares the 16-bit dtypes with float32.
 TEST_F(ShmGroupTest, DISABLED_Bench) {
   auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
   {
@@ -652,10 +654,6 @@ TEST_F(ShmGroupTest, DISABLED_Bench) {
       const double s = seconds(Clock::now() - t0) / reps;
       std::printf("ReduceN 2 x float32 %zu MiB: %.2f GB/s of output (%.2f GB/s moved)\n", n >> 20, n / s / 1e9,
                   3.0 * n / s / 1e9);
-      ReduceN(DataType::kBFloat16, ReduceOp::kSum, c.data(), srcs, 2, n / 2);
-      t0 = Clock::now();
-      for (int i = 0; i < reps; ++i) ReduceN(DataType::kBFloat16, ReduceOp::kSum, c.data(), srcs, 2, n / 2);
-      std::printf("ReduceN 2 x bfloat16 %zu MiB: %.2f GB/s of output\n", n >> 20, n / (seconds(Clock::now() - t0) / reps) / 1e9);
     }
   }
   struct Setup { int n; size_t buffer; };
@@ -685,6 +683,73 @@ TEST_F(ShmGroupTest, DISABLED_Bench) {
       std::printf("ranks %d  %9zu B  %9.1f us  algbw %6.2f GB/s  busbw %6.2f GB/s\n", n, bytes, t * 1e6, algbw,
                   algbw * 2 * (n - 1) / n);
     }
+  }
+}
+
+
+// The 16-bit dtypes against float32, in bytes per second (the same buffer
+// bytes for every dtype, so half the elements):
+//   collective_test --gtest_also_run_disabled_tests --gtest_filter='*DISABLED_BenchDtypes*'
+// Each round times every dtype back to back, so that load from other
+// processes falls on all of them alike; the ratio is the median of the
+// rounds' ratios.  ReduceN (2 sources) first, then a 2-rank allreduce.
+TEST_F(ShmGroupTest, DISABLED_BenchDtypes) {
+  constexpr int kRounds = 7;
+  const DataType kTypes[] = {DataType::kFloat32, DataType::kBFloat16, DataType::kFloat16};
+  auto seconds = [](Clock::duration d) { return std::chrono::duration<double>(d).count(); };
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  // gbs[d][round] -> one line per dtype: median GB/s and the median ratio to float32.
+  auto report = [&](const char* what, size_t bytes, const std::vector<std::vector<double>>& gbs) {
+    for (size_t d = 0; d < gbs.size(); ++d) {
+      std::vector<double> ratio;
+      for (int r = 0; r < kRounds; ++r) ratio.push_back(gbs[d][r] / gbs[0][r]);
+      std::printf("%s %-8s %3zu MiB: %6.2f GB/s  %.2f of float32\n", what, DataTypeName(kTypes[d]), bytes >> 20,
+                  median(gbs[d]), median(ratio));
+    }
+  };
+  for (size_t bytes : {size_t{4} << 20, size_t{64} << 20}) {
+    Bytes a(bytes, 1), b(bytes, 2), c(bytes);
+    const void* srcs[2] = {a.data(), b.data()};
+    const int reps = static_cast<int>((256 << 20) / bytes);
+    std::vector<std::vector<double>> gbs(std::size(kTypes));
+    for (int round = 0; round < kRounds; ++round) {
+      for (size_t d = 0; d < std::size(kTypes); ++d) {
+        const size_t count = bytes / SizeOf(kTypes[d]);
+        ReduceN(kTypes[d], ReduceOp::kSum, c.data(), srcs, 2, count);
+        const auto t0 = Clock::now();
+        for (int i = 0; i < reps; ++i) ReduceN(kTypes[d], ReduceOp::kSum, c.data(), srcs, 2, count);
+        gbs[d].push_back(bytes * reps / seconds(Clock::now() - t0) / 1e9);
+      }
+    }
+    report("ReduceN 2 x", bytes, gbs);
+  }
+  auto group = MakeGroup(2, 8 << 20);
+  for (size_t bytes : {size_t{4} << 20, size_t{64} << 20}) {
+    const int iters = static_cast<int>(std::clamp<size_t>((size_t{256} << 20) / bytes, 4, 64));
+    std::vector<std::vector<double>> gbs(std::size(kTypes));
+    std::vector<Bytes> data(2, Bytes(bytes));
+    uint64_t seq[2] = {0, 0};
+    for (int round = 0; round < kRounds; ++round) {
+      for (size_t d = 0; d < std::size(kTypes); ++d) {
+        const size_t count = bytes / SizeOf(kTypes[d]);
+        std::vector<double> took(2);
+        RunRanks(2, [&](int r) {
+          // Small values of every dtype (0x3c00 is 1.0 in float16, ~0.0078 in bfloat16).
+          for (size_t i = 0; i + 1 < bytes; i += 2) std::memcpy(&data[r][i], "\x00\x3c", 2);
+          (void)group[r]->Allreduce(Desc(++seq[r], Kind::kAllreduce, kTypes[d], count), data[r].data(), Soon());
+          const auto t0 = Clock::now();
+          for (int i = 0; i < iters; ++i) {
+            (void)group[r]->Allreduce(Desc(++seq[r], Kind::kAllreduce, kTypes[d], count), data[r].data(), Soon());
+          }
+          took[r] = seconds(Clock::now() - t0) / iters;
+        });
+        gbs[d].push_back(bytes / took[0] / 1e9);
+      }
+    }
+    report("allreduce 2 ranks", bytes, gbs);
   }
 }
 
