@@ -276,7 +276,7 @@ class DataFeed:
 
     def to_tf_dataset(self, batch_size: int, features: Optional[Union[str, Sequence[str]]] = None,
                       label: Optional[str] = None, drop_remainder: Optional[bool] = None, transform=None,
-                      validation: bool = False):
+                      validation: bool = False, device: Optional[str] = None):
         """A ``tf.data.Dataset`` over the feed; each pass over it is one epoch of ``cluster.train``
         (with `validation`, the validation epoch that follows it: Keras's ``validation_data``).
 
@@ -284,18 +284,20 @@ class DataFeed:
         """
         from ember import tf as ember_tf
         return ember_tf.feed_dataset(self, batch_size, features=features, label=label,
-                                     drop_remainder=drop_remainder, transform=transform, validation=validation)
+                                     drop_remainder=drop_remainder, transform=transform, validation=validation,
+                                     device=device)
 
     def to_torch_dataset(self, batch_size: int, drop_remainder: bool = True, transform=None,
-                         validation: bool = False):
+                         validation: bool = False, device=None, prefetch: int = 2):
         """A ``torch.utils.data.IterableDataset``; each pass is one epoch (see epoch_batches), or
-        with `validation` the validation epoch that follows it.
+        with `validation` the validation epoch that follows it; with ``device="cuda"`` the
+        batches land on the GPU through pinned memory, `prefetch` ahead.
 
         See :func:`ember.torch.feed_dataset` for the arguments.
         """
         from ember import torch as ember_torch
         return ember_torch.feed_dataset(self, batch_size, drop_remainder=drop_remainder, transform=transform,
-                                        validation=validation)
+                                        validation=validation, device=device, prefetch=prefetch)
 
 
 def _ipc_bytes(batch: pa.RecordBatch) -> pa.Buffer:

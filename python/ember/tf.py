@@ -28,7 +28,7 @@ def _keep_freed_memory() -> None:
 
 def feed_dataset(feed, batch_size: int, features: Optional[Union[str, Sequence[str]]] = None,
                  label: Optional[str] = None, drop_remainder: Optional[bool] = None, transform=None,
-                 validation: bool = False):
+                 validation: bool = False, device: Optional[str] = None):
     """A ``tf.data.Dataset`` over `feed` (an :class:`ember.feed.DataFeed`); each pass over it is
     one epoch of ``cluster.train``.
 
@@ -45,6 +45,9 @@ def feed_dataset(feed, batch_size: int, features: Optional[Union[str, Sequence[s
         validation: each pass reads the validation epoch fed after the training epoch just
             read (``cluster.train(validation_data=...)``): pass it as Keras's
             ``validation_data``.  Its columns must be the training data's.
+        device: e.g. ``"/gpu:0"``: batches are prefetched onto that device
+            (``tf.data.experimental.prefetch_to_device``, the dataset's last step), so the
+            copy overlaps the model's work.  None: Keras copies each batch when it runs.
 
     Use ``model.fit(ds, epochs=num_epochs)`` with the num_epochs given to cluster.train.
     Auto-sharding is off: every node already gets its own share of the data.
@@ -92,4 +95,7 @@ def feed_dataset(feed, batch_size: int, features: Optional[Union[str, Sequence[s
     ds = tf.data.Dataset.from_generator(gen, output_signature=signature)
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    return ds.with_options(options)
+    ds = ds.with_options(options)
+    if device is not None:
+        ds = ds.apply(tf.data.experimental.prefetch_to_device(device))
+    return ds

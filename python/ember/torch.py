@@ -1,12 +1,14 @@
 """PyTorch: the data feed as a Dataset (InputMode.SPARK), and synchronous data-parallel training."""
 from __future__ import annotations
 
+import collections
 import sys
 
 import numpy as np
 
 
-def feed_dataset(feed, batch_size: int, drop_remainder: bool = True, transform=None, validation: bool = False):
+def feed_dataset(feed, batch_size: int, drop_remainder: bool = True, transform=None, validation: bool = False,
+                 device=None, prefetch: int = 2):
     """A ``torch.utils.data.IterableDataset`` over `feed` (an :class:`ember.feed.DataFeed`);
     each pass is one epoch (see ``DataFeed.epoch_batches``), or with `validation` the
     validation epoch fed after the training epoch just read (``DataFeed.validation_batches``;
@@ -16,6 +18,11 @@ def feed_dataset(feed, batch_size: int, drop_remainder: bool = True, transform=N
     columns).  Use it with ``DataLoader(ds, batch_size=None)`` in the node's own
     process (``num_workers=0``: the feed is one reader).  The tensors share the
     feed's read-only Arrow memory (no copy): do not write into them in place.
+
+    With ``device="cuda"`` (or ``"cuda:0"``, a ``torch.device``) the batches land on that
+    GPU: each is copied into reused page-locked host buffers and then to the GPU on a
+    stream of its own, `prefetch` batches ahead, so the copies overlap the model's work
+    (see :func:`device_batches`).
     """
     import warnings
 
@@ -30,10 +37,95 @@ def feed_dataset(feed, batch_size: int, drop_remainder: bool = True, transform=N
     class _FeedDataset(torch.utils.data.IterableDataset):
         def __iter__(self):
             read = feed.validation_batches if validation else feed.epoch_batches
-            for cols in read(batch_size, drop_remainder):
-                yield transform(cols) if transform is not None else to_tensors(cols)
+            batches = (transform(cols) if transform is not None else to_tensors(cols)
+                       for cols in read(batch_size, drop_remainder))
+            return iter(device_batches(batches, device, prefetch))
 
     return _FeedDataset()
+
+
+def device_batches(batches, device=None, prefetch: int = 2):
+    """The batches of `batches` (dicts, tuples or lists of CPU tensors, or single tensors) on
+    `device`, in order.  For a CUDA device each tensor is copied into a page-locked host
+    buffer (reused: one set per batch in flight) and from there to the GPU with
+    ``non_blocking=True`` on a side stream, `prefetch` batches ahead of the one handed out;
+    the consumer's stream waits for a batch's copies only when it is handed out.  A batch's
+    GPU tensors belong to the consumer (``record_stream``): keep them as long as needed.
+    Other devices (None, "cpu"): the batches as they are.
+
+    Raises:
+        RuntimeError: a CUDA device where torch has no CUDA (naming the device).
+    """
+    import torch
+
+    if device is None:
+        yield from batches
+        return
+    device = torch.device(device)
+    if device.type != "cuda":
+        yield from (_map_tensors(b, lambda t: t.to(device)) for b in batches)
+        return
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"device_batches: device {device} asked for, but torch sees no CUDA device "
+                           f"(torch {torch.__version__}, CUDA_VISIBLE_DEVICES="
+                           f"{__import__('os').environ.get('CUDA_VISIBLE_DEVICES')!r})")
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    prefetch = max(1, int(prefetch))
+    stream = torch.cuda.Stream(device)
+    slots = [dict() for _ in range(prefetch + 1)]  # pinned buffers of each batch in flight, by position
+    slot_done = [None] * (prefetch + 1)              # the event after a slot's last copy to the GPU
+    in_flight = collections.deque()
+
+    def stage(batch, n):
+        slot = n % len(slots)
+        if slot_done[slot] is not None:
+            slot_done[slot].synchronize()  # its previous batch has left the pinned buffers
+        pinned = slots[slot]
+        counter = iter(range(1 << 30))
+
+        def copy(t):
+            key = next(counter)
+            if t.device.type != "cpu":
+                return t.to(device, non_blocking=True)
+            buf = pinned.get(key)
+            if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
+                buf = pinned[key] = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            buf.copy_(t)
+            return buf.to(device, non_blocking=True)
+
+        with torch.cuda.stream(stream):
+            out = _map_tensors(batch, copy)
+            event = torch.cuda.Event()
+            event.record(stream)
+        slot_done[slot] = event
+        return out, event
+
+    def hand_out(out, event):
+        current = torch.cuda.current_stream(device)
+        current.wait_event(event)
+        _map_tensors(out, lambda t: (t.record_stream(current), t)[1])
+        return out
+
+    for n, batch in enumerate(batches):
+        in_flight.append(stage(batch, n))
+        if len(in_flight) > prefetch:
+            yield hand_out(*in_flight.popleft())
+    while in_flight:
+        yield hand_out(*in_flight.popleft())
+
+
+def _map_tensors(batch, fn):
+    """`batch` with fn applied to each torch tensor in it (dict, tuple, list, or a tensor)."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return fn(batch)
+    if isinstance(batch, dict):
+        return {k: _map_tensors(v, fn) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_map_tensors(v, fn) for v in batch)
+    return batch
 
 
 # --------------------------------------------------------------------------- sync training

@@ -377,3 +377,16 @@ def test_node_endpoint_round_trips_through_its_binary_form():
     assert back == ep and back.describe() == "worker:1 (10.0.0.5)"
     with pytest.raises(errors.Corruption, match="feed endpoint"):
         feeding.NodeEndpoint.decode(ep.encode()[:-1])
+
+
+def test_tf_dataset_prefetched_to_a_device_yields_the_same_batches(ring):
+    """feed_dataset(..., device=...) ends in tf.data's prefetch_to_device; on this CPU machine
+    the device is the CPU, and the batches must be exactly the undevice'd ones."""
+    rows = [(np.full(2, i, np.float32), i) for i in range(12)]
+    _feed_rdd_rows(ring, rows, end_feed=False)
+    feed = DataFeed(ring.endpoint.ring, node="worker:0", timeout=5)
+    ds = feed.to_tf_dataset(batch_size=4, features="_0", label="_1", device="/cpu:0")
+    got = [(x.numpy(), y.numpy()) for x, y in ds]
+    assert [y.tolist() for _, y in got] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert got[2][0][:, 0].tolist() == [8.0, 9.0, 10.0, 11.0]
+    assert ds.element_spec[0].shape.as_list() == [None, 2]

@@ -64,3 +64,22 @@ def test_transform_shapes_what_the_model_gets(ring):
     (x, y), = list(ds)
     out = model(x.unsqueeze(1))
     assert out.shape == (8, 1) and y.tolist() == list(range(8))
+
+
+def test_device_cpu_hands_out_the_same_batches_and_cuda_without_a_gpu_is_named(ring):
+    from ember.torch import device_batches
+
+    _feed_epochs(ring, epochs=2, rows=8)
+    feed = DataFeed(ring.endpoint.ring, node="worker:0", timeout=5)
+    batches = list(feed.to_torch_dataset(4, device="cpu"))
+    assert [b["_1"].tolist() for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert all(b["_0"].device.type == "cpu" for b in batches)
+    # Nested batches keep their shape; None passes them through untouched.
+    pair = (torch.ones(2), [torch.zeros(1), "label"])
+    assert list(device_batches([pair], None))[0] is pair
+    moved = list(device_batches([pair], "cpu"))[0]
+    assert isinstance(moved, tuple) and isinstance(moved[1], list) and moved[1][1] == "label"
+    if torch.cuda.is_available():
+        pytest.fail("this CPU test found a GPU: the CUDA path is tested by python/tests_gpu")
+    with pytest.raises(RuntimeError, match="device cuda asked for, but torch sees no CUDA device"):
+        list(device_batches(iter(list(feed.to_torch_dataset(4))), "cuda"))

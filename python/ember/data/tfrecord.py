@@ -145,12 +145,16 @@ class TFRecordBatches:
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         return ds.with_options(options)
 
-    def to_torch_dataset(self, transform=None):
+    def to_torch_dataset(self, transform=None, device=None, prefetch: int = 2):
         """A ``torch.utils.data.IterableDataset`` of ``{feature: tensor}`` batches, or of what
         ``transform`` makes of each numpy batch.  Tensors share the decoded buffers (no copy);
         variable-length features stay ``(values, row_splits)`` numpy pairs and bytes features
-        object arrays.  Use with ``DataLoader(ds, batch_size=None)``."""
+        object arrays.  Use with ``DataLoader(ds, batch_size=None)``.  With ``device="cuda"``
+        the tensors land on the GPU through pinned memory, `prefetch` batches ahead
+        (``ember.torch.device_batches``)."""
         import torch
+
+        from ember.torch import device_batches
 
         batches = self
 
@@ -160,8 +164,8 @@ class TFRecordBatches:
 
         class _Batches(torch.utils.data.IterableDataset):
             def __iter__(self):
-                for batch in batches:
-                    yield transform(batch) if transform is not None else to_tensors(batch)
+                host = (transform(batch) if transform is not None else to_tensors(batch) for batch in batches)
+                return iter(device_batches(host, device, prefetch))
 
         return _Batches()
 
