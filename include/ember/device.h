@@ -62,9 +62,9 @@ class Runtime {
 };
 
 struct CudaOptions {
-  // dlopen names (or paths) tried in order; the first that loads wins.  A
-  // process that already loaded the runtime (PyTorch, TensorFlow, CuPy)
-  // finds it by its soname.
+  // dlopen names (or paths) tried in order: first one of them the process
+  // already loaded (PyTorch's, TensorFlow's, CuPy's runtime), else the first
+  // that loads.
   std::vector<std::string> libraries = {"libcudart.so.12", "libcudart.so.13", "libcudart.so.11.0", "libcudart.so"};
 };
 

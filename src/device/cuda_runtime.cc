@@ -108,34 +108,40 @@ bool Resolve(void* handle, const char* name, F* out) {
 
 Result<std::shared_ptr<Runtime>> LoadCuda(const CudaOptions& options) {
   std::string tried;
-  for (const auto& name : options.libraries) {
-    void* handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (handle == nullptr) {
-      const char* why = dlerror();
-      tried += (tried.empty() ? "" : "; ") + std::string(why ? why : name.c_str());
-      continue;
+  // A runtime the process already loaded (PyTorch's, TensorFlow's) first, so that Ember uses
+  // the same one as the framework that made the buffers; then the first that loads.
+  for (int flags : {RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD, RTLD_NOW | RTLD_LOCAL}) {
+    for (const auto& name : options.libraries) {
+      void* handle = dlopen(name.c_str(), flags);
+      if (handle == nullptr) {
+        if (!(flags & RTLD_NOLOAD)) {
+          const char* why = dlerror();
+          tried += (tried.empty() ? "" : "; ") + std::string(why ? why : name.c_str());
+        }
+        continue;
+      }
+      Api api{};
+      bool ok = Resolve(handle, "cudaSetDevice", &api.SetDevice) && Resolve(handle, "cudaHostAlloc", &api.HostAlloc) &&
+                Resolve(handle, "cudaFreeHost", &api.FreeHost) &&
+                Resolve(handle, "cudaStreamCreateWithFlags", &api.StreamCreateWithFlags) &&
+                Resolve(handle, "cudaStreamDestroy", &api.StreamDestroy) &&
+                Resolve(handle, "cudaEventCreateWithFlags", &api.EventCreateWithFlags) &&
+                Resolve(handle, "cudaEventDestroy", &api.EventDestroy) &&
+                Resolve(handle, "cudaEventRecord", &api.EventRecord) &&
+                Resolve(handle, "cudaEventSynchronize", &api.EventSynchronize) &&
+                Resolve(handle, "cudaMemcpyAsync", &api.MemcpyAsync) &&
+                Resolve(handle, "cudaStreamSynchronize", &api.StreamSynchronize) &&
+                Resolve(handle, "cudaRuntimeGetVersion", &api.RuntimeGetVersion) &&
+                Resolve(handle, "cudaGetErrorString", &api.GetErrorString);
+      if (!ok) {
+        tried += (tried.empty() ? "" : "; ") + name + " lacks a CUDA runtime call Ember uses";
+        dlclose(handle);
+        continue;
+      }
+      int version = 0;
+      api.RuntimeGetVersion(&version);
+      return std::shared_ptr<Runtime>(std::make_shared<CudaRuntime>(handle, name, api, version));
     }
-    Api api{};
-    bool ok = Resolve(handle, "cudaSetDevice", &api.SetDevice) && Resolve(handle, "cudaHostAlloc", &api.HostAlloc) &&
-              Resolve(handle, "cudaFreeHost", &api.FreeHost) &&
-              Resolve(handle, "cudaStreamCreateWithFlags", &api.StreamCreateWithFlags) &&
-              Resolve(handle, "cudaStreamDestroy", &api.StreamDestroy) &&
-              Resolve(handle, "cudaEventCreateWithFlags", &api.EventCreateWithFlags) &&
-              Resolve(handle, "cudaEventDestroy", &api.EventDestroy) &&
-              Resolve(handle, "cudaEventRecord", &api.EventRecord) &&
-              Resolve(handle, "cudaEventSynchronize", &api.EventSynchronize) &&
-              Resolve(handle, "cudaMemcpyAsync", &api.MemcpyAsync) &&
-              Resolve(handle, "cudaStreamSynchronize", &api.StreamSynchronize) &&
-              Resolve(handle, "cudaRuntimeGetVersion", &api.RuntimeGetVersion) &&
-              Resolve(handle, "cudaGetErrorString", &api.GetErrorString);
-    if (!ok) {
-      tried += (tried.empty() ? "" : "; ") + name + " lacks a CUDA runtime call Ember uses";
-      dlclose(handle);
-      continue;
-    }
-    int version = 0;
-    api.RuntimeGetVersion(&version);
-    return std::shared_ptr<Runtime>(std::make_shared<CudaRuntime>(handle, name, api, version));
   }
   return Status::NotFound("the CUDA runtime could not be loaded (" + tried +
                           "); on a GPU host install the NVIDIA driver and the CUDA runtime (e.g. the "
