@@ -13,6 +13,14 @@ the same CNN, the same per-node batch of in-memory Fashion-MNIST images):
   ddp           PyTorch DistributedDataParallel with torch.distributed's gloo backend
   torch_local   the PyTorch loop without synchronization: its ceiling
 
+`--overlap` instead compares ember.torch's two gradient paths on the same PyTorch CNN, by step
+time per node (ms): torch_local (no sync), ember_torch_fused (overlap=False: one fused allreduce
+per dtype in step(), after backward) and ember_torch (overlap=True: buckets of `--bucket-cap-mb`
+reduced from autograd hooks while backward runs).  The CNN's gradients are 0.9 MB, so DDP's 25 MB
+would make one bucket launched as backward ends; the default here, 0.25 MB, makes two (the
+classifier's, launched before the convolutions' backward).  Last line:
+  sync_overlap_step_ms: local=<ms> fused=<ms> overlap=<ms> hidden=<(fused-overlap)/(fused-local)>
+
 Each node times `--steps` steps after `--warmup` untimed ones; a contender's rate is the sum
 over both nodes of samples/s.  Contenders run interleaved, `--repeats` times; medians.
 The torch contenders need PyTorch (.torch-site/, `make setup-torch`); they are skipped with a
@@ -21,6 +29,7 @@ printed reason without it.  Last line:
 
   .venv/bin/python bench/sync_training.py                   # defaults: 3 repeats
   .venv/bin/python bench/sync_training.py --repeats 1 --steps 100 --only ember_keras,mwms
+  .venv/bin/python bench/sync_training.py --overlap --repeats 5
 """
 from __future__ import annotations
 
@@ -40,6 +49,7 @@ EXAMPLES = REPO / "examples" / "fashion_mnist"
 TORCH_SITE = REPO / ".torch-site"
 KERAS_MODES = ("ember_keras", "mwms", "keras_local")
 TORCH_MODES = ("ember_torch", "ddp", "torch_local")
+OVERLAP_MODES = ("torch_local", "ember_torch_fused", "ember_torch")
 
 
 # ----------------------------------------------------------------------------- node code
@@ -56,7 +66,8 @@ def _shard(ctx, batch):
 
 
 def _write(args, ctx, rate, extra=None):
-    out = {"rate": rate, **(extra or {})}
+    extra = {"step_ms": 1000.0 * args["batch"] / rate, **(extra or {})}
+    out = {"rate": rate, **extra}
     Path(args["out"], f"{args['mode']}-{args['run']}-{ctx.training_rank}.json").write_text(json.dumps(out))
 
 
@@ -147,10 +158,10 @@ def torch_node(args, ctx):
                           nn.MaxPool2d(2), nn.Flatten(), nn.Linear(64 * 5 * 5, 128), nn.ReLU(), nn.Dropout(0.3),
                           nn.Linear(128, 10))
     opt = torch.optim.Adam(model.parameters(), 1e-3)
-    if mode == "ember_torch":
+    if mode in ("ember_torch", "ember_torch_fused"):
         import ember.torch
         ember.torch.broadcast_parameters(model)
-        opt = ember.torch.DistributedOptimizer(opt)
+        opt = ember.torch.DistributedOptimizer(opt, overlap=mode == "ember_torch", bucket_cap_mb=args["bucket_cap_mb"])
     elif mode == "ddp":
         import torch.distributed as dist
         dist.init_process_group("gloo")  # MASTER_ADDR etc. are set by Ember on every node
@@ -174,16 +185,16 @@ def torch_node(args, ctx):
 
 
 # ----------------------------------------------------------------------------- driver
-def run_one(spark, mode: str, run: int, args, out: Path) -> float:
+def run_one(spark, mode: str, run: int, args, out: Path, key: str = "rate") -> float:
     import ember
 
     fn = keras_node if mode in KERAS_MODES else torch_node
     node_args = {"mode": mode, "run": run, "out": str(out), "batch": args.batch_size, "steps": args.steps,
-                 "warmup": args.warmup}
+                 "warmup": args.warmup, "bucket_cap_mb": args.bucket_cap_mb}
     cluster = ember.Cluster.run(spark, fn, node_args, num_executors=2, reservation_timeout=120)
     cluster.shutdown(timeout=900)
-    rates = [json.loads((out / f"{mode}-{run}-{r}.json").read_text())["rate"] for r in range(2)]
-    return sum(rates)
+    values = [json.loads((out / f"{mode}-{run}-{r}.json").read_text())[key] for r in range(2)]
+    return sum(values) if key == "rate" else sum(values) / len(values)
 
 
 def main(argv=None) -> None:
@@ -194,7 +205,15 @@ def main(argv=None) -> None:
     p.add_argument("--batch-size", type=int, default=64, help="per-node batch")
     p.add_argument("--only", default="", help="comma-separated contenders (default: all)")
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--overlap", action="store_true",
+                   help="compare ember.torch with and without overlap by step time (see the docstring)")
+    p.add_argument("--bucket-cap-mb", type=float, default=None,
+                   help="ember.torch's bucket size (default 0.25 with --overlap, else DDP's 25)")
     args = p.parse_args(argv)
+    if args.bucket_cap_mb is None:
+        args.bucket_cap_mb = 0.25 if args.overlap else 25.0
+    if args.overlap:
+        return overlap_main(args)
     modes = [m for m in KERAS_MODES + TORCH_MODES if not args.only or m in args.only.split(",")]
     if any(m in TORCH_MODES for m in modes) and not (TORCH_SITE / ".installed").exists():
         C.log(f"torch contenders skipped: PyTorch is not installed in {TORCH_SITE} (make setup-torch)")
@@ -203,10 +222,7 @@ def main(argv=None) -> None:
     sys.path.insert(0, str(EXAMPLES))
 
     C.log(f"machine: {C.machine_info()}")
-    from pyspark.sql import SparkSession
-    spark = (SparkSession.builder.master("local[2]").appName("bench-sync-training")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = _spark()
     out = Path(tempfile.mkdtemp(prefix="ember-bench-sync-"))
     results = {m: [] for m in modes}
     try:
@@ -232,6 +248,48 @@ def main(argv=None) -> None:
     ek, mw, et, dd = (med.get(k, nan) for k in ("ember_keras", "mwms", "ember_torch", "ddp"))
     print(f"sync_training_samples_per_sec: ember_keras={C.fmt_rate(ek)} mwms={C.fmt_rate(mw)} ratio={ek / mw:.2f} "
           f"ember_torch={C.fmt_rate(et)} ddp={C.fmt_rate(dd)} torch_ratio={et / dd:.2f}")
+
+
+def _spark():
+    from pyspark.sql import SparkSession
+    spark = (SparkSession.builder.master("local[2]").appName("bench-sync-training")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def overlap_main(args) -> None:
+    """ember.torch overlap=True vs overlap=False vs no sync, by step time per node."""
+    if not (TORCH_SITE / ".installed").exists():
+        C.log(f"skipped: PyTorch is not installed in {TORCH_SITE} (make setup-torch)")
+        return
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(EXAMPLES), os.environ.get("PYTHONPATH", "")])
+    sys.path.insert(0, str(EXAMPLES))
+    C.log(f"machine: {C.machine_info()}")
+    spark = _spark()
+    out = Path(tempfile.mkdtemp(prefix="ember-bench-overlap-"))
+    results = {m: [] for m in OVERLAP_MODES}
+    try:
+        for r in range(args.repeats):
+            for m in OVERLAP_MODES:
+                t = time.time()
+                results[m].append(run_one(spark, m, r, args, out, key="step_ms"))
+                C.log(f"repeat {r + 1} {m:18s} {results[m][-1]:7.2f} ms/step (job {time.time() - t:.0f}s)")
+    finally:
+        spark.stop()
+    med = {m: C.median(v) for m, v in results.items()}
+    print()
+    print(f"medians of {args.repeats} repeats, ms per step per node (2 nodes, batch {args.batch_size} per node, "
+          f"{args.steps} timed steps, bucket_cap_mb {args.bucket_cap_mb}):")
+    for m in OVERLAP_MODES:
+        print(f"  {m:18s} {med[m]:7.2f}   sync {med[m] - med['torch_local']:6.2f}   "
+              f"runs {[round(v, 2) for v in results[m]]}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"results": results, "medians": med, "args": vars(args)}, indent=1))
+    C.log(f"machine at end: {C.machine_info()}")
+    local, fused, overlap = med["torch_local"], med["ember_torch_fused"], med["ember_torch"]
+    print(f"sync_overlap_step_ms: local={local:.2f} fused={fused:.2f} overlap={overlap:.2f} "
+          f"hidden={(fused - overlap) / (fused - local):.2f}")
 
 
 if __name__ == "__main__":
