@@ -46,6 +46,9 @@ def feed_dataset(feed, batch_size: int, drop_remainder: bool = True, transform=N
 #     for x, y in loader:                                           # this node's share of the data
 #         optimizer.zero_grad(); loss_fn(model(x), y).backward(); optimizer.step()
 #
+# The gradients are reduced in buckets while backward() runs (overlap=True, DDP's design) and
+# step() waits for them; accumulate micro-batches under `with optimizer.no_sync():`.
+#
 # Unchanged torch.distributed programs run too: every training node has MASTER_ADDR,
 # MASTER_PORT, RANK, WORLD_SIZE and LOCAL_RANK set (init_process_group("gloo") works).
 
@@ -332,9 +335,8 @@ class DistributedOptimizer:
     bit-identical to ``overlap=False`` (each element is reduced in rank order whatever buffer it
     travels in).  What to know:
 
-    * Every rank must run the same number of backward passes between two steps, each reaching
-      the same parameters' hooks in one graph (as under DDP); the buckets go in one order
-      on every rank.
+    * Every rank must run the same number of backward passes between two steps, each reaching at
+      least one parameter (as under DDP): the ranks then issue the same buckets in one order.
     * Unused parameters do not hang: at the end of backward their buckets go with zeros (and a
       per-parameter flag), and a parameter no rank had a gradient for keeps ``grad=None``; one
       that some ranks had gets their reduction.  A bucket waiting for an unused parameter
@@ -350,8 +352,9 @@ class DistributedOptimizer:
       are reduced in ``synchronize()`` the ``overlap=False`` way.
 
     With ``overlap=False``, ``step()`` reduces every gradient after backward with one fused
-    allreduce per dtype.  Either way, sparse gradients raise ``ValueError``; and needs
-    ``Tensor.register_post_accumulate_grad_hook`` (torch >= 2.1) for overlap.
+    allreduce per dtype.  Either way, sparse gradients raise ``ValueError`` (with overlap, from
+    ``backward()``).  Overlap needs ``Tensor.register_post_accumulate_grad_hook`` (torch >= 2.1):
+    older torch raises ``RuntimeError`` at construction unless ``overlap=False``.
 
     Args:
         optimizer: the optimizer over this node's model.
