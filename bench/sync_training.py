@@ -16,9 +16,12 @@ the same CNN, the same per-node batch of in-memory Fashion-MNIST images):
 `--overlap` instead compares ember.torch's two gradient paths on the same PyTorch CNN, by step
 time per node (ms): torch_local (no sync), ember_torch_fused (overlap=False: one fused allreduce
 per dtype in step(), after backward) and ember_torch (overlap=True: buckets of `--bucket-cap-mb`
-reduced from autograd hooks while backward runs).  The CNN's gradients are 0.9 MB, so DDP's 25 MB
-would make one bucket launched as backward ends; the default here, 0.25 MB, makes two (the
-classifier's, launched before the convolutions' backward).  Last line:
+reduced from autograd hooks while backward runs).  One 2-node job holds the three (a model and
+optimizer each) and times them in turn (rotating which goes first), `--repeats` blocks of `--steps` steps each after a
+barrier, so that the load of a shared machine drifts over all three alike; medians of the
+blocks, averaged over the nodes.  The CNN's gradients are 0.9 MB, so DDP's 25 MB would make one
+bucket launched as backward ends; the default here, 0.25 MB, makes two (the classifier's,
+launched before the convolutions' backward).  Last line:
   sync_overlap_step_ms: local=<ms> fused=<ms> overlap=<ms> hidden=<(fused-overlap)/(fused-local)>
 
 Each node times `--steps` steps after `--warmup` untimed ones; a contender's rate is the sum
@@ -29,7 +32,7 @@ printed reason without it.  Last line:
 
   .venv/bin/python bench/sync_training.py                   # defaults: 3 repeats
   .venv/bin/python bench/sync_training.py --repeats 1 --steps 100 --only ember_keras,mwms
-  .venv/bin/python bench/sync_training.py --overlap --repeats 5
+  .venv/bin/python bench/sync_training.py --overlap --repeats 15 --steps 40
 """
 from __future__ import annotations
 
@@ -143,6 +146,12 @@ def keras_node(args, ctx):
     _write(args, ctx, args["steps"] * batch / (time.perf_counter() - t0))
 
 
+def _cnn(nn):
+    return nn.Sequential(nn.Conv2d(1, 32, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(32, 64, 3), nn.ReLU(),
+                         nn.MaxPool2d(2), nn.Flatten(), nn.Linear(64 * 5 * 5, 128), nn.ReLU(), nn.Dropout(0.3),
+                         nn.Linear(128, 10))
+
+
 def torch_node(args, ctx):
     sys.path.append(str(TORCH_SITE))
     import torch
@@ -154,14 +163,12 @@ def torch_node(args, ctx):
     x, y = _shard(ctx, batch)
     x = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous()
     y = torch.from_numpy(y)
-    model = nn.Sequential(nn.Conv2d(1, 32, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(32, 64, 3), nn.ReLU(),
-                          nn.MaxPool2d(2), nn.Flatten(), nn.Linear(64 * 5 * 5, 128), nn.ReLU(), nn.Dropout(0.3),
-                          nn.Linear(128, 10))
+    model = _cnn(nn)
     opt = torch.optim.Adam(model.parameters(), 1e-3)
-    if mode in ("ember_torch", "ember_torch_fused"):
+    if mode == "ember_torch":
         import ember.torch
         ember.torch.broadcast_parameters(model)
-        opt = ember.torch.DistributedOptimizer(opt, overlap=mode == "ember_torch", bucket_cap_mb=args["bucket_cap_mb"])
+        opt = ember.torch.DistributedOptimizer(opt, bucket_cap_mb=args["bucket_cap_mb"])
     elif mode == "ddp":
         import torch.distributed as dist
         dist.init_process_group("gloo")  # MASTER_ADDR etc. are set by Ember on every node
@@ -182,6 +189,52 @@ def torch_node(args, ctx):
     _write(args, ctx, args["steps"] * batch / (time.perf_counter() - t0))
     if mode == "ddp":
         torch.distributed.destroy_process_group()
+
+
+def overlap_node(args, ctx):
+    """The three OVERLAP_MODES in one process, timed in turn: ms per step of each block."""
+    sys.path.append(str(TORCH_SITE))
+    import torch
+    import torch.nn as nn
+
+    import ember.torch
+    from ember import collective
+
+    torch.set_num_threads(1)
+    batch = args["batch"]
+    x, y = _shard(ctx, batch)
+    x, y = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous(), torch.from_numpy(y)
+    n, loss_fn, comm = x.shape[0] // batch, nn.CrossEntropyLoss(), collective.default()
+    runs = {}
+    for mode in OVERLAP_MODES:
+        torch.manual_seed(1)
+        model = _cnn(nn)
+        opt = torch.optim.Adam(model.parameters(), 1e-3)
+        if mode != "torch_local":
+            ember.torch.broadcast_parameters(model)
+            opt = ember.torch.DistributedOptimizer(opt, overlap=mode == "ember_torch",
+                                                   bucket_cap_mb=args["bucket_cap_mb"])
+        runs[mode] = (model, opt, [0])
+
+    def steps(mode, k):
+        model, opt, at = runs[mode]
+        for _ in range(k):
+            j = (at[0] % n) * batch
+            opt.zero_grad()
+            loss_fn(model(x[j:j + batch]), y[j:j + batch]).backward()
+            opt.step()
+            at[0] += 1
+
+    for mode in OVERLAP_MODES:
+        steps(mode, args["warmup"])
+    blocks = {m: [] for m in OVERLAP_MODES}
+    for r in range(args["repeats"]):
+        for mode in OVERLAP_MODES[r % 3:] + OVERLAP_MODES[:r % 3]:  # each first in turn
+            comm.barrier()
+            t0 = time.perf_counter()
+            steps(mode, args["steps"])
+            blocks[mode].append(1000.0 * (time.perf_counter() - t0) / args["steps"])
+    Path(args["out"], f"overlap-{ctx.training_rank}.json").write_text(json.dumps(blocks))
 
 
 # ----------------------------------------------------------------------------- driver
@@ -268,22 +321,25 @@ def overlap_main(args) -> None:
     C.log(f"machine: {C.machine_info()}")
     spark = _spark()
     out = Path(tempfile.mkdtemp(prefix="ember-bench-overlap-"))
-    results = {m: [] for m in OVERLAP_MODES}
+    import ember
+    node_args = {"out": str(out), "batch": args.batch_size, "steps": args.steps, "warmup": args.warmup,
+                 "repeats": args.repeats, "bucket_cap_mb": args.bucket_cap_mb}
+    t = time.time()
     try:
-        for r in range(args.repeats):
-            for m in OVERLAP_MODES:
-                t = time.time()
-                results[m].append(run_one(spark, m, r, args, out, key="step_ms"))
-                C.log(f"repeat {r + 1} {m:18s} {results[m][-1]:7.2f} ms/step (job {time.time() - t:.0f}s)")
+        cluster = ember.Cluster.run(spark, overlap_node, node_args, num_executors=2, reservation_timeout=120)
+        cluster.shutdown(timeout=1800)
     finally:
         spark.stop()
+    C.log(f"job {time.time() - t:.0f}s")
+    nodes = [json.loads((out / f"overlap-{r}.json").read_text()) for r in range(2)]
+    results = {m: [sum(b) / 2 for b in zip(*(node[m] for node in nodes))] for m in OVERLAP_MODES}
     med = {m: C.median(v) for m, v in results.items()}
     print()
-    print(f"medians of {args.repeats} repeats, ms per step per node (2 nodes, batch {args.batch_size} per node, "
-          f"{args.steps} timed steps, bucket_cap_mb {args.bucket_cap_mb}):")
+    print(f"medians of {args.repeats} blocks of {args.steps} steps, ms per step, mean of 2 nodes "
+          f"(batch {args.batch_size} per node, bucket_cap_mb {args.bucket_cap_mb}):")
     for m in OVERLAP_MODES:
         print(f"  {m:18s} {med[m]:7.2f}   sync {med[m] - med['torch_local']:6.2f}   "
-              f"runs {[round(v, 2) for v in results[m]]}")
+              f"blocks {[round(v, 1) for v in results[m]]}")
     if args.json:
         Path(args.json).write_text(json.dumps({"results": results, "medians": med, "args": vars(args)}, indent=1))
     C.log(f"machine at end: {C.machine_info()}")
