@@ -171,13 +171,14 @@ class _OverlapReducer:
     * a param's post-accumulate-grad hook copies its gradient into its bucket; a bucket whose
       gradients are all in, and whose predecessors have been launched, is launched with
       ``allreduce_async_``;
-    * at the end of the backward pass (an autograd engine callback) the buckets still waiting,
-      those of params that got no gradient, are launched: the missing gradients are taken from
-      ``p.grad`` where it exists (``zero_grad(set_to_none=False)``) and are zeros otherwise,
-      with their used-flag 0;
-    * ``finish()`` launches whatever is left (a round with no backward pass: gradients set by
-      hand, or every backward under ``no_sync()``), waits for every bucket and writes the
-      results into ``p.grad``.
+    * ``finish()`` waits for the launched buckets, then reduces the rest in order with blocking
+      calls (they run in this thread, with no hand-off to the communicator's): buckets waiting
+      for params that got no gradient, whose missing gradients are taken from ``p.grad`` where
+      it exists (``zero_grad(set_to_none=False)``) and are zeros otherwise, with their
+      used-flag 0; or every bucket, in a round with no backward pass (gradients set by hand,
+      or every backward under ``no_sync()``).  Then it writes the results into ``p.grad``.
+
+    An autograd engine callback counts the backward passes of a round.
 
     A second backward pass in one round (gradient accumulation without ``no_sync()``) is not
     reduced as it runs: the round's results are thrown away at ``finish()`` and a second round
@@ -265,13 +266,12 @@ class _OverlapReducer:
 
     def _end_of_backward(self) -> None:
         self.callback_queued = False
-        if self.passes == 0:
-            self._launch(complete_missing=True)
         self.passes += 1
 
     def _launch(self, complete_missing: bool) -> None:
-        """Launches buckets in index order, from the first not launched, while they are full
-        (or, with `complete_missing`, after filling their missing gradients)."""
+        """Launches buckets in index order, from the first not launched, while they are full,
+        asynchronously; with `complete_missing`, every one left, after filling its missing
+        gradients, as a blocking call (the caller waits for it anyway)."""
         import torch
 
         while self.launched < len(self.buckets):
@@ -284,14 +284,19 @@ class _OverlapReducer:
                         if p.grad is not None and p.grad.is_sparse:
                             raise ValueError(_SPARSE_ERROR)
                         b.fill(i, p.grad)
-            b.work = self.comm.allreduce_async_(b.flat, self.op)
+            if complete_missing:
+                self.comm.allreduce_(b.flat, self.op)
+            else:
+                b.work = self.comm.allreduce_async_(b.flat, self.op)
             self.launched += 1
 
     def _wait(self) -> None:
-        self._launch(complete_missing=True)
+        # The async calls first: a blocking call issued with none queued runs in this thread.
         for b in self.buckets:
-            b.work.wait()
-            b.work = None
+            if b.work is not None:
+                b.work.wait()
+                b.work = None
+        self._launch(complete_missing=True)
 
     def finish(self) -> None:
         """Ends the round: every bucket reduced and written into ``p.grad``."""
@@ -337,10 +342,10 @@ class DistributedOptimizer:
 
     * Every rank must run the same number of backward passes between two steps, each reaching at
       least one parameter (as under DDP): the ranks then issue the same buckets in one order.
-    * Unused parameters do not hang: at the end of backward their buckets go with zeros (and a
-      per-parameter flag), and a parameter no rank had a gradient for keeps ``grad=None``; one
-      that some ranks had gets their reduction.  A bucket waiting for an unused parameter
-      holds back the buckets after it until backward ends.
+    * Unused parameters do not hang: ``step()``/``synchronize()`` sends their buckets with zeros
+      (and a per-parameter flag), and a parameter no rank had a gradient for keeps
+      ``grad=None``; one that some ranks had gets their reduction.  A bucket waiting for an
+      unused parameter holds back the buckets after it until then.
     * Gradient accumulation: run the backward passes but the last under ``with opt.no_sync():``
       (hooks off; the last pass reduces the sum).  Several backward passes without it work too,
       but reduce twice (the passes' reduction is thrown away and the sum is reduced at step).

@@ -13,8 +13,8 @@ pytestmark = pytest.mark.timeout(300)
 
 
 class Probe:
-    """A communicator that records the async allreduces ember.torch launches (by buffer), and
-    what else happened meanwhile (``mark``)."""
+    """A communicator that records the allreduces ember.torch launches (by buffer), and what else
+    happened meanwhile (``mark``)."""
 
     def __init__(self, comm):
         self.comm, self.events = comm, []
@@ -22,6 +22,10 @@ class Probe:
     def allreduce_async_(self, x, op="average", timeout=0.0):
         self.events.append(("launch", x.data_ptr()))
         return self.comm.allreduce_async_(x, op, timeout)
+
+    def allreduce_(self, x, op="average", timeout=0.0):  # the buckets step() sends itself
+        self.events.append(("launch", x.data_ptr()))
+        return self.comm.allreduce_(x, op, timeout)
 
     def mark(self, what):
         self.events.append((what, None))
