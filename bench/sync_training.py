@@ -13,6 +13,19 @@ the same CNN, the same per-node batch of in-memory Fashion-MNIST images):
   ddp           PyTorch DistributedDataParallel with torch.distributed's gloo backend
   torch_local   the PyTorch loop without synchronization: its ceiling
 
+`--overlap` instead compares ember.torch's two gradient paths on the same PyTorch CNN, by step
+time per node (ms): torch_local (no sync), ember_torch_fused (overlap=False: one fused allreduce
+per dtype in step(), after backward) and ember_torch (overlap=True: buckets of `--bucket-cap-mb`
+reduced from autograd hooks while backward runs).  One 2-node job holds the three (a model and
+optimizer each) and times them in turn (rotating which goes first), `--repeats` blocks of `--steps` steps each after a
+barrier, so that the load of a shared machine drifts over all three alike; medians of the
+blocks, averaged over the nodes.  The CNN's gradients are 0.9 MB, so DDP's 25 MB would make one
+bucket sent in step(); the default here, 0.25 MB, makes two (the classifier's,
+launched before the convolutions' backward).  `--transport tcp` puts the nodes' communicator on
+loopback TCP instead of shared memory.  Last line:
+  sync_overlap_step_ms: local=<ms> fused=<ms> overlap=<ms> hidden=<(fused-overlap)/(fused-local)>
+(hidden from the medians of the per-block differences, each block's three runs back to back)
+
 Each node times `--steps` steps after `--warmup` untimed ones; a contender's rate is the sum
 over both nodes of samples/s.  Contenders run interleaved, `--repeats` times; medians.
 The torch contenders need PyTorch (.torch-site/, `make setup-torch`); they are skipped with a
@@ -21,6 +34,7 @@ printed reason without it.  Last line:
 
   .venv/bin/python bench/sync_training.py                   # defaults: 3 repeats
   .venv/bin/python bench/sync_training.py --repeats 1 --steps 100 --only ember_keras,mwms
+  .venv/bin/python bench/sync_training.py --overlap --repeats 15 --steps 40
 """
 from __future__ import annotations
 
@@ -40,6 +54,7 @@ EXAMPLES = REPO / "examples" / "fashion_mnist"
 TORCH_SITE = REPO / ".torch-site"
 KERAS_MODES = ("ember_keras", "mwms", "keras_local")
 TORCH_MODES = ("ember_torch", "ddp", "torch_local")
+OVERLAP_MODES = ("torch_local", "ember_torch_fused", "ember_torch")
 
 
 # ----------------------------------------------------------------------------- node code
@@ -56,7 +71,8 @@ def _shard(ctx, batch):
 
 
 def _write(args, ctx, rate, extra=None):
-    out = {"rate": rate, **(extra or {})}
+    extra = {"step_ms": 1000.0 * args["batch"] / rate, **(extra or {})}
+    out = {"rate": rate, **extra}
     Path(args["out"], f"{args['mode']}-{args['run']}-{ctx.training_rank}.json").write_text(json.dumps(out))
 
 
@@ -132,6 +148,12 @@ def keras_node(args, ctx):
     _write(args, ctx, args["steps"] * batch / (time.perf_counter() - t0))
 
 
+def _cnn(nn):
+    return nn.Sequential(nn.Conv2d(1, 32, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(32, 64, 3), nn.ReLU(),
+                         nn.MaxPool2d(2), nn.Flatten(), nn.Linear(64 * 5 * 5, 128), nn.ReLU(), nn.Dropout(0.3),
+                         nn.Linear(128, 10))
+
+
 def torch_node(args, ctx):
     sys.path.append(str(TORCH_SITE))
     import torch
@@ -143,14 +165,12 @@ def torch_node(args, ctx):
     x, y = _shard(ctx, batch)
     x = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous()
     y = torch.from_numpy(y)
-    model = nn.Sequential(nn.Conv2d(1, 32, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(32, 64, 3), nn.ReLU(),
-                          nn.MaxPool2d(2), nn.Flatten(), nn.Linear(64 * 5 * 5, 128), nn.ReLU(), nn.Dropout(0.3),
-                          nn.Linear(128, 10))
+    model = _cnn(nn)
     opt = torch.optim.Adam(model.parameters(), 1e-3)
     if mode == "ember_torch":
         import ember.torch
         ember.torch.broadcast_parameters(model)
-        opt = ember.torch.DistributedOptimizer(opt)
+        opt = ember.torch.DistributedOptimizer(opt, bucket_cap_mb=args["bucket_cap_mb"])
     elif mode == "ddp":
         import torch.distributed as dist
         dist.init_process_group("gloo")  # MASTER_ADDR etc. are set by Ember on every node
@@ -173,17 +193,63 @@ def torch_node(args, ctx):
         torch.distributed.destroy_process_group()
 
 
+def overlap_node(args, ctx):
+    """The three OVERLAP_MODES in one process, timed in turn: ms per step of each block."""
+    sys.path.append(str(TORCH_SITE))
+    import torch
+    import torch.nn as nn
+
+    import ember.torch
+
+    torch.set_num_threads(1)
+    comm = ctx.communicator(transport=args["transport"])  # the first call: ember.torch's default too
+    batch = args["batch"]
+    x, y = _shard(ctx, batch)
+    x, y = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous(), torch.from_numpy(y)
+    n, loss_fn = x.shape[0] // batch, nn.CrossEntropyLoss()
+    runs = {}
+    for mode in OVERLAP_MODES:
+        torch.manual_seed(1)
+        model = _cnn(nn)
+        opt = torch.optim.Adam(model.parameters(), 1e-3)
+        if mode != "torch_local":
+            ember.torch.broadcast_parameters(model)
+            opt = ember.torch.DistributedOptimizer(opt, overlap=mode == "ember_torch",
+                                                   bucket_cap_mb=args["bucket_cap_mb"])
+        runs[mode] = (model, opt, [0])
+
+    def steps(mode, k):
+        model, opt, at = runs[mode]
+        for _ in range(k):
+            j = (at[0] % n) * batch
+            opt.zero_grad()
+            loss_fn(model(x[j:j + batch]), y[j:j + batch]).backward()
+            opt.step()
+            at[0] += 1
+
+    for mode in OVERLAP_MODES:
+        steps(mode, args["warmup"])
+    blocks = {m: [] for m in OVERLAP_MODES}
+    for r in range(args["repeats"]):
+        for mode in OVERLAP_MODES[r % 3:] + OVERLAP_MODES[:r % 3]:  # each first in turn
+            comm.barrier()
+            t0 = time.perf_counter()
+            steps(mode, args["steps"])
+            blocks[mode].append(1000.0 * (time.perf_counter() - t0) / args["steps"])
+    Path(args["out"], f"overlap-{ctx.training_rank}.json").write_text(json.dumps(blocks))
+
+
 # ----------------------------------------------------------------------------- driver
-def run_one(spark, mode: str, run: int, args, out: Path) -> float:
+def run_one(spark, mode: str, run: int, args, out: Path, key: str = "rate") -> float:
     import ember
 
     fn = keras_node if mode in KERAS_MODES else torch_node
     node_args = {"mode": mode, "run": run, "out": str(out), "batch": args.batch_size, "steps": args.steps,
-                 "warmup": args.warmup}
+                 "warmup": args.warmup, "bucket_cap_mb": args.bucket_cap_mb}
     cluster = ember.Cluster.run(spark, fn, node_args, num_executors=2, reservation_timeout=120)
     cluster.shutdown(timeout=900)
-    rates = [json.loads((out / f"{mode}-{run}-{r}.json").read_text())["rate"] for r in range(2)]
-    return sum(rates)
+    values = [json.loads((out / f"{mode}-{run}-{r}.json").read_text())[key] for r in range(2)]
+    return sum(values) if key == "rate" else sum(values) / len(values)
 
 
 def main(argv=None) -> None:
@@ -194,7 +260,17 @@ def main(argv=None) -> None:
     p.add_argument("--batch-size", type=int, default=64, help="per-node batch")
     p.add_argument("--only", default="", help="comma-separated contenders (default: all)")
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--overlap", action="store_true",
+                   help="compare ember.torch with and without overlap by step time (see the docstring)")
+    p.add_argument("--bucket-cap-mb", type=float, default=None,
+                   help="ember.torch's bucket size (default 0.25 with --overlap, else DDP's 25)")
+    p.add_argument("--transport", default="auto", choices=("auto", "tcp"),
+                   help="with --overlap: the nodes' communicator (auto: shared memory on this host; tcp: loopback TCP)")
     args = p.parse_args(argv)
+    if args.bucket_cap_mb is None:
+        args.bucket_cap_mb = 0.25 if args.overlap else 25.0
+    if args.overlap:
+        return overlap_main(args)
     modes = [m for m in KERAS_MODES + TORCH_MODES if not args.only or m in args.only.split(",")]
     if any(m in TORCH_MODES for m in modes) and not (TORCH_SITE / ".installed").exists():
         C.log(f"torch contenders skipped: PyTorch is not installed in {TORCH_SITE} (make setup-torch)")
@@ -203,10 +279,7 @@ def main(argv=None) -> None:
     sys.path.insert(0, str(EXAMPLES))
 
     C.log(f"machine: {C.machine_info()}")
-    from pyspark.sql import SparkSession
-    spark = (SparkSession.builder.master("local[2]").appName("bench-sync-training")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = _spark()
     out = Path(tempfile.mkdtemp(prefix="ember-bench-sync-"))
     results = {m: [] for m in modes}
     try:
@@ -232,6 +305,55 @@ def main(argv=None) -> None:
     ek, mw, et, dd = (med.get(k, nan) for k in ("ember_keras", "mwms", "ember_torch", "ddp"))
     print(f"sync_training_samples_per_sec: ember_keras={C.fmt_rate(ek)} mwms={C.fmt_rate(mw)} ratio={ek / mw:.2f} "
           f"ember_torch={C.fmt_rate(et)} ddp={C.fmt_rate(dd)} torch_ratio={et / dd:.2f}")
+
+
+def _spark():
+    from pyspark.sql import SparkSession
+    spark = (SparkSession.builder.master("local[2]").appName("bench-sync-training")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def overlap_main(args) -> None:
+    """ember.torch overlap=True vs overlap=False vs no sync, by step time per node."""
+    if not (TORCH_SITE / ".installed").exists():
+        C.log(f"skipped: PyTorch is not installed in {TORCH_SITE} (make setup-torch)")
+        return
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(EXAMPLES), os.environ.get("PYTHONPATH", "")])
+    sys.path.insert(0, str(EXAMPLES))
+    C.log(f"machine: {C.machine_info()}")
+    spark = _spark()
+    out = Path(tempfile.mkdtemp(prefix="ember-bench-overlap-"))
+    import ember
+    node_args = {"out": str(out), "batch": args.batch_size, "steps": args.steps, "warmup": args.warmup,
+                 "repeats": args.repeats, "bucket_cap_mb": args.bucket_cap_mb, "transport": args.transport}
+    t = time.time()
+    try:
+        cluster = ember.Cluster.run(spark, overlap_node, node_args, num_executors=2, reservation_timeout=120)
+        cluster.shutdown(timeout=1800)
+    finally:
+        spark.stop()
+    C.log(f"job {time.time() - t:.0f}s")
+    nodes = [json.loads((out / f"overlap-{r}.json").read_text()) for r in range(2)]
+    results = {m: [sum(b) / 2 for b in zip(*(node[m] for node in nodes))] for m in OVERLAP_MODES}
+    med = {m: C.median(v) for m, v in results.items()}
+    print()
+    print(f"medians of {args.repeats} blocks of {args.steps} steps, ms per step, mean of 2 nodes "
+          f"(batch {args.batch_size} per node, bucket_cap_mb {args.bucket_cap_mb}, transport {args.transport}):")
+    for m in OVERLAP_MODES:
+        print(f"  {m:18s} {med[m]:7.2f}   sync {med[m] - med['torch_local']:6.2f}   "
+              f"blocks {[round(v, 1) for v in results[m]]}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"results": results, "medians": med, "args": vars(args)}, indent=1))
+    C.log(f"machine at end: {C.machine_info()}")
+    # Paired by block (the three ran back to back): the machine's drift cancels out.
+    sync = C.median([f - l for f, l in zip(results["ember_torch_fused"], results["torch_local"])])
+    saved = C.median([f - o for f, o in zip(results["ember_torch_fused"], results["ember_torch"])])
+    print(f"paired medians: fused - local {sync:.2f} ms (the sync time), fused - overlap {saved:.2f} ms (hidden)")
+    local, fused, overlap = med["torch_local"], med["ember_torch_fused"], med["ember_torch"]
+    print(f"sync_overlap_step_ms: local={local:.2f} fused={fused:.2f} overlap={overlap:.2f} "
+          f"hidden={saved / sync:.2f}")
 
 
 if __name__ == "__main__":

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import sys
 
 import numpy as np
+from typing import Optional
 
 
 def feed_dataset(feed, batch_size: int, drop_remainder: bool = True, transform=None, validation: bool = False,
@@ -137,6 +139,9 @@ def _map_tensors(batch, fn):
 #     for x, y in loader:                                           # this node's share of the data
 #         optimizer.zero_grad(); loss_fn(model(x), y).backward(); optimizer.step()
 #
+# The gradients are reduced in buckets while backward() runs (overlap=True, DDP's design) and
+# step() waits for them; accumulate micro-batches under `with optimizer.no_sync():`.
+#
 # Unchanged torch.distributed programs run too: every training node has MASTER_ADDR,
 # MASTER_PORT, RANK, WORLD_SIZE and LOCAL_RANK set (init_process_group("gloo") works).
 
@@ -201,27 +206,298 @@ def broadcast_optimizer_state(optimizer, root: int = 0, comm=None) -> None:
     broadcast_tensors_(tensors, root, comm)
 
 
+class _Bucket:
+    """Gradients of one dtype reduced as one flat buffer: the params' gradients in order, then one
+    used-flag per param (1 where this rank had a gradient), so after the reduction a nonzero flag
+    says some rank had one.  The buffer lives as long as the optimizer and is reused."""
+
+    def __init__(self, params):
+        import torch
+
+        self.params = params
+        self.offsets, n = [], 0
+        for p in params:
+            self.offsets.append(n)
+            n += p.numel()
+        self.numel = n
+        self.flat = torch.zeros(n + len(params), dtype=params[0].dtype)
+        self.reset()
+
+    def reset(self) -> None:
+        self.filled = [False] * len(self.params)  # this round's gradient (or zeros) is in flat
+        self.pending = len(self.params)
+        self.work = None
+
+    def segment(self, i: int):
+        o = self.offsets[i]
+        return self.flat[o:o + self.params[i].numel()].view(self.params[i].shape)
+
+    def fill(self, i: int, grad) -> None:
+        """Copies `grad` (None: zeros, flag 0) into param i's place."""
+        if grad is None:
+            self.segment(i).zero_()
+        else:
+            self.segment(i).copy_(grad)
+        self.flat[self.numel + i] = 0 if grad is None else 1
+        self.filled[i] = True
+        self.pending -= 1
+
+    def write_back(self) -> None:
+        """Reduced gradients into p.grad; a param with no local gradient gets the reduced one
+        only where some rank had a gradient (otherwise it stays None, as it is on every rank)."""
+        import torch
+
+        flags = self.flat[self.numel:].tolist()
+        for i, p in enumerate(self.params):
+            if p.grad is not None:
+                p.grad.copy_(self.segment(i))
+            elif flags[i] != 0:
+                p.grad = torch.empty_like(p).copy_(self.segment(i))
+
+
+class _OverlapReducer:
+    """Reduces gradients in buckets from autograd hooks while backward runs (PyTorch DDP's design).
+
+    A round is one reduction of every bucket, in bucket index order on every rank (the
+    communicator runs async calls in issue order, so the order is the protocol):
+
+    * a param's post-accumulate-grad hook copies its gradient into its bucket; a bucket whose
+      gradients are all in, and whose predecessors have been launched, is launched with
+      ``allreduce_async_``;
+    * ``finish()`` waits for the launched buckets, then reduces the rest in order with blocking
+      calls (they run in this thread, with no hand-off to the communicator's): buckets waiting
+      for params that got no gradient, whose missing gradients are taken from ``p.grad`` where
+      it exists (``zero_grad(set_to_none=False)``) and are zeros otherwise, with their
+      used-flag 0; or every bucket, in a round with no backward pass (gradients set by hand,
+      or every backward under ``no_sync()``).  Then it writes the results into ``p.grad``.
+
+    An autograd engine callback counts the backward passes of a round.
+
+    A second backward pass in one round (gradient accumulation without ``no_sync()``) is not
+    reduced as it runs: the round's results are thrown away at ``finish()`` and a second round
+    reduces the accumulated ``p.grad``.  Every rank must run the same number of backward passes
+    between two steps (as under DDP).  Not thread-safe: one training thread."""
+
+    def __init__(self, params, comm, op: str, bucket_cap_mb: float):
+        import weakref
+
+        import torch
+
+        if bucket_cap_mb <= 0:
+            raise ValueError(f"bucket_cap_mb must be positive, got {bucket_cap_mb}")
+        self.comm, self.op = comm, op
+        self.buckets = self._buckets(params, int(bucket_cap_mb * 1024 * 1024))
+        self.where = {id(p): (b, i) for b in self.buckets for i, p in enumerate(b.params)}
+        self.no_sync = False
+        self._reset_round()
+        me = weakref.ref(self)  # the hooks must not keep a dropped optimizer alive
+
+        def hook(p):
+            reducer = me()
+            if reducer is not None:
+                reducer._on_grad(p)
+
+        handles = [p.register_post_accumulate_grad_hook(hook) for b in self.buckets for p in b.params]
+        weakref.finalize(self, _remove_hooks, handles)
+        self._queue_callback = torch.autograd.Variable._execution_engine.queue_callback
+
+    @staticmethod
+    def _buckets(params, cap_bytes: int):
+        """Params in reverse registration order (the order backward produces their gradients),
+        cut into buckets of one dtype of about `cap_bytes` (a bucket closes at the param that
+        reaches it); buckets are numbered by their first param.  Every rank computes the same
+        buckets from the same model."""
+        seen, ordered = set(), []
+        for p in params:
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                ordered.append(p)
+        order, open_, sizes = [], {}, {}
+        for p in reversed(ordered):
+            if p.dtype not in open_:
+                open_[p.dtype] = []
+                sizes[p.dtype] = 0
+                order.append(open_[p.dtype])
+            open_[p.dtype].append(p)
+            sizes[p.dtype] += p.numel() * p.element_size()
+            if sizes[p.dtype] >= cap_bytes:
+                del open_[p.dtype]
+        return [_Bucket(group) for group in order]
+
+    def _reset_round(self) -> None:
+        for b in self.buckets:
+            b.reset()
+        self.launched = 0           # buckets launched this round (0..launched-1)
+        self.passes = 0             # backward passes ended this round
+        self.accumulating = False   # a second backward pass came in this round
+        self.callback_queued = False
+
+    @property
+    def in_round(self) -> bool:
+        return (self.launched > 0 or self.passes > 0 or self.callback_queued
+                or any(b.pending < len(b.params) for b in self.buckets))
+
+    def _on_grad(self, p) -> None:
+        import torch
+
+        if self.no_sync:
+            return
+        if p.grad is not None and p.grad.is_sparse:
+            raise ValueError(_SPARSE_ERROR)
+        if self.passes > 0:
+            self.accumulating = True
+            return
+        if not self.callback_queued:
+            self._queue_callback(self._end_of_backward)
+            self.callback_queued = True
+        b, i = self.where[id(p)]
+        if b.filled[i]:  # a param twice in one pass cannot happen; a stale round would be a bug
+            return
+        with torch.no_grad():
+            b.fill(i, p.grad)
+        self._launch(complete_missing=False)
+
+    def _end_of_backward(self) -> None:
+        self.callback_queued = False
+        self.passes += 1
+
+    def _launch(self, complete_missing: bool) -> None:
+        """Launches buckets in index order, from the first not launched, while they are full,
+        asynchronously; with `complete_missing`, every one left, after filling its missing
+        gradients, as a blocking call (the caller waits for it anyway)."""
+        import torch
+
+        while self.launched < len(self.buckets):
+            b = self.buckets[self.launched]
+            if b.pending and not complete_missing:
+                return
+            with torch.no_grad():
+                for i, p in enumerate(b.params):
+                    if not b.filled[i]:
+                        if p.grad is not None and p.grad.is_sparse:
+                            raise ValueError(_SPARSE_ERROR)
+                        b.fill(i, p.grad)
+            if complete_missing:
+                self.comm.allreduce_(b.flat, self.op)
+            else:
+                b.work = self.comm.allreduce_async_(b.flat, self.op)
+            self.launched += 1
+
+    def _wait(self) -> None:
+        # The async calls first: a blocking call issued with none queued runs in this thread.
+        for b in self.buckets:
+            if b.work is not None:
+                b.work.wait()
+                b.work = None
+        self._launch(complete_missing=True)
+
+    def finish(self) -> None:
+        """Ends the round: every bucket reduced and written into ``p.grad``."""
+        import torch
+
+        self._wait()
+        if self.accumulating:  # reduce what the passes accumulated, from p.grad
+            self._reset_round()
+            self._wait()
+        with torch.no_grad():
+            for b in self.buckets:
+                b.write_back()
+        self._reset_round()
+
+    def abandon(self) -> None:
+        """Ends a round without using it (zero_grad mid-round), so every rank stays in step."""
+        if self.in_round:
+            self._wait()
+        self._reset_round()
+
+
+def _remove_hooks(handles) -> None:
+    for h in handles:
+        h.remove()
+
+
+_SPARSE_ERROR = "DistributedOptimizer: sparse gradients are not supported; use dense embeddings"
+
+
 class DistributedOptimizer:
-    """Wraps a ``torch.optim.Optimizer``: ``step()`` first averages every parameter's gradient
-    over the training nodes (one fused allreduce per dtype), then steps.  Everything else is
-    the wrapped optimizer's (attributes pass through).
+    """Wraps a ``torch.optim.Optimizer`` so that every parameter's gradient is averaged over
+    the training nodes before it steps.  Everything else is the wrapped optimizer's (attributes
+    pass through).
+
+    With ``overlap=True`` (the default where the model's parameters are on a GPU) gradients are
+    reduced while ``backward()`` still runs,
+    as PyTorch's DistributedDataParallel does: the parameters (those with ``requires_grad`` at
+    construction) are cut into buckets of one dtype and about ``bucket_cap_mb`` MiB, in reverse
+    order (the order backward produces their gradients), and a post-accumulate-grad hook
+    launches a bucket's asynchronous allreduce as soon as its gradients are in.  ``step()`` (or
+    ``synchronize()``) waits for them and writes the results into ``p.grad``.  The results are
+    bit-identical to ``overlap=False`` (each element is reduced in rank order whatever buffer it
+    travels in).  What to know:
+
+    * Every rank must run the same number of backward passes between two steps, each reaching at
+      least one parameter (as under DDP): the ranks then issue the same buckets in one order.
+    * Unused parameters do not hang: ``step()``/``synchronize()`` sends their buckets with zeros
+      (and a per-parameter flag), and a parameter no rank had a gradient for keeps
+      ``grad=None``; one that some ranks had gets their reduction.  A bucket waiting for an
+      unused parameter holds back the buckets after it until then.
+    * Gradient accumulation: run the backward passes but the last under ``with opt.no_sync():``
+      (hooks off; the last pass reduces the sum).  Several backward passes without it work too,
+      but reduce twice (the passes' reduction is thrown away and the sum is reduced at step).
+    * Change gradients (clipping) after ``synchronize()``, not between backward and step: the
+      reduction started from the gradients as backward left them and overwrites ``p.grad``.
+    * ``zero_grad()`` in the middle of a round (backward with no step) finishes its reductions
+      and drops them, so every rank stays in step.
+    * Parameters not bucketed (added with ``add_param_group`` later, or made trainable later)
+      are reduced in ``synchronize()`` the ``overlap=False`` way.
+
+    With ``overlap=False`` (the default where the parameters are in host memory: there the
+    reduction's copies compete with backward for the same cores, and measured slower,
+    docs/benchmarks.md), ``step()`` reduces every gradient after backward with one fused
+    allreduce per dtype.  Either way, sparse gradients raise ``ValueError`` (with overlap, from
+    ``backward()``).  Overlap needs ``Tensor.register_post_accumulate_grad_hook`` (torch >= 2.1):
+    older torch raises ``RuntimeError`` at construction unless ``overlap=False``.
 
     Args:
         optimizer: the optimizer over this node's model.
         comm: the communicator; the node's default (``ctx.communicator()``) if None.
         op: "average" (data-parallel SGD) or "sum".
+        overlap: reduce in buckets during backward (True) or all at once in step() (False);
+            None: True when a trainable parameter is on a CUDA device, else False.
+        bucket_cap_mb: the bucket size with overlap, MiB (DDP's default 25).
     """
 
-    def __init__(self, optimizer, comm=None, op: str = "average"):
+    def __init__(self, optimizer, comm=None, op: str = "average", overlap: Optional[bool] = None,
+                 bucket_cap_mb: float = 25.0):
         self.__dict__["_optimizer"] = optimizer
         self.__dict__["_comm"] = comm
         self.__dict__["_op"] = op
+        if not bucket_cap_mb > 0:
+            raise ValueError(f"bucket_cap_mb must be > 0, got {bucket_cap_mb}")
+        if overlap is None:
+            overlap = any(getattr(p, "is_cuda", False) for group in optimizer.param_groups
+                          for p in group["params"] if p.requires_grad)
+        reducer = None
+        if overlap:
+            import torch
+
+            if not hasattr(torch.Tensor, "register_post_accumulate_grad_hook"):
+                raise RuntimeError("DistributedOptimizer(overlap=True) needs torch >= 2.1 "
+                                   "(Tensor.register_post_accumulate_grad_hook); pass overlap=False")
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            reducer = _OverlapReducer(params, _communicator(comm), op, bucket_cap_mb)
+        self.__dict__["_reducer"] = reducer
 
     def synchronize(self) -> None:
-        """Averages the gradients now (step() does it; call this to clip them first)."""
-        grads = [p.grad for group in self._optimizer.param_groups for p in group["params"] if p.grad is not None]
+        """Averages the gradients now (step() does it; call this to clip them first).  With
+        overlap, waits for the reductions backward started and launches the rest."""
+        params = [p for group in self._optimizer.param_groups for p in group["params"]]
+        reducer = self._reducer
+        if reducer is not None:
+            reducer.finish()
+            params = [p for p in params if id(p) not in reducer.where]
+        grads = [p.grad for p in params if p.grad is not None]
         if grads and any(g.is_sparse for g in grads):
-            raise ValueError("DistributedOptimizer: sparse gradients are not supported; use dense embeddings")
+            raise ValueError(_SPARSE_ERROR)
         allreduce_tensors_(grads, self._comm, self._op)
         self.__dict__["_synchronized"] = True
 
@@ -232,7 +508,23 @@ class DistributedOptimizer:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.__dict__.pop("_synchronized", None)
+        if self._reducer is not None:
+            self._reducer.abandon()
         self._optimizer.zero_grad(set_to_none=set_to_none)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside do not reduce (gradient accumulation, as DDP's ``no_sync``):
+        the first backward after it, or ``step()``, reduces the accumulated gradients."""
+        reducer = self._reducer
+        if reducer is None:
+            yield
+            return
+        previous, reducer.no_sync = reducer.no_sync, True
+        try:
+            yield
+        finally:
+            reducer.no_sync = previous
 
     def __getattr__(self, name):
         return getattr(self._optimizer, name)
