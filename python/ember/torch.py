@@ -220,7 +220,8 @@ class _Bucket:
             self.offsets.append(n)
             n += p.numel()
         self.numel = n
-        self.flat = torch.zeros(n + len(params), dtype=params[0].dtype)
+        # On the params' device: a GPU model's buckets are reduced where they are (staged by the core).
+        self.flat = torch.zeros(n + len(params), dtype=params[0].dtype, device=params[0].device)
         self.reset()
 
     def reset(self) -> None:
@@ -304,7 +305,7 @@ class _OverlapReducer:
     @staticmethod
     def _buckets(params, cap_bytes: int):
         """Params in reverse registration order (the order backward produces their gradients),
-        cut into buckets of one dtype of about `cap_bytes` (a bucket closes at the param that
+        cut into buckets of one dtype and device of about `cap_bytes` (a bucket closes at the param that
         reaches it); buckets are numbered by their first param.  Every rank computes the same
         buckets from the same model."""
         seen, ordered = set(), []
@@ -314,14 +315,15 @@ class _OverlapReducer:
                 ordered.append(p)
         order, open_, sizes = [], {}, {}
         for p in reversed(ordered):
-            if p.dtype not in open_:
-                open_[p.dtype] = []
-                sizes[p.dtype] = 0
-                order.append(open_[p.dtype])
-            open_[p.dtype].append(p)
-            sizes[p.dtype] += p.numel() * p.element_size()
-            if sizes[p.dtype] >= cap_bytes:
-                del open_[p.dtype]
+            kind = (p.dtype, p.device)  # one dtype and one device per bucket
+            if kind not in open_:
+                open_[kind] = []
+                sizes[kind] = 0
+                order.append(open_[kind])
+            open_[kind].append(p)
+            sizes[kind] += p.numel() * p.element_size()
+            if sizes[kind] >= cap_bytes:
+                del open_[kind]
         return [_Bucket(group) for group in order]
 
     def _reset_round(self) -> None:

@@ -153,7 +153,8 @@ def test_non_contiguous_or_offset_views(device):
         assert base[:5].eq(-1).all() and base[-6:].eq(-1).all() and base[5:-6].eq(3).all()
 
 
-def test_distributed_optimizer_on_a_cnn_keeps_replicas_identical(device):
+@pytest.mark.parametrize("overlap", [None, True, False])
+def test_distributed_optimizer_on_a_cnn_keeps_replicas_identical(device, overlap):
     """ember.torch.DistributedOptimizer on a small CNN on the device, 2 ranks with different data:
     after a few steps the weights are bit-identical on both and equal (to float tolerance) to one
     model trained on the average of their gradients."""
@@ -178,7 +179,10 @@ def test_distributed_optimizer_on_a_cnn_keeps_replicas_identical(device):
         model = make_model().to(device)
         ember.torch.broadcast_parameters(model, comm=comm)
         initial = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-        opt = ember.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), comm=comm)
+        opt = ember.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), comm=comm,
+                                               overlap=overlap, bucket_cap_mb=0.01)  # several buckets
+        if overlap is None:  # the default: overlap exactly for parameters on a GPU
+            assert (opt._reducer is not None) == (torch.device(device).type == "cuda")
         for step in range(steps):
             x, y = batch(comm.rank, step)
             opt.zero_grad()
