@@ -3,7 +3,6 @@ then Keras 3 ``model.fit`` on two nodes with DistributedOptimizer + SyncCallback
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -13,33 +12,10 @@ import ember
 from ember import _ember, errors
 from ember.collective import Communicator
 from conftest import no_leftovers
+from thread_ranks import run_threads
 
 pytestmark = pytest.mark.timeout(300)
 
-SECRET = b"0123456789abcdef-python-collective"
-
-
-def run_threads(size, fn, **options):
-    """fn(comm) on `size` ranks as threads over an in-memory store; returns their results."""
-    store = _ember.CollectiveStore.in_memory()
-    prefix = f"ember-pytest-{id(store)}"
-    results, failures = [None] * size, []
-
-    def rank(r):
-        try:
-            comm = Communicator.create(r, size, SECRET, store, prefix=prefix, connect_timeout=20, timeout=20,
-                                       **options)
-            results[r] = fn(comm)
-        except BaseException as e:  # noqa: BLE001 - reported below
-            failures.append((r, e))
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not failures, failures
-    return results
 
 
 @pytest.mark.parametrize("transport", ["auto", "tcp"])

@@ -17,6 +17,8 @@ REPO = Path(__file__).resolve().parents[2]
 TORCH_SITE = REPO / ".torch-site"  # the dev machine's torch (`make setup-torch`); GPU hosts have their own
 if TORCH_SITE.is_dir() and str(TORCH_SITE) not in sys.path:
     sys.path.append(str(TORCH_SITE))
+if str(REPO / "python" / "tests") not in sys.path:
+    sys.path.append(str(REPO / "python" / "tests"))  # shared helpers (thread_ranks)
 
 CPU_MODE = os.environ.get("EMBER_GPU_TESTS_DEVICE", "cuda") == "cpu"
 

@@ -8,40 +8,14 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import threading
 
 import pytest
+from thread_ranks import run_threads  # python/tests (tests_gpu/conftest.py puts it on the path)
 
 pytestmark = pytest.mark.timeout(300)
 
 DTYPES = ["float32", "bfloat16", "float16", "int64"]
 CHUNK = 4 << 20  # CommunicatorOptions.device_chunk_bytes' default
-
-
-def run_threads(size, fn, timeout=120):
-    """fn(comm) on `size` ranks as threads over an in-memory store; returns their results."""
-    from ember import _ember
-    from ember.collective import Communicator
-
-    store = _ember.CollectiveStore.in_memory()
-    results, failures = [None] * size, []
-
-    def rank(r):
-        try:
-            comm = Communicator.create(r, size, b"0123456789abcdef-tests-gpu", store,
-                                       prefix=f"ember-gpu-{id(store)}", connect_timeout=30, timeout=60)
-            results[r] = fn(comm)
-        except BaseException as e:  # noqa: BLE001 - reported below
-            failures.append((r, e))
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout)
-    assert not any(t.is_alive() for t in threads), f"a rank still runs after {timeout} s"
-    assert not failures, failures
-    return results
 
 
 def values(dtype, n, seed):

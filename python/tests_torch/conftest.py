@@ -14,6 +14,8 @@ HERE = Path(__file__).resolve().parent
 
 if str(TORCH_SITE) not in sys.path:
     sys.path.append(str(TORCH_SITE))
+if str(TESTS) not in sys.path:
+    sys.path.append(str(TESTS))  # shared helpers of python/tests (thread_ranks)
 _paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
 for _p in (str(HERE),):  # executors import the test modules (main functions) by name
     if _p not in _paths:

@@ -4,13 +4,13 @@ in-memory store (shared memory and TCP), then real nodes on real Spark; values a
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 
 import pytest
 import torch._dynamo  # noqa: F401  (see below)
 
 import ember
+from thread_ranks import run_threads  # python/tests (tests_torch/conftest.py puts it on the path)
 
 # torch.optim imports torch._dynamo, which loads triton's LLVM; loaded after TensorFlow's (a test
 # earlier in the same pytest process may import TF) it aborts the process ("LLVM ERROR: Option ...
@@ -21,29 +21,6 @@ pytestmark = pytest.mark.timeout(300)
 DTYPES = ["bfloat16", "float16", "float32", "float64", "int32", "int64"]
 
 
-def run_threads(size, fn, **options):
-    """fn(comm) on `size` ranks as threads; returns their results."""
-    from ember import _ember
-    from ember.collective import Communicator
-
-    store = _ember.CollectiveStore.in_memory()
-    results, failures = [None] * size, []
-
-    def rank(r):
-        try:
-            comm = Communicator.create(r, size, b"0123456789abcdef-torch-dtypes", store,
-                                       prefix=f"ember-pytest-{id(store)}", connect_timeout=20, timeout=20, **options)
-            results[r] = fn(comm)
-        except BaseException as e:  # noqa: BLE001 - reported below
-            failures.append((r, e))
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(size)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not failures, failures
-    return results
 
 
 @pytest.mark.parametrize("transport", ["auto", "tcp"])
