@@ -94,6 +94,34 @@ std::shared_ptr<Store> NewInMemoryStore();
 // `client` (a node's own connection).  Keys are set once per job.
 std::shared_ptr<Store> NewCoordinatorStore(std::shared_ptr<CoordinatorClient> client);
 
+// NCCL's calls, as the Communicator uses them between the distinct GPUs of
+// one host: loaded at run time (LoadNccl), never linked; tests substitute a
+// fake.  A comm is NCCL's ncclComm_t.  Calls queue work on `stream` and
+// return before it ran (NCCL's contract); thread-safe as NCCL is.
+class Nccl {
+ public:
+  virtual ~Nccl() = default;
+  virtual std::string Describe() const = 0;  // "NCCL 2.27.3 (libnccl.so.2)"
+  // A new ncclUniqueId, as bytes (rank 0 makes it; every rank inits with it).
+  virtual Result<std::string> UniqueId() = 0;
+  // Joins the communicator of `size` ranks named by `id`; blocks until every
+  // rank joined.  Runs on the calling thread's current device.
+  virtual Result<void*> InitRank(const std::string& id, int size, int rank) = 0;
+  virtual Status Allreduce(void* comm, void* data, size_t count, DataType dtype, ReduceOp op,
+                           device::Stream stream) = 0;
+  virtual Status Broadcast(void* comm, void* data, size_t count, DataType dtype, int root,
+                           device::Stream stream) = 0;
+  // An error NCCL found asynchronously (a peer gone, a network failure), or OK.
+  virtual Status AsyncError(void* comm) = 0;
+  // Ends `comm`'s work in flight and frees it (ncclCommAbort).
+  virtual void Abort(void* comm) = 0;
+};
+
+// libnccl, loaded now from the first of `libraries` that loads (one the
+// process already loaded first, e.g. PyTorch's).  NotFound, naming what was
+// tried, where none loads.
+Result<std::shared_ptr<Nccl>> LoadNccl(const std::vector<std::string>& libraries = {"libnccl.so.2"});
+
 enum class Transport : uint8_t {
   kAuto = 0,  // shared memory between ranks on one host, TCP between hosts
   kTcp = 1,   // TCP ring between every rank, even on one host (benchmarks, tests)
@@ -129,6 +157,13 @@ struct CommunicatorOptions {
   // LoadCuda with `cuda`) at the first call on CUDA memory.
   std::shared_ptr<device::Runtime> device_runtime;
   device::CudaOptions cuda;
+  // Calls on CUDA memory use NCCL instead of staging when every rank is on
+  // one host, each on a GPU of its own, and every rank loads NCCL (decided
+  // once per device, at its first call, the same on every rank).  False:
+  // always stage.  `nccl` substitutes NCCL (tests); null: LoadNccl(nccl_libraries).
+  bool use_nccl = true;
+  std::shared_ptr<Nccl> nccl;
+  std::vector<std::string> nccl_libraries = {"libnccl.so.2"};
 };
 
 struct CallOptions {

@@ -57,6 +57,11 @@ class Runtime {
   // until the stream passed it.
   virtual Status RecordEvent(Event e, Stream stream) = 0;
   virtual Status WaitEvent(Event e) = 0;
+  // Whether the stream passed `e` (does not block).
+  virtual Result<bool> QueryEvent(Event e) = 0;
+  // The physical device behind `ordinal` (CUDA: its PCI bus id, e.g.
+  // "0000:3B:00.0"): the same string in every process that sees it.
+  virtual Result<std::string> DeviceIdentity(int ordinal) = 0;
   // Blocks until everything queued on `stream` ran.
   virtual Status Synchronize(Stream stream) = 0;
 };

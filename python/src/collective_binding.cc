@@ -153,6 +153,8 @@ void BindCollective(nb::module_& m) {
       .def_rw("shm_buffer_bytes", &CommunicatorOptions::shm_buffer_bytes)
       .def_rw("tcp_chunk_bytes", &CommunicatorOptions::tcp_chunk_bytes)
       .def_rw("device_chunk_bytes", &CommunicatorOptions::device_chunk_bytes)
+      .def_rw("use_nccl", &CommunicatorOptions::use_nccl)
+      .def_rw("nccl_libraries", &CommunicatorOptions::nccl_libraries)
       .def_prop_rw(
           "cuda_libraries", [](const CommunicatorOptions& o) { return o.cuda.libraries; },
           [](CommunicatorOptions& o, std::vector<std::string> libraries) { o.cuda.libraries = std::move(libraries); });

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "ember/collective.h"
 #include "ember/device.h"
 #include "ember/gpu.h"
 
@@ -58,6 +59,15 @@ void BindGpu(nb::module_& m) {
       "libraries"_a = nb::none(), nb::call_guard<nb::gil_scoped_release>(),
       "Which CUDA runtime the collectives would load for CUDA memory (ember/device.h), e.g. "
       "'CUDA runtime 13000 (libcudart.so.13)'; NotFoundError naming what was tried.");
+  m.def(
+      "nccl_library",
+      [](std::optional<std::vector<std::string>> libraries) {
+        auto loaded = libraries ? collective::LoadNccl(*libraries) : collective::LoadNccl();
+        return ValueOrThrow(std::move(loaded))->Describe();
+      },
+      "libraries"_a = nb::none(), nb::call_guard<nb::gil_scoped_release>(),
+      "Which NCCL the collectives would use between the GPUs of a host, e.g. 'NCCL 2.27.3 "
+      "(libnccl.so.2)'; NotFoundError naming what was tried.");
 }
 
 }  // namespace ember::python

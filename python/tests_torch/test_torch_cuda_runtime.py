@@ -30,6 +30,18 @@ def test_the_real_cuda_runtime_resolves_every_call_ember_uses():
     assert version >= 11000, described
 
 
+def test_the_real_nccl_resolves_every_call_ember_uses():
+    import torch
+
+    site = os.path.dirname(os.path.dirname(torch.__file__))
+    found = sorted(glob.glob(os.path.join(site, "nvidia", "**", "libnccl.so.*"), recursive=True))
+    assert found, f"PyTorch's wheel brings no libnccl under {site}/nvidia"
+    described = _ember.nccl_library([found[0]])
+    assert described.startswith("NCCL 2.") and found[0] in described, described
+    with pytest.raises(NotFound, match="libember-no-such-nccl.so.*nvidia-nccl"):
+        _ember.nccl_library(["libember-no-such-nccl.so"])
+
+
 def test_a_missing_runtime_names_what_was_tried():
     with pytest.raises(NotFound, match="libember-no-such-cudart.so.*nvidia-cuda-runtime-cu12"):
         _ember.cuda_runtime(["libember-no-such-cudart.so"])

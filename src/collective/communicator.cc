@@ -31,7 +31,7 @@
 #include "collective/call.h"
 #include "collective/reduce.h"
 #include "collective/shm_group.h"
-#include "collective/staged.h"
+#include "collective/device_calls.h"
 #include "collective/tcp_ring.h"
 #include "common/codec.h"
 #include "ember/deadline.h"
@@ -183,12 +183,12 @@ class CommunicatorImpl : public Communicator {
   Status DoReduceScatter(const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
                          CallOptions options);
   Status DoBarrier(CallOptions options);
-  // Device memory: `call(host chunk, elements, chunk options)` over the staged chunks.
+  // Device memory (DeviceCalls: NCCL or staged).
   Status DoAllreduceOn(device::Device d, void* data, size_t count, DataType dtype, ReduceOp op,
                        CallOptions options);
   Status DoBroadcastOn(device::Device d, void* data, size_t count, DataType dtype, int root, CallOptions options);
-  Status Staged(device::Device d, void* data, size_t count, DataType dtype, bool copy_in, bool copy_back,
-                CallOptions options, const std::function<Status(void*, size_t, CallOptions)>& call);
+  // Calls on accelerator memory (device_calls.h), made at the first one.
+  DeviceCalls& Device();
 
   // Starts a call: the broken status if any, else a descriptor with the next seq.
   Status Begin(Kind kind, DataType dtype, ReduceOp op, uint64_t count, int root, CallDesc* desc);
@@ -215,9 +215,9 @@ class CommunicatorImpl : public Communicator {
   bool ring_over_all_ = false;
 
   uint64_t seq_ = 0;  // only touched by the call that runs (Run/WorkerLoop serialize)
-  // Device staging per device ordinal, made at its first call; only touched by the call that runs.
-  std::shared_ptr<device::Runtime> device_runtime_;
-  std::map<int, std::unique_ptr<DeviceStaging>> staging_;
+  // Calls on device memory; only touched by the call that runs.  Declared after the backends it
+  // uses (destroyed before them).
+  std::unique_ptr<DeviceCalls> device_;
 
   Mutex broken_mu_;
   Status broken_ GUARDED_BY(broken_mu_);
@@ -477,56 +477,38 @@ Status CommunicatorImpl::ReduceAll(const CallDesc& desc, void* data, Deadline de
 
 // ------------------------------------------------------------------ device memory
 
-Status CommunicatorImpl::Staged(device::Device d, void* data, size_t count, DataType dtype, bool copy_in,
-                                bool copy_back, CallOptions options,
-                                const std::function<Status(void*, size_t, CallOptions)>& call) {
-  {
-    MutexLock lock(&broken_mu_);
-    if (!broken_.ok()) return broken_;
+DeviceCalls& CommunicatorImpl::Device() {
+  if (device_ == nullptr) {
+    HostCollectives host;
+    host.allreduce = [this](void* data, size_t count, DataType dtype, ReduceOp op, CallOptions o) {
+      return DoAllreduce(data, count, dtype, op, o);
+    };
+    host.broadcast = [this](void* data, size_t count, DataType dtype, int root, CallOptions o) {
+      return DoBroadcast(data, count, dtype, root, o);
+    };
+    host.allgather = [this](const void* in, size_t count, void* out, DataType dtype, CallOptions o) {
+      return DoAllgather(in, std::vector<uint64_t>(size(), count), out, dtype, o);
+    };
+    host.fail = [this](Status st) { return Fail(std::move(st)); };
+    host.broken = [this]() {
+      MutexLock lock(&broken_mu_);
+      return broken_;
+    };
+    device_ = std::make_unique<DeviceCalls>(options_, hosts_.size() == 1, Describe(rank()), std::move(host));
   }
-  const size_t elem = SizeOf(dtype);
-  if (elem == 0) return Status::InvalidArgument("collective call: unknown dtype");
-  if (d.kind != device::Kind::kCuda) return Status::InvalidArgument("collective call: unknown device kind");
-  if (count > 0 && data == nullptr) return Status::InvalidArgument("collective call: null device buffer");
-  const std::string where = Describe(rank()) + ", CUDA device " + std::to_string(d.ordinal);
-  auto it = staging_.find(d.ordinal);
-  if (it == staging_.end()) {
-    // A rank that cannot stage breaks the communicator: the others fail at once, naming it.
-    if (device_runtime_ == nullptr) {
-      device_runtime_ = options_.device_runtime;
-      if (device_runtime_ == nullptr) {
-        auto loaded = device::LoadCuda(options_.cuda);
-        if (!loaded.ok()) return Fail(loaded.status().WithContext(where));
-        device_runtime_ = *loaded;
-      }
-    }
-    auto opened = DeviceStaging::Open(device_runtime_, d.ordinal, options_.device_chunk_bytes);
-    if (!opened.ok()) return Fail(opened.status().WithContext(where + ": staging buffers"));
-    it = staging_.emplace(d.ordinal, std::move(*opened)).first;
-  }
-  const Deadline deadline = DeadlineFor(options);
-  auto outcome = it->second->Run(data, count * elem, copy_in, copy_back, [&](void* host, size_t bytes) {
-    CallOptions chunk;
-    chunk.timeout = std::max(deadline.remaining(), Duration(1));
-    return call(host, bytes / elem, chunk);
-  });
-  if (outcome.runtime_failed) return Fail(outcome.status.WithContext(where));
-  return outcome.status;
+  return *device_;
 }
 
 Status CommunicatorImpl::DoAllreduceOn(device::Device d, void* data, size_t count, DataType dtype, ReduceOp op,
                                        CallOptions options) {
-  return Staged(d, data, count, dtype, true, true, options, [&](void* host, size_t n, CallOptions chunk) {
-    return DoAllreduce(host, n, dtype, op, chunk);
-  });
+  if (SizeOf(dtype) == 0) return Status::InvalidArgument("collective call: unknown dtype");
+  return Device().Allreduce(d, data, count, dtype, op, DeadlineFor(options));
 }
 
 Status CommunicatorImpl::DoBroadcastOn(device::Device d, void* data, size_t count, DataType dtype, int root,
                                        CallOptions options) {
-  const bool is_root = rank() == root;
-  return Staged(d, data, count, dtype, is_root, !is_root, options, [&](void* host, size_t n, CallOptions chunk) {
-    return DoBroadcast(host, n, dtype, root, chunk);
-  });
+  if (SizeOf(dtype) == 0) return Status::InvalidArgument("collective call: unknown dtype");
+  return Device().Broadcast(d, data, count, dtype, root, DeadlineFor(options));
 }
 
 // ------------------------------------------------------------------ host memory

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -82,10 +83,22 @@ class FakeRuntime : public device::Runtime {
     log.push_back("wait");
     return Status::OK();
   }
+  Result<bool> QueryEvent(device::Event e) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_ >= *static_cast<uint64_t*>(e);
+  }
+  Result<std::string> DeviceIdentity(int ordinal) override { return identity + ":" + std::to_string(ordinal); }
   Status Synchronize(device::Stream) override {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait(lock, [&] { return done_ >= queued_; });
     return Status::OK();
+  }
+  // Queues `op` on the stream (an NCCL kernel, for the fake NCCL).
+  void Enqueue(std::function<void()> op) {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(op));
+    ++queued_;
+    cv_.notify_all();
   }
   void Note(const std::string& what) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -94,6 +107,7 @@ class FakeRuntime : public device::Runtime {
 
   std::vector<std::string> log;  // guarded by mu_ while calls run
   int fail_copy_at = -1;         // this copy (0-based) fails
+  std::string identity = "fake-gpu";  // ranks with equal identities share a "GPU"
   std::atomic<int> host_allocs{0};
 
  private:
@@ -275,6 +289,250 @@ TEST(DeviceCollectiveTest, WithoutACudaRuntimeEveryRankFailsNamingTheRankThatHas
   EXPECT_NE(got[1].message().find("libember-no-such-cudart.so"), std::string::npos) << got[1].ToString();
   EXPECT_FALSE(got[0].ok());
   EXPECT_NE(got[0].message().find("rank 1"), std::string::npos) << got[0].ToString();
+}
+
+// NCCL in one process: each rank's call is an operation on that rank's fake
+// stream that meets the other ranks' (a barrier), and the last to arrive
+// reduces into every rank's buffer.  Abort releases a stream stuck waiting.
+class FakeNccl : public Nccl {
+ public:
+  struct Group {
+    std::mutex mu;
+    std::condition_variable cv;
+    int size = 0;
+    uint64_t generation = 0;
+    std::vector<void*> buffers;
+    int arrived = 0;
+    bool aborted = false;
+  };
+  struct Comm {
+    Group* group;
+    int rank;
+    FakeRuntime* runtime;
+  };
+
+  std::string Describe() const override { return "fake NCCL"; }
+  Result<std::string> UniqueId() override {
+    std::string id(128, '\0');
+    const std::string name = "fake-nccl-" + std::to_string(next_id_++);
+    std::memcpy(id.data(), name.data(), name.size());
+    return id;
+  }
+  Result<void*> InitRank(const std::string& id, int size, int rank) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& g = groups_[id];
+    if (!g) g = std::make_unique<Group>();
+    g->size = size;
+    g->buffers.resize(size);
+    comms_.push_back(std::make_unique<Comm>(Comm{g.get(), rank, runtime_for_rank.at(rank)}));
+    return static_cast<void*>(comms_.back().get());
+  }
+  Status Allreduce(void* comm, void* data, size_t count, DataType dtype, ReduceOp op, device::Stream) override {
+    ++calls;
+    auto* c = static_cast<Comm*>(comm);
+    if (c->rank == stall_rank) return Status::OK();  // a rank that never takes part
+    c->runtime->Enqueue([c, data, count, dtype, op] {
+      Meet(c, data, [&](const std::vector<void*>& all) {
+        for (size_t i = 0; i < count; ++i) {
+          if (dtype == DataType::kFloat32) {
+            float sum = 0;
+            for (void* b : all) sum += static_cast<float*>(b)[i];
+            if (op == ReduceOp::kAverage) sum /= static_cast<float>(all.size());
+            for (void* b : all) static_cast<float*>(b)[i] = sum;
+          } else {
+            int64_t sum = 0;
+            for (void* b : all) sum += static_cast<int64_t*>(b)[i];
+            for (void* b : all) static_cast<int64_t*>(b)[i] = sum;
+          }
+        }
+      });
+    });
+    return Status::OK();
+  }
+  Status Broadcast(void* comm, void* data, size_t count, DataType dtype, int root, device::Stream) override {
+    ++calls;
+    auto* c = static_cast<Comm*>(comm);
+    c->runtime->Enqueue([c, data, count, dtype, root] {
+      Meet(c, data, [&](const std::vector<void*>& all) {
+        for (size_t r = 0; r < all.size(); ++r) {
+          if (static_cast<int>(r) != root) std::memcpy(all[r], all[root], count * SizeOf(dtype));
+        }
+      });
+    });
+    return Status::OK();
+  }
+  // A peer's abort reaches the others as an asynchronous error, as in NCCL.
+  Status AsyncError(void* comm) override {
+    Group* g = static_cast<Comm*>(comm)->group;
+    std::lock_guard<std::mutex> lock(g->mu);
+    return g->aborted ? Status::IOError("fake NCCL: a peer aborted the communicator") : Status::OK();
+  }
+  void Abort(void* comm) override {
+    ++aborts;
+    Group* g = static_cast<Comm*>(comm)->group;
+    std::lock_guard<std::mutex> lock(g->mu);
+    g->aborted = true;
+    g->cv.notify_all();
+  }
+
+  std::map<int, FakeRuntime*> runtime_for_rank;  // set before the ranks start
+  int stall_rank = -1;
+  std::atomic<int> calls{0}, aborts{0};
+
+ private:
+  static void Meet(Comm* c, void* data, const std::function<void(const std::vector<void*>&)>& reduce) {
+    Group* g = c->group;
+    std::unique_lock<std::mutex> lock(g->mu);
+    const uint64_t generation = g->generation;
+    g->buffers[c->rank] = data;
+    if (++g->arrived == g->size) {
+      reduce(g->buffers);
+      g->arrived = 0;
+      ++g->generation;
+      g->cv.notify_all();
+      return;
+    }
+    g->cv.wait(lock, [&] { return g->generation != generation || g->aborted; });
+  }
+
+  std::mutex mu_;
+  std::map<std::string, std::unique_ptr<Group>> groups_;
+  std::vector<std::unique_ptr<Comm>> comms_;
+  std::atomic<int> next_id_{0};
+};
+
+// N ranks as threads, each with its own fake runtime whose "GPU" is `identity(rank)`, all
+// sharing one fake NCCL (unless `nccl_for(rank)` gives none: that rank cannot load NCCL).
+void RunNcclRanks(int size, FakeNccl& nccl, const std::function<std::string(int)>& identity,
+                  const std::function<void(int, Communicator&)>& fn, const std::function<bool(int)>& has_nccl,
+                  Duration timeout = Duration(20000)) {
+  auto store = NewInMemoryStore();
+  const std::string prefix = UniquePrefix();
+  std::vector<std::shared_ptr<FakeRuntime>> runtimes;
+  for (int r = 0; r < size; ++r) {
+    runtimes.push_back(std::make_shared<FakeRuntime>());
+    runtimes.back()->identity = identity(r);
+    nccl.runtime_for_rank[r] = runtimes.back().get();
+  }
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      CommunicatorOptions o;
+      o.rank = r;
+      o.size = size;
+      o.host = "h0";
+      o.secret = kSecret;
+      o.prefix = prefix;
+      o.timeout = timeout;
+      o.device_chunk_bytes = 256;
+      o.device_runtime = runtimes[r];
+      o.use_nccl = has_nccl(r);
+      o.nccl = std::shared_ptr<Nccl>(&nccl, [](Nccl*) {});
+      auto comm = Communicator::Create(o, store);
+      ASSERT_TRUE(comm.ok()) << comm.status().ToString();
+      ASSERT_TRUE((*comm)->Barrier().ok());
+      fn(r, **comm);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+TEST(NcclPathTest, RanksOnGpusOfTheirOwnUseNcclAndGetTheHostResults) {
+  FakeNccl nccl;
+  RunNcclRanks(
+      3, nccl, [](int r) { return "gpu-" + std::to_string(r); },
+      [](int r, Communicator& c) {
+        std::vector<float> device(1001), host(1001);
+        for (size_t i = 0; i < device.size(); ++i) device[i] = host[i] = static_cast<float>(r + 1) * 0.5f;
+        ASSERT_TRUE(c.AllreduceOn(kCuda0, device.data(), device.size(), DataType::kFloat32, ReduceOp::kAverage).ok());
+        ASSERT_TRUE(c.Allreduce(host.data(), host.size(), DataType::kFloat32, ReduceOp::kAverage).ok());
+        EXPECT_EQ(device, host);
+        std::vector<int64_t> b(300, r);
+        ASSERT_TRUE(c.BroadcastOn(kCuda0, b.data(), b.size(), DataType::kInt64, 1).ok());
+        EXPECT_EQ(b, std::vector<int64_t>(300, 1));
+        // Integer averages truncate as C does: those stage, NCCL is not asked.
+        std::vector<int64_t> avg(10, r);  // 0 + 1 + 2 = 3: average 1
+        ASSERT_TRUE(c.AllreduceOn(kCuda0, avg.data(), avg.size(), DataType::kInt64, ReduceOp::kAverage).ok());
+        EXPECT_EQ(avg, std::vector<int64_t>(10, 1));
+      },
+      [](int) { return true; });
+  EXPECT_EQ(nccl.calls.load(), 6);  // 3 ranks x (allreduce + broadcast); the integer average staged
+}
+
+TEST(NcclPathTest, RanksSharingAGpuOrLackingNcclStageAllTogether) {
+  for (bool shared : {true, false}) {
+    FakeNccl nccl;
+    RunNcclRanks(
+        2, nccl, [&](int r) { return shared ? std::string("gpu-0") : "gpu-" + std::to_string(r); },
+        [](int r, Communicator& c) {
+          std::vector<float> device(500, static_cast<float>(r + 1));
+          ASSERT_TRUE(c.AllreduceOn(kCuda0, device.data(), device.size(), DataType::kFloat32, ReduceOp::kSum).ok());
+          EXPECT_EQ(device, std::vector<float>(500, 3.0f));
+        },
+        [&](int r) { return shared || r == 0; });  // distinct GPUs, but rank 1 has no NCCL
+    EXPECT_EQ(nccl.calls.load(), 0) << (shared ? "one GPU shared" : "a rank without NCCL");
+  }
+}
+
+TEST(NcclPathTest, MismatchedCallsFailOnEveryRankBeforeNcclIsAsked) {
+  FakeNccl nccl;
+  std::vector<Status> got(2);
+  RunNcclRanks(
+      2, nccl, [](int r) { return "gpu-" + std::to_string(r); },
+      [&](int r, Communicator& c) {
+        std::vector<float> device(100 - r, 1.0f);
+        got[r] = c.AllreduceOn(kCuda0, device.data(), device.size(), DataType::kFloat32, ReduceOp::kSum);
+      },
+      [](int) { return true; });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_FALSE(got[r].ok()) << r;
+    EXPECT_NE(got[r].ToString().find("do not match"), std::string::npos) << got[r].ToString();
+  }
+  EXPECT_EQ(nccl.calls.load(), 0);
+}
+
+TEST(NcclPathTest, ARankStalledInNcclFailsTheOthersAtTheirDeadline) {
+  FakeNccl nccl;
+  nccl.stall_rank = 1;
+  std::vector<Status> got(2);
+  std::vector<double> seconds(2);
+  std::atomic<bool> rank0_done{false};
+  RunNcclRanks(
+      2, nccl, [](int r) { return "gpu-" + std::to_string(r); },
+      [&](int r, Communicator& c) {
+        std::vector<float> device(100, 1.0f);
+        CallOptions o;
+        o.timeout = Duration(1500);
+        const auto start = std::chrono::steady_clock::now();
+        got[r] = c.AllreduceOn(kCuda0, device.data(), device.size(), DataType::kFloat32, ReduceOp::kSum, o);
+        seconds[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (r == 0) rank0_done = true;
+        // The stalled rank stays (its communicator alive) until rank 0 has given up.
+        for (int i = 0; r == 1 && !rank0_done && i < 2000; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      },
+      [](int) { return true; });
+  EXPECT_EQ(got[0].code(), StatusCode::kDeadlineExceeded) << got[0].ToString();
+  EXPECT_NE(got[0].ToString().find("NCCL allreduce of 100 float32 elements did not complete"), std::string::npos)
+      << got[0].ToString();
+  EXPECT_LT(seconds[0], 10.0);
+  EXPECT_GE(nccl.aborts.load(), 1);
+}
+
+TEST(NcclPathTest, APeerThatAbortsFailsTheOthersWithNcclsError) {
+  FakeNccl nccl;
+  nccl.stall_rank = 1;  // rank 1 returns at once and closes its communicator (NCCL comm aborted)
+  std::vector<Status> got(2);
+  RunNcclRanks(
+      2, nccl, [](int r) { return "gpu-" + std::to_string(r); },
+      [&](int r, Communicator& c) {
+        std::vector<float> device(100, 1.0f);
+        CallOptions o;
+        o.timeout = Duration(20000);
+        got[r] = c.AllreduceOn(kCuda0, device.data(), device.size(), DataType::kFloat32, ReduceOp::kSum, o);
+      },
+      [](int) { return true; });
+  EXPECT_EQ(got[0].code(), StatusCode::kIOError) << got[0].ToString();
+  EXPECT_NE(got[0].ToString().find("a peer aborted"), std::string::npos) << got[0].ToString();
 }
 
 TEST(CudaRuntimeTest, AnAbsentLibraryIsNotFoundNamingIt) {

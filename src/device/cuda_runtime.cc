@@ -17,6 +17,7 @@ constexpr unsigned kStreamNonBlocking = 1;
 constexpr unsigned kEventDisableTiming = 2;
 constexpr int kMemcpyHostToDevice = 1;
 constexpr int kMemcpyDeviceToHost = 2;
+constexpr CudaError kErrorNotReady = 600;  // cudaErrorNotReady
 
 struct Api {
   CudaError (*SetDevice)(int);
@@ -28,6 +29,8 @@ struct Api {
   CudaError (*EventDestroy)(void*);
   CudaError (*EventRecord)(void*, void*);
   CudaError (*EventSynchronize)(void*);
+  CudaError (*EventQuery)(void*);
+  CudaError (*DeviceGetPCIBusId)(char*, int, int);
   CudaError (*MemcpyAsync)(void*, const void*, size_t, int, void*);
   CudaError (*StreamSynchronize)(void*);
   CudaError (*RuntimeGetVersion)(int*);
@@ -81,6 +84,21 @@ class CudaRuntime : public Runtime {
   }
   Status RecordEvent(Event e, Stream stream) override { return Check(api_.EventRecord(e, stream), "cudaEventRecord"); }
   Status WaitEvent(Event e) override { return Check(api_.EventSynchronize(e), "cudaEventSynchronize"); }
+  Result<bool> QueryEvent(Event e) override {
+    CudaError r = api_.EventQuery(e);
+    if (r == kErrorNotReady) return false;
+    if (auto s = Check(r, "cudaEventQuery"); !s.ok()) return s;
+    return true;
+  }
+  Result<std::string> DeviceIdentity(int ordinal) override {
+    char bus[64] = {};
+    if (auto s = Check(api_.DeviceGetPCIBusId(bus, sizeof(bus), ordinal),
+                       "cudaDeviceGetPCIBusId(" + std::to_string(ordinal) + ")");
+        !s.ok()) {
+      return s;
+    }
+    return std::string(bus);
+  }
   Status Synchronize(Stream stream) override {
     return Check(api_.StreamSynchronize(stream), "cudaStreamSynchronize");
   }
@@ -129,6 +147,8 @@ Result<std::shared_ptr<Runtime>> LoadCuda(const CudaOptions& options) {
                 Resolve(handle, "cudaEventDestroy", &api.EventDestroy) &&
                 Resolve(handle, "cudaEventRecord", &api.EventRecord) &&
                 Resolve(handle, "cudaEventSynchronize", &api.EventSynchronize) &&
+                Resolve(handle, "cudaEventQuery", &api.EventQuery) &&
+                Resolve(handle, "cudaDeviceGetPCIBusId", &api.DeviceGetPCIBusId) &&
                 Resolve(handle, "cudaMemcpyAsync", &api.MemcpyAsync) &&
                 Resolve(handle, "cudaStreamSynchronize", &api.StreamSynchronize) &&
                 Resolve(handle, "cudaRuntimeGetVersion", &api.RuntimeGetVersion) &&
