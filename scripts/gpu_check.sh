@@ -16,6 +16,8 @@
 #   build        Ember's Python module for that python3, pip --target /tmp/ember-site (no network)
 #   tests_gpu    python3 -m pytest python/tests_gpu
 #   bench        bench/gpu_allreduce.py (CUDA tensors, 2 ranks, 1-128 MB fp32/bf16)
+#   bench_feed   bench/gpu_feed.py (batches to the GPU through pinned memory vs the bare pinned
+#                copy; the CNN fed from host memory vs on batches already on the GPU)
 # Each step says OK, FAILED or NOT RUN with the reason and how to bring what is missing.
 #
 # Options: --no-build  checks the build's needs but builds nothing (a dev machine: the core is not
@@ -233,9 +235,11 @@ fi
 if ((!HAVE_GPU)); then
   note tests_gpu "NOT RUN" "no GPU (torch.cuda.is_available() is False)"
   note bench "NOT RUN" "no GPU"
+  note bench_feed "NOT RUN" "no GPU"
 elif ((!EMBER_OK)); then
   note tests_gpu "NOT RUN" "ember._ember does not import: $(tail -1 "$LOGS/import.log")"
   note bench "NOT RUN" "ember._ember does not import"
+  note bench_feed "NOT RUN" "ember._ember does not import"
 else
   echo "== tests_gpu"
   timeout -k 10 "$(step_timeout 150)" "$PY" -m pytest python/tests_gpu -q -p no:cacheprovider --timeout 120 \
@@ -252,6 +256,13 @@ else
   last=$(grep "^gpu_allreduce_min_ratio" "$LOGS/bench.log" | tail -1)
   if ((rc == 0)) && [ -n "$last" ]; then note bench OK "$last; $(grep '^goal' "$LOGS/bench.log")"
   else note bench FAILED "rc $rc (124: timed out): $(tail -1 "$LOGS/bench.log")"; fi
+  echo "== bench_feed"
+  timeout -k 10 "$(step_timeout 90)" "$PY" bench/gpu_feed.py --device cuda $( ((QUICK)) && echo --quick) \
+    --json "$LOGS/gpu_feed.json" 2>&1 | tee "$LOGS/bench_feed.log"
+  rc=${PIPESTATUS[0]}
+  last=$(grep "^gpu_feed_ratio" "$LOGS/bench_feed.log" | tail -1)
+  if ((rc == 0)) && [ -n "$last" ]; then note bench_feed OK "$last; $(grep '^goal' "$LOGS/bench_feed.log")"
+  else note bench_feed FAILED "rc $rc (124: timed out): $(tail -1 "$LOGS/bench_feed.log")"; fi
 fi
 
 # ----------------------------------------------------------------------------- summary
