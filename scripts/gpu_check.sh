@@ -16,6 +16,8 @@
 #   build        Ember's Python module for that python3, pip --target /tmp/ember-site (no network)
 #   tests_gpu    python3 -m pytest python/tests_gpu
 #   bench        bench/gpu_allreduce.py (CUDA tensors, 2 ranks, 1-128 MB fp32/bf16)
+#   bench_training bench/gpu_training.py (DistributedOptimizer fused/overlap vs DDP-gloo, 2 ranks
+#                on one GPU, the CNN and ResNet-50)
 #   bench_feed   bench/gpu_feed.py (batches to the GPU through pinned memory vs the bare pinned
 #                copy; the CNN fed from host memory vs on batches already on the GPU)
 # Each step says OK, FAILED or NOT RUN with the reason and how to bring what is missing.
@@ -236,10 +238,12 @@ if ((!HAVE_GPU)); then
   note tests_gpu "NOT RUN" "no GPU (torch.cuda.is_available() is False)"
   note bench "NOT RUN" "no GPU"
   note bench_feed "NOT RUN" "no GPU"
+  note bench_training "NOT RUN" "no GPU"
 elif ((!EMBER_OK)); then
   note tests_gpu "NOT RUN" "ember._ember does not import: $(tail -1 "$LOGS/import.log")"
   note bench "NOT RUN" "ember._ember does not import"
   note bench_feed "NOT RUN" "ember._ember does not import"
+  note bench_training "NOT RUN" "ember._ember does not import"
 else
   echo "== tests_gpu"
   timeout -k 10 "$(step_timeout 150)" "$PY" -m pytest python/tests_gpu -q -p no:cacheprovider --timeout 120 \
@@ -263,6 +267,14 @@ else
   last=$(grep "^gpu_feed_ratio" "$LOGS/bench_feed.log" | tail -1)
   if ((rc == 0)) && [ -n "$last" ]; then note bench_feed OK "$last; $(grep '^goal' "$LOGS/bench_feed.log")"
   else note bench_feed FAILED "rc $rc (124: timed out): $(tail -1 "$LOGS/bench_feed.log")"; fi
+  echo "== bench_training"
+  T=$(step_timeout 150)
+  timeout -k 10 "$T" "$PY" bench/gpu_training.py --device cuda --timeout $((T - 15)) $( ((QUICK)) && echo --quick) \
+    --json "$LOGS/gpu_training.json" 2>&1 | tee "$LOGS/bench_training.log"
+  rc=${PIPESTATUS[0]}
+  last=$(grep "^gpu_training" "$LOGS/bench_training.log" | tail -1)
+  if ((rc == 0)) && [ -n "$last" ]; then note bench_training OK "$last"
+  else note bench_training FAILED "rc $rc (124: timed out): $(tail -1 "$LOGS/bench_training.log")"; fi
 fi
 
 # ----------------------------------------------------------------------------- summary
