@@ -5,10 +5,10 @@
 #   1. here, on the dev machine:  bash scripts/gpu_prepare.sh
 #      (downloads the Debian -dev packages the core's build needs into .gpu-debs/, ~12 MiB,
 #      git-ignored; used on the device only where its system lacks them)
-#   2. on the device:  run(command="bash scripts/gpu_check.sh", carry=[".gpu-debs"], timeout_s=540)
+#   2. on the device:  run(command="bash scripts/gpu_check.sh", carry=[".gpu-debs"], timeout_s=600)
 #   The summary is the end of the output and $OUT/gpu_check.txt; logs of each step are in $OUT.
 #
-# Steps, each with a timeout, under one deadline (< 8 minutes in all):
+# Steps, each with a timeout, under one deadline (GPU_CHECK_SECS, default 560 s: under 10 minutes):
 #   machine      nvidia-smi, driver, python3, torch and whether it sees CUDA
 #   build-needs  cmake >= 3.25, ninja, a C++20 compiler, Python headers, nanobind,
 #                scikit-build-core, OpenSSL / libcurl / zlib / nlohmann-json headers (from the
@@ -31,7 +31,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 REPO=$(pwd)
 START=$(date +%s)
-DEADLINE=$((START + ${GPU_CHECK_SECS:-460}))
+DEADLINE=$((START + ${GPU_CHECK_SECS:-560}))
 NO_BUILD=0; QUICK=0
 for a in "$@"; do
   case "$a" in
