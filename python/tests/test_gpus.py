@@ -62,8 +62,18 @@ def test_local_mode_shares_out_the_drivers_gpus(spark_sessions, tmp_path):
         assert sorted(n["visible"] for n in nodes) == ["3", "5"]
         assert all(n["gpus"] == [n["visible"]] and n["order"] == "PCI_BUS_ID" for n in nodes)
 
-        nodes = run_and_collect(spark, tmp_path / "shared", 4, gpus_per_node=0.5)
+        nodes = run_and_collect(spark, tmp_path / "shared", 4, gpus_per_node=0.5, log_dir=str(tmp_path / "tb"))
         assert sorted(n["visible"] for n in nodes) == ["3", "3", "5", "5"]
+        # TensorBoard's Text tab names each node's GPUs, in the node's own run directory.
+        import tensorflow as tf
+        texts = {}
+        for path in sorted((tmp_path / "tb").glob("worker_*/events.out.tfevents.*")):
+            for event in tf.compat.v1.train.summary_iterator(str(path)):
+                for v in event.summary.value:
+                    if v.tag == "ember/gpus":
+                        texts[path.parent.name] = tf.make_ndarray(v.tensor).item().decode()
+        assert sorted(texts) == ["worker_0", "worker_1", "worker_2", "worker_3"], texts
+        assert all(t.startswith(f"worker:{d[-1]}: CUDA_VISIBLE_DEVICES=") for d, t in texts.items()), texts
 
         with pytest.raises(ClusterError, match=r"3 nodes with 1 GPU each \(3 GPUs\), but local mode has 2 "
                                                r"\(spark.driver.resource.gpu: 3, 5\)"):

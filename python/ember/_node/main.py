@@ -48,6 +48,9 @@ def _run() -> int:
     from ember import collective, summary
     if ctx.log_dir:
         summary.set_default(ctx.summary_writer)  # ember.keras / ember.torch metrics writers
+        if ctx.gpus:  # TensorBoard's Text tab names each node's GPUs (its run is the node's directory)
+            ctx.summary_writer().text("ember/gpus", f"{ctx.job_name}:{ctx.task_index}: CUDA_VISIBLE_DEVICES="
+                                      f"{','.join(ctx.gpus)} (cuda:0..{len(ctx.gpus) - 1} inside the node)", 0)
     if ctx.training_rank is not None:
         collective.set_default(ctx.communicator)  # ember.keras / ember.torch find the job's nodes
     # MASTER_ADDR, RANK, WORLD_SIZE... are in the environment already: the launcher sets them for
