@@ -132,8 +132,10 @@ class Connection {
   FeedServer::Impl* const server_;
   const FeedServerOptions& options_;
   // options_.idle_timeout until the producer's kHello says otherwise (its
-  // FeedOptions.idle_timeout); set only before the pump thread starts.
-  Duration idle_timeout_;
+  // FeedOptions.idle_timeout); set only before the pump thread starts, but
+  // read by Fail() from any thread (FeedServer::Close), hence atomic.
+  std::atomic<Duration> idle_timeout_;
+  Duration IdleTimeout() const { return idle_timeout_.load(std::memory_order_relaxed); }
   bool first_frame_ = true;  // connection thread only
   tcp::Connection& link_;
   const uint64_t id_;
@@ -193,7 +195,7 @@ Status Connection::ReadLoop() {
     bool eof = false;
     EMBER_RETURN_NOT_OK(WaitForFrame(&eof));
     if (eof) return Status::OK();
-    EMBER_RETURN_NOT_OK(RecvFeedFrame(fd_, options_.max_message_bytes, Deadline::After(idle_timeout_),
+    EMBER_RETURN_NOT_OK(RecvFeedFrame(fd_, options_.max_message_bytes, Deadline::After(IdleTimeout()),
                                       peer_, &kind, &payload));
     EMBER_RETURN_NOT_OK(Handle(kind, &payload));
   }
@@ -229,7 +231,7 @@ Status Connection::Handle(uint32_t kind, std::vector<uint8_t>* payload) {
   if (static_cast<FeedKind>(kind) == FeedKind::kHello) {
     if (!first) return Status::InvalidArgument("kHello from " + peer_ + " after other frames: it must come first");
     EMBER_ASSIGN_OR_RAISE(Hello hello, DecodeHello(*payload));
-    idle_timeout_ = hello.idle_timeout;  // the producer's FeedOptions.idle_timeout, for this connection
+    idle_timeout_.store(hello.idle_timeout, std::memory_order_relaxed);  // the producer's FeedOptions.idle_timeout, for this connection
     return Status::OK();
   }
   switch (static_cast<FeedKind>(kind)) {
@@ -304,7 +306,7 @@ Status Connection::EndPartition(std::span<const uint8_t> payload) {
 // Writes into the node's ring, tick by tick so Close() is noticed, failing
 // once the ring stays full for idle_timeout.
 Status Connection::Forward(FeedKind kind, std::span<const uint8_t> payload) {
-  const Deadline idle = Deadline::After(idle_timeout_);
+  const Deadline idle = Deadline::After(IdleTimeout());
   for (;;) {
     if (stop_) return Closing();
     Status st = ring_->Write(static_cast<uint32_t>(kind), payload, std::min(idle, Deadline::After(kTick)));
@@ -352,9 +354,9 @@ Status Connection::LockSession() {
     if (st.ok() || st.code() != StatusCode::kDeadlineExceeded) return st;
     const Clock::time_point now = Clock::now();
     if (now - start > 2 * kTick) idle_since = now - kTick;
-    if (now - idle_since >= idle_timeout_) {
+    if (now - idle_since >= IdleTimeout()) {
       return Status::DeadlineExceeded("feed ring " + ring_->name() + ": another feeding task held the node's session for " +
-                                      FormatDuration(idle_timeout_) + " while the node consumed nothing");
+                                      FormatDuration(IdleTimeout()) + " while the node consumed nothing");
     }
   }
 }
@@ -374,7 +376,7 @@ void Connection::Fail(const Status& status) {
     EMBER_LOG(WARN) << "feed server: failing connection from " << peer_ << ": " << status.ToString();
   }
   Status sent = SendFeedFrame(fd_, FeedKind::kError, TextBytes(status.ToString()),
-                              Deadline::After(std::min(idle_timeout_, kErrorWriteTimeout)), peer_);
+                              Deadline::After(std::min(IdleTimeout(), kErrorWriteTimeout)), peer_);
   if (!sent.ok()) {
     EMBER_LOG(DEBUG) << "feed server: could not tell " << peer_ << ": " << sent.message();
   }
@@ -470,7 +472,7 @@ bool Connection::SendToProducer(uint32_t kind, std::span<const uint8_t> payload)
   MutexLock lock(&write_mu_);
   if (error_sent_) return false;
   Status st = SendFeedFrame(fd_, static_cast<FeedKind>(kind), payload,
-                            Deadline::After(idle_timeout_), peer_);
+                            Deadline::After(IdleTimeout()), peer_);
   if (!st.ok()) {
     EMBER_LOG(WARN) << "feed server: dropping connection from " << peer_ << ": " << st.ToString();
     error_sent_ = true;  // the producer is unreachable: nothing more to tell it
