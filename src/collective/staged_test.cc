@@ -322,8 +322,11 @@ class FakeNccl : public Nccl {
     std::lock_guard<std::mutex> lock(mu_);
     auto& g = groups_[id];
     if (!g) g = std::make_unique<Group>();
-    g->size = size;
-    g->buffers.resize(size);
+    {
+      std::lock_guard<std::mutex> group_lock(g->mu);  // Meet reads them under the group's lock
+      g->size = size;
+      g->buffers.resize(size);
+    }
     comms_.push_back(std::make_unique<Comm>(Comm{g.get(), rank, runtime_for_rank.at(rank)}));
     return static_cast<void*>(comms_.back().get());
   }
