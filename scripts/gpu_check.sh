@@ -215,7 +215,10 @@ else
        "$PY" -m pip install --no-build-isolation --no-deps --no-index --disable-pip-version-check \
        --target "$SITE" . >"$LOGS/build.log" 2>&1 \
      && PYTHONPATH=$SITE timeout 60 "$PY" -c "from ember import _ember" >>"$LOGS/build.log" 2>&1; then
-    note build OK "$SITE ($(( $(date +%s) - t0 )) s, $(ls "$SITE"/ember/_ember*.so 2>/dev/null | xargs -r basename))"
+    so=$(ls "$SITE"/ember/_ember*.so 2>/dev/null | head -1)
+    # the GPU image's g++ links libstdc++ statically: say so (python/src/CMakeLists.txt keeps it inside)
+    libcxx=$(ldd "$so" 2>/dev/null | grep -q 'libstdc++' && echo "libstdc++ shared" || echo "libstdc++ static")
+    note build OK "$SITE ($(( $(date +%s) - t0 )) s, $(basename "$so"), $libcxx, $CXX)"
   else
     rc=$?
     tail -40 "$LOGS/build.log"

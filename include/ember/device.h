@@ -23,18 +23,24 @@ enum class Kind : uint8_t {
   kCuda = 1,
 };
 
+using Stream = void*;  // the runtime's stream handle (cudaStream_t)
+using Event = void*;   // the runtime's event handle (cudaEvent_t)
+
 struct Device {
   Kind kind = Kind::kHost;
   int ordinal = 0;  // the runtime's device number inside the process (CUDA: after CUDA_VISIBLE_DEVICES)
+  // An event of the caller's runtime, recorded on the caller's stream after the work that writes
+  // the buffer (null: that work already finished).  A call reads the buffer only once the event
+  // passed, waiting for it in the thread that runs the call: an async call returns at once and
+  // the caller's stream runs on (gradient buckets reduce while backward still runs).  The caller
+  // keeps the event alive until the call ended.
+  Event ready = nullptr;
 };
 
 enum class CopyKind : uint8_t {
   kDeviceToHost = 0,
   kHostToDevice = 1,
 };
-
-using Stream = void*;  // the runtime's stream handle (cudaStream_t)
-using Event = void*;   // the runtime's event handle (cudaEvent_t)
 
 class Runtime {
  public:

@@ -75,13 +75,21 @@ def _same(x: Any) -> Any:
 
 
 def _ready(x: Any) -> Any:
-    """`x`, with the work that wrote it finished when it is a CUDA tensor: the core reads
-    device memory on a stream of its own (ember/device.h), so torch's current stream must
-    have run first.  Host memory is returned as it is."""
+    """For a CUDA tensor: a torch CUDA event recorded now on torch's current stream, after the
+    work queued to write `x`.  The core reads device memory on a stream of its own, once that
+    event passed (ember/device.h ``Device::ready``), waiting in the thread that runs the call:
+    an async call returns at once and torch's stream runs on.  None for anything else (the
+    caller keeps the event alive until the call ended)."""
     if _is_torch(x) and getattr(x, "is_cuda", False):
         import torch
-        torch.cuda.current_stream(x.device).synchronize()
-    return x
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(x.device))
+        return event
+    return None
+
+
+def _handle(event: Any) -> Optional[int]:
+    return None if event is None else event.cuda_event
 
 
 def _on_host(x: Any) -> Tuple[Any, Callable[[Any], Any]]:
@@ -165,8 +173,9 @@ class Communicator:
     # -- reductions
     def allreduce_(self, x: Any, op: str = "average", timeout: float = 0.0) -> Any:
         """Reduces `x` over the ranks in place and returns it.  `op`: average (default), sum, min, max."""
-        bits, dtype = _bits(_ready(x))
-        self._native.allreduce(bits, _op(op), timeout, dtype=dtype)
+        event = _ready(x)
+        bits, dtype = _bits(x)
+        self._native.allreduce(bits, _op(op), timeout, dtype=dtype, ready=_handle(event))
         return x
 
     def allreduce(self, x: Any, op: str = "average", timeout: float = 0.0) -> Any:
@@ -191,8 +200,9 @@ class Communicator:
     def allreduce_async_(self, x: Any, op: str = "average", timeout: float = 0.0) -> "_ember.CollectiveWork":
         """Starts an in-place reduction of `x`; returns a handle whose ``wait()`` ends it.
         `x` must not be touched until then.  Calls run in the order they were made."""
-        bits, dtype = _bits(_ready(x))
-        return self._native.allreduce_async(x, bits, _op(op), timeout, dtype=dtype)
+        event = _ready(x)
+        bits, dtype = _bits(x)
+        return self._native.allreduce_async((x, event), bits, _op(op), timeout, dtype=dtype, ready=_handle(event))
 
     def reduce_scatter(self, x: Any, op: str = "average", timeout: float = 0.0) -> Any:
         """`x` holds size equal blocks along axis 0; returns the reduction of block `rank`."""
@@ -217,8 +227,9 @@ class Communicator:
     # -- data movement
     def broadcast_(self, x: Any, root: int = 0, timeout: float = 0.0) -> Any:
         """Overwrites `x` with rank `root`'s `x`, in place; returns it."""
-        bits, dtype = _bits(_ready(x))
-        self._native.broadcast(bits, root, timeout, dtype=dtype)
+        event = _ready(x)
+        bits, dtype = _bits(x)
+        self._native.broadcast(bits, root, timeout, dtype=dtype, ready=_handle(event))
         return x
 
     def broadcast(self, x: Any, root: int = 0, timeout: float = 0.0) -> Any:

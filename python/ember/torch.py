@@ -1,7 +1,6 @@
 """PyTorch: the data feed as a Dataset (InputMode.SPARK), and synchronous data-parallel training."""
 from __future__ import annotations
 
-import collections
 import contextlib
 import sys
 
@@ -48,16 +47,27 @@ def feed_dataset(feed, batch_size: int, drop_remainder: bool = True, transform=N
 
 def device_batches(batches, device=None, prefetch: int = 2):
     """The batches of `batches` (dicts, tuples or lists of CPU tensors, or single tensors) on
-    `device`, in order.  For a CUDA device each tensor is copied into a page-locked host
-    buffer (reused: one set per batch in flight) and from there to the GPU with
-    ``non_blocking=True`` on a side stream, `prefetch` batches ahead of the one handed out;
-    the consumer's stream waits for a batch's copies only when it is handed out.  A batch's
-    GPU tensors belong to the consumer (``record_stream``): keep them as long as needed.
+    `device`, in order.  For a CUDA device a staging thread takes each batch from `batches`,
+    copies its tensors into page-locked host buffers (reused: the set of a batch whose copy to
+    the GPU finished takes the next) and from there to the GPU with ``non_blocking=True`` on a
+    side stream, up to `prefetch` batches ahead of the one handed out: reading the source, the
+    copy into page-locked memory and the copy to the GPU all overlap the consumer's own work
+    (PyTorch's ``DataLoader(pin_memory=True)`` pins in a thread the same way).  The consumer's
+    stream waits for a batch's copies only when it is handed out.  A batch's GPU tensors
+    belong to the consumer (``record_stream``): keep them as long as needed.  Tensors already
+    page-locked (``pin_memory()``) are copied straight from their own memory, with no staging
+    copy: do not write into them until their batch is handed out.
+    `batches` is read in the staging thread (one reader, in order); an error it raises is
+    raised here, in the consumer, when the batches before it were handed out.  Closing the
+    generator early stops the thread after the batch it is reading.
     Other devices (None, "cpu"): the batches as they are.
 
     Raises:
         RuntimeError: a CUDA device where torch has no CUDA (naming the device).
     """
+    import queue
+    import threading
+
     import torch
 
     if device is None:
@@ -75,20 +85,22 @@ def device_batches(batches, device=None, prefetch: int = 2):
         device = torch.device("cuda", torch.cuda.current_device())
     prefetch = max(1, int(prefetch))
     stream = torch.cuda.Stream(device)
-    slots = [dict() for _ in range(prefetch + 1)]  # pinned buffers of each batch in flight, by position
-    slot_done = [None] * (prefetch + 1)              # the event after a slot's last copy to the GPU
-    in_flight = collections.deque()
+    slots = [dict() for _ in range(prefetch + 2)]  # page-locked buffers of each batch in flight
+    slot_done = [None] * len(slots)                # the event after a slot's last copy to the GPU
+    handoff = queue.Queue(maxsize=prefetch)
+    stop = threading.Event()
+    end = object()
 
     def stage(batch, n):
         slot = n % len(slots)
         if slot_done[slot] is not None:
-            slot_done[slot].synchronize()  # its previous batch has left the pinned buffers
+            slot_done[slot].synchronize()  # its previous batch has left the page-locked buffers
         pinned = slots[slot]
         counter = iter(range(1 << 30))
 
         def copy(t):
             key = next(counter)
-            if t.device.type != "cpu":
+            if t.device.type != "cpu" or t.is_pinned():
                 return t.to(device, non_blocking=True)
             buf = pinned.get(key)
             if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
@@ -103,18 +115,60 @@ def device_batches(batches, device=None, prefetch: int = 2):
         slot_done[slot] = event
         return out, event
 
-    def hand_out(out, event):
-        current = torch.cuda.current_stream(device)
-        current.wait_event(event)
-        _map_tensors(out, lambda t: (t.record_stream(current), t)[1])
-        return out
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                handoff.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
 
-    for n, batch in enumerate(batches):
-        in_flight.append(stage(batch, n))
-        if len(in_flight) > prefetch:
-            yield hand_out(*in_flight.popleft())
-    while in_flight:
-        yield hand_out(*in_flight.popleft())
+    def stager():
+        try:
+            with torch.cuda.device(device):
+                for n, batch in enumerate(batches):
+                    if stop.is_set() or not put(stage(batch, n)):
+                        return
+            put(end)
+        except BaseException as e:  # noqa: BLE001 - raised in the consumer
+            put(_Raised(e))
+
+    thread = threading.Thread(target=stager, name=f"ember-device-batches-{device}", daemon=True)
+    thread.start()
+    try:
+        while True:
+            try:
+                item = handoff.get(timeout=1.0)
+            except queue.Empty:
+                if thread.is_alive():
+                    continue  # the source is slow: its own deadlines apply
+                raise RuntimeError("device_batches: the staging thread ended without handing over a batch, "
+                                   "an end or an error") from None
+            if item is end:
+                return
+            if isinstance(item, _Raised):
+                raise item.error
+            out, event = item
+            current = torch.cuda.current_stream(device)
+            current.wait_event(event)
+            _map_tensors(out, lambda t: (t.record_stream(current), t)[1])
+            yield out
+    finally:
+        stop.set()
+        while True:  # frees a stager blocked on a full queue, and what it staged
+            try:
+                handoff.get_nowait()
+            except queue.Empty:
+                break
+        thread.join(timeout=5.0)
+
+
+class _Raised:
+    """An exception of the staging thread, carried to the consumer."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
 
 
 def _map_tensors(batch, fn):

@@ -89,14 +89,21 @@ DataType DataTypeOf(const A& a, std::optional<DataType> as = std::nullopt) {
 }
 
 // Where `a` lives: host memory, or a CUDA device (DLPack kDLCUDA; kDLCUDAHost
-// and managed memory are host-reachable and take the host path).
-device::Device DeviceOf(const AnyArray& a) {
+// and managed memory are host-reachable and take the host path).  `ready`: the handle of an event
+// the caller recorded after the work writing `a` (ember/device.h Device::ready), CUDA memory only.
+device::Device DeviceOf(const AnyArray& a, std::optional<uintptr_t> ready = std::nullopt) {
   const int type = a.device_type();
   if (type == nb::device::cpu::value || type == nb::device::cuda_host::value ||
       type == nb::device::cuda_managed::value) {
+    if (ready && *ready != 0) {
+      throw StatusError(Status::InvalidArgument("collectives: a ready event is for CUDA memory; this array is "
+                                                "in host memory"));
+    }
     return {};
   }
-  if (type == nb::device::cuda::value) return {device::Kind::kCuda, a.device_id()};
+  if (type == nb::device::cuda::value) {
+    return {device::Kind::kCuda, a.device_id(), reinterpret_cast<device::Event>(ready.value_or(0))};
+  }
   throw StatusError(Status::InvalidArgument("collectives take host or CUDA memory; got DLPack device type " +
                                             std::to_string(type)));
 }
@@ -190,13 +197,15 @@ void BindCollective(nb::module_& m) {
       .def("describe", &Communicator::Describe, "rank"_a)
       .def(
           "allreduce",
-          [](Communicator& c, AnyArray a, ReduceOp op, double timeout, std::optional<DataType> dtype) {
+          [](Communicator& c, AnyArray a, ReduceOp op, double timeout, std::optional<DataType> dtype,
+             std::optional<uintptr_t> ready) {
             const DataType dt = DataTypeOf(a, dtype);
-            const device::Device where = DeviceOf(a);
+            const device::Device where = DeviceOf(a, ready);
             nb::gil_scoped_release release;
             ThrowIfError(c.AllreduceOn(where, a.data(), a.size(), dt, op, Timeout(timeout)));
           },
-          "array"_a, "op"_a, "timeout"_a = 0.0, "dtype"_a = nb::none())
+          "array"_a, "op"_a, "timeout"_a = 0.0, "dtype"_a = nb::none(), "ready"_a = nb::none(),
+          "`ready`: a CUDA event handle (torch.cuda.Event.cuda_event) recorded after the work writing `array`")
       .def(
           "allreduce_fused",
           [](Communicator& c, std::vector<Array> arrays, ReduceOp op, double timeout, std::optional<DataType> dtype) {
@@ -215,21 +224,24 @@ void BindCollective(nb::module_& m) {
           "arrays"_a, "op"_a, "timeout"_a = 0.0, "dtype"_a = nb::none())
       .def(
           "allreduce_async",
-          [](Communicator& c, nb::object owner, AnyArray a, ReduceOp op, double timeout, std::optional<DataType> dtype) {
+          [](Communicator& c, nb::object owner, AnyArray a, ReduceOp op, double timeout, std::optional<DataType> dtype,
+             std::optional<uintptr_t> ready) {
             const DataType dt = DataTypeOf(a, dtype);
-            auto work = c.AllreduceOnAsync(DeviceOf(a), a.data(), a.size(), dt, op, Timeout(timeout));
+            auto work = c.AllreduceOnAsync(DeviceOf(a, ready), a.data(), a.size(), dt, op, Timeout(timeout));
             return PyWork{std::move(work), std::move(owner)};
           },
-          "owner"_a, "array"_a, "op"_a, "timeout"_a = 0.0, "dtype"_a = nb::none())
+          "owner"_a, "array"_a, "op"_a, "timeout"_a = 0.0, "dtype"_a = nb::none(), "ready"_a = nb::none(),
+          "`owner` (the array, and the `ready` event's owner) is held until the call ended")
       .def(
           "broadcast",
-          [](Communicator& c, AnyArray a, int root, double timeout, std::optional<DataType> dtype) {
+          [](Communicator& c, AnyArray a, int root, double timeout, std::optional<DataType> dtype,
+             std::optional<uintptr_t> ready) {
             const DataType dt = DataTypeOf(a, dtype);
-            const device::Device where = DeviceOf(a);
+            const device::Device where = DeviceOf(a, ready);
             nb::gil_scoped_release release;
             ThrowIfError(c.BroadcastOn(where, a.data(), a.size(), dt, root, Timeout(timeout)));
           },
-          "array"_a, "root"_a, "timeout"_a = 0.0, "dtype"_a = nb::none())
+          "array"_a, "root"_a, "timeout"_a = 0.0, "dtype"_a = nb::none(), "ready"_a = nb::none())
       .def(
           "allgather",
           [](Communicator& c, Array in, Array out, double timeout, std::optional<DataType> dtype) {

@@ -68,6 +68,25 @@ Result<DeviceCalls::State*> DeviceCalls::Open(device::Device d, Deadline deadlin
   return &states_.emplace(d.ordinal, std::move(state)).first->second;
 }
 
+Status DeviceCalls::AwaitReady(device::Device d, Deadline deadline) {
+  if (d.ready == nullptr) return Status::OK();
+  auto pause = std::chrono::microseconds(10);
+  while (true) {
+    auto passed = runtime_->QueryEvent(d.ready);
+    if (!passed.ok()) return host_.fail(passed.status().WithContext(Where(d.ordinal) + ": the caller's ready event"));
+    if (*passed) return Status::OK();
+    if (deadline.expired()) {
+      // This rank never joins the call: the others fail at once, naming it, rather than at their deadline.
+      return host_.fail(Status::DeadlineExceeded(
+          Where(d.ordinal) + ": the work that writes the buffer (queued on the caller's stream before the call) "
+          "did not finish within the call's timeout; a kernel before the collective is stuck or the timeout is "
+          "too short for it"));
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(500));
+  }
+}
+
 Status DeviceCalls::Decide(int ordinal, State* state, Deadline deadline) {
   const int size = options_.size;
   auto identity = runtime_->DeviceIdentity(ordinal);
@@ -192,6 +211,7 @@ Status DeviceCalls::Allreduce(device::Device d, void* data, size_t count, DataTy
   if (count > 0 && data == nullptr) return Status::InvalidArgument("allreduce: null device buffer");
   auto state = Open(d, deadline);
   if (!state.ok()) return state.status();
+  if (auto s = AwaitReady(d, deadline); !s.ok()) return s;
   // NCCL's average of integers is not C's truncating division: those stage.
   if ((*state)->nccl && !(IsInteger(dtype) && op == ReduceOp::kAverage)) {
     return NcclCall(d.ordinal, *state, "allreduce", 1, dtype, static_cast<uint64_t>(op), count, deadline, [&] {
@@ -210,6 +230,7 @@ Status DeviceCalls::Broadcast(device::Device d, void* data, size_t count, DataTy
   }
   auto state = Open(d, deadline);
   if (!state.ok()) return state.status();
+  if (auto s = AwaitReady(d, deadline); !s.ok()) return s;
   if ((*state)->nccl) {
     return NcclCall(d.ordinal, *state, "broadcast", 2, dtype, static_cast<uint64_t>(root), count, deadline, [&] {
       return nccl_->Broadcast((*state)->comm, data, count, dtype, root, (*state)->stream);

@@ -63,6 +63,8 @@ class DeviceCalls {
   };
 
   Result<State*> Open(device::Device d, Deadline deadline);
+  // Waits (polling, until `deadline`) for the caller's `d.ready` event: the buffer's writers ran.
+  Status AwaitReady(device::Device d, Deadline deadline);
   Status Decide(int ordinal, State* state, Deadline deadline);
   Status Staged(int ordinal, State* state, void* data, size_t count, DataType dtype, bool copy_in, bool copy_back,
                 Deadline deadline, const std::function<Status(void*, size_t, CallOptions)>& call);

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -85,7 +86,15 @@ class FakeRuntime : public device::Runtime {
   }
   Result<bool> QueryEvent(device::Event e) override {
     std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = foreign_.find(e); it != foreign_.end()) return it->second->load();
     return done_ >= *static_cast<uint64_t*>(e);
+  }
+  // An event of "the caller's stream" (not this fake's one queue): it passes when `*passed` is set.
+  device::Event ForeignEvent(std::atomic<bool>* passed) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto e = static_cast<device::Event>(passed);
+    foreign_[e] = passed;
+    return e;
   }
   Result<std::string> DeviceIdentity(int ordinal) override { return identity + ":" + std::to_string(ordinal); }
   Status Synchronize(device::Stream) override {
@@ -129,6 +138,7 @@ class FakeRuntime : public device::Runtime {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;
+  std::map<device::Event, std::atomic<bool>*> foreign_;
   uint64_t queued_ = 0, done_ = 0;
   int copies_ = 0;
   bool stop_ = false;
@@ -233,6 +243,61 @@ TEST(DeviceCollectiveTest, AllreduceAndBroadcastOnDeviceMemoryMatchHostResults) 
     ASSERT_TRUE(work->Wait().ok());
     EXPECT_EQ(async, std::vector<double>(500, 6.0));
   });
+}
+
+TEST(DeviceCollectiveTest, ACallReadsTheBufferOnlyAfterTheCallersReadyEventPassed) {
+  RunRanks(2, [](int r, Communicator& c, FakeRuntime& rt) {
+    // The caller's stream is still writing the buffer when the async call is made.
+    std::vector<float> buffer(1000, -1.0f);
+    std::atomic<bool> written{false};
+    std::thread caller_stream([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      std::fill(buffer.begin(), buffer.end(), r + 1.0f);
+      written = true;
+    });
+    const device::Device d{device::Kind::kCuda, 0, rt.ForeignEvent(&written)};
+    auto work = c.AllreduceOnAsync(d, buffer.data(), buffer.size(), DataType::kFloat32, ReduceOp::kSum);
+    Status s = work->Wait();
+    caller_stream.join();
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(buffer, std::vector<float>(1000, 3.0f));  // not the stale -1s
+
+    std::vector<int64_t> b(300, -1);
+    std::atomic<bool> b_written{false};
+    std::thread writer([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      std::fill(b.begin(), b.end(), 7 + r);
+      b_written = true;
+    });
+    s = c.BroadcastOn({device::Kind::kCuda, 0, rt.ForeignEvent(&b_written)}, b.data(), b.size(), DataType::kInt64, 1);
+    writer.join();
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(b, std::vector<int64_t>(300, 8));
+  });
+}
+
+TEST(DeviceCollectiveTest, AReadyEventThatNeverPassesFailsEveryRankNamingTheRank) {
+  std::vector<Status> got(2);
+  std::vector<double> seconds(2);
+  RunRanks(
+      2,
+      [&](int r, Communicator& c, FakeRuntime& rt) {
+        std::vector<float> buffer(100, 1.0f);
+        std::atomic<bool> never{false};
+        device::Device d{device::Kind::kCuda, 0, r == 0 ? rt.ForeignEvent(&never) : nullptr};
+        CallOptions o;
+        o.timeout = Duration(r == 0 ? 300 : 30000);
+        const auto start = std::chrono::steady_clock::now();
+        got[r] = c.AllreduceOn(d, buffer.data(), buffer.size(), DataType::kFloat32, ReduceOp::kSum, o);
+        seconds[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      },
+      nullptr, Duration(60000));
+  EXPECT_EQ(got[0].code(), StatusCode::kDeadlineExceeded) << got[0].ToString();
+  EXPECT_NE(got[0].message().find("the work that writes the buffer"), std::string::npos) << got[0].ToString();
+  EXPECT_NE(got[0].message().find("CUDA device 0"), std::string::npos) << got[0].ToString();
+  EXPECT_FALSE(got[1].ok());
+  EXPECT_NE(got[1].message().find("rank 0"), std::string::npos) << got[1].ToString();
+  EXPECT_LT(seconds[1], 20.0) << "rank 1 waited for its own timeout instead of learning of rank 0";
 }
 
 TEST(DeviceCollectiveTest, AFailedCopyFailsEveryRankAtOnceNamingTheRank) {
