@@ -494,7 +494,7 @@ DeviceCalls& CommunicatorImpl::Device() {
       MutexLock lock(&broken_mu_);
       return broken_;
     };
-    device_ = std::make_unique<DeviceCalls>(options_, hosts_.size() == 1, Describe(rank()), std::move(host));
+    device_ = std::make_unique<DeviceCalls>(options_, hosts_, Describe(rank()), std::move(host));
   }
   return *device_;
 }

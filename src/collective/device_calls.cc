@@ -17,8 +17,17 @@ bool IsInteger(DataType t) { return t == DataType::kInt32 || t == DataType::kInt
 
 }  // namespace
 
-DeviceCalls::DeviceCalls(const CommunicatorOptions& options, bool one_host, std::string self, HostCollectives host)
-    : options_(options), one_host_(one_host), self_(std::move(self)), host_(std::move(host)) {}
+DeviceCalls::DeviceCalls(const CommunicatorOptions& options, std::vector<std::vector<int>> hosts, std::string self,
+                         HostCollectives host)
+    : options_(options), hosts_(std::move(hosts)), self_(std::move(self)), host_(std::move(host)) {
+  for (size_t h = 0; h < hosts_.size(); ++h) {
+    auto it = std::find(hosts_[h].begin(), hosts_[h].end(), options_.rank);
+    if (it != hosts_[h].end()) {
+      host_index_ = static_cast<int>(h);
+      local_rank_ = static_cast<int>(it - hosts_[h].begin());
+    }
+  }
+}
 
 DeviceCalls::~DeviceCalls() {
   for (auto& [ordinal, state] : states_) {
@@ -41,7 +50,8 @@ std::string DeviceCalls::Where(int ordinal) const { return self_ + ", CUDA devic
 
 std::string DeviceCalls::PathOf(int ordinal) const {
   auto it = states_.find(ordinal);
-  return it == states_.end() ? "" : it->second.nccl ? "nccl" : "staged";
+  if (it == states_.end()) return "";
+  return it->second.nccl ? "nccl" : it->second.hierarchical ? "hierarchical" : "staged";
 }
 
 Result<DeviceCalls::State*> DeviceCalls::Open(device::Device d, Deadline deadline) {
@@ -91,7 +101,7 @@ Status DeviceCalls::Decide(int ordinal, State* state, Deadline deadline) {
   const int size = options_.size;
   auto identity = runtime_->DeviceIdentity(ordinal);
   if (!identity.ok()) return host_.fail(identity.status().WithContext(Where(ordinal)));
-  bool can_nccl = options_.use_nccl && one_host_ && size > 1;
+  bool can_nccl = options_.use_nccl && size > 1;
   if (can_nccl && nccl_ == nullptr) {
     nccl_ = options_.nccl;
     if (nccl_ == nullptr) {
@@ -107,39 +117,65 @@ Status DeviceCalls::Decide(int ordinal, State* state, Deadline deadline) {
       !s.ok()) {
     return s;
   }
-  bool use = true;
-  std::set<std::string> devices;
-  for (int r = 0; r < size; ++r) {
-    const char* record = all.data() + r * kRecordBytes;
-    use = use && record[0] == 1;
-    devices.insert(std::string(record + 1, strnlen(record + 1, kRecordBytes - 1)));
+  // NCCL where every rank loaded it and the ranks of each host are on GPUs of their own (PCI bus
+  // ids repeat across hosts: distinct within a host is what counts).
+  bool use = true, several_on_a_host = false;
+  for (const auto& ranks : hosts_) {
+    std::set<std::string> devices;
+    for (int r : ranks) {
+      const char* record = all.data() + r * kRecordBytes;
+      use = use && record[0] == 1;
+      devices.insert(std::string(record + 1, strnlen(record + 1, kRecordBytes - 1)));
+    }
+    use = use && devices.size() == ranks.size();
+    several_on_a_host = several_on_a_host || ranks.size() > 1;
   }
-  use = use && static_cast<int>(devices.size()) == size;  // one GPU each
-  if (!use) return Status::OK();
+  const bool hierarchical = hosts_.size() > 1;
+  if (!use || (hierarchical && !several_on_a_host)) return Status::OK();  // hosts of one rank: NCCL adds nothing
 
-  std::vector<char> id(kIdMessageBytes, '\0');
-  if (options_.rank == 0) {
+  // The ids: every rank's record, made by the leader (lowest rank) of each host of 2+ ranks;
+  // a host whose leader could not make one stages, and so does every rank.
+  const auto& ranks = hosts_[host_index_];
+  std::vector<char> id(kIdMessageBytes, '\0'), ids(kIdMessageBytes * size, '\0');
+  const bool makes_id = hierarchical ? local_rank_ == 0 && ranks.size() > 1 : options_.rank == 0;
+  if (makes_id) {
     auto made = nccl_->UniqueId();
     if (made.ok() && made->size() == kIdMessageBytes - 8) {
       id[0] = 1;
       std::memcpy(id.data() + 8, made->data(), made->size());
     }
   }
-  if (auto s = host_.broadcast(id.data(), kIdMessageBytes / 8, DataType::kInt64, 0, Remaining(deadline)); !s.ok()) {
-    return s;
+  if (!hierarchical) {
+    if (auto s = host_.broadcast(id.data(), kIdMessageBytes / 8, DataType::kInt64, 0, Remaining(deadline)); !s.ok()) {
+      return s;
+    }
+    if (id[0] != 1) return Status::OK();  // rank 0 could not make an id: every rank stages
+  } else {
+    if (auto s = host_.allgather(id.data(), kIdMessageBytes / 8, ids.data(), DataType::kInt64, Remaining(deadline));
+        !s.ok()) {
+      return s;
+    }
+    for (const auto& h : hosts_) {
+      if (h.size() > 1 && ids[h.front() * kIdMessageBytes] != 1) return Status::OK();
+    }
+    std::memcpy(id.data(), ids.data() + ranks.front() * kIdMessageBytes, kIdMessageBytes);
   }
-  if (id[0] != 1) return Status::OK();  // rank 0 could not make an id: every rank stages
-  if (auto s = runtime_->SetDevice(ordinal); !s.ok()) return host_.fail(s.WithContext(Where(ordinal)));
-  auto comm = nccl_->InitRank(std::string(id.data() + 8, kIdMessageBytes - 8), size, options_.rank);
-  if (!comm.ok()) return host_.fail(comm.status().WithContext(Where(ordinal) + ": joining NCCL"));
-  state->comm = *comm;
   auto stream = runtime_->NewStream();
   if (!stream.ok()) return host_.fail(stream.status().WithContext(Where(ordinal)));
   state->stream = *stream;
   auto done = runtime_->NewEvent();
   if (!done.ok()) return host_.fail(done.status().WithContext(Where(ordinal)));
   state->done = *done;
-  state->nccl = true;
+  if (!hierarchical || ranks.size() > 1) {
+    if (auto s = runtime_->SetDevice(ordinal); !s.ok()) return host_.fail(s.WithContext(Where(ordinal)));
+    const int n = hierarchical ? static_cast<int>(ranks.size()) : size;
+    const int me = hierarchical ? local_rank_ : options_.rank;
+    auto comm = nccl_->InitRank(std::string(id.data() + 8, kIdMessageBytes - 8), n, me);
+    if (!comm.ok()) return host_.fail(comm.status().WithContext(Where(ordinal) + ": joining NCCL"));
+    state->comm = *comm;
+  }
+  state->nccl = !hierarchical;
+  state->hierarchical = hierarchical;
   return Status::OK();
 }
 
@@ -159,9 +195,8 @@ Status DeviceCalls::Staged(int ordinal, State* state, void* data, size_t count, 
   return outcome.status;
 }
 
-Status DeviceCalls::NcclCall(int ordinal, State* state, const char* what, uint64_t kind, DataType dtype,
-                             uint64_t op_or_root, size_t count, Deadline deadline,
-                             const std::function<Status()>& enqueue) {
+Status DeviceCalls::CheckPeers(const char* what, uint64_t kind, DataType dtype, uint64_t op_or_root, size_t count,
+                               Deadline deadline) {
   // The descriptor check (and liveness) through the host transports: NCCL itself would hang on
   // a mismatched call, and cannot name a dead rank.
   const int size = options_.size;
@@ -180,11 +215,17 @@ Status DeviceCalls::NcclCall(int ordinal, State* state, const char* what, uint64
                                                 ", " + describe(r)));
     }
   }
+  return Status::OK();
+}
+
+Status DeviceCalls::NcclRun(int ordinal, State* state, const char* what, DataType dtype, size_t count,
+                            Deadline deadline, const std::function<Status()>& enqueue) {
   auto broken = [&](Status s) {
     nccl_->Abort(state->comm);
     state->comm = nullptr;
     return host_.fail(s.WithContext(Where(ordinal)));
   };
+  if (state->comm == nullptr) return host_.fail(Status::Internal(Where(ordinal) + ": its NCCL communicator is gone"));
   if (auto s = runtime_->SetDevice(ordinal); !s.ok()) return host_.fail(s.WithContext(Where(ordinal)));
   if (auto s = enqueue(); !s.ok()) return broken(s);
   if (auto s = runtime_->RecordEvent(state->done, state->stream); !s.ok()) return broken(s);
@@ -206,12 +247,57 @@ Status DeviceCalls::NcclCall(int ordinal, State* state, const char* what, uint64
   }
 }
 
+Status DeviceCalls::NcclCall(int ordinal, State* state, const char* what, uint64_t kind, DataType dtype,
+                             uint64_t op_or_root, size_t count, Deadline deadline,
+                             const std::function<Status()>& enqueue) {
+  if (auto s = CheckPeers(what, kind, dtype, op_or_root, count, deadline); !s.ok()) return s;
+  return NcclRun(ordinal, state, what, dtype, count, deadline, enqueue);
+}
+
+Status DeviceCalls::HierarchicalAllreduce(int ordinal, State* state, void* data, size_t count, DataType dtype,
+                                          ReduceOp op, Deadline deadline) {
+  if (auto s = CheckPeers("allreduce", 1, dtype, static_cast<uint64_t>(op), count, deadline); !s.ok()) return s;
+  // Sums (and averages, divided once by the job's size on the host) add up the host's sum from its
+  // leader and zeros from the rest; min and max take the host's result from every rank (all equal).
+  const bool additive = op == ReduceOp::kSum || op == ReduceOp::kAverage;
+  const ReduceOp in_host = additive ? ReduceOp::kSum : op;
+  if (state->comm != nullptr) {
+    auto s = NcclRun(ordinal, state, "allreduce (inside the host)", dtype, count, deadline,
+                     [&] { return nccl_->Allreduce(state->comm, data, count, dtype, in_host, state->stream); });
+    if (!s.ok()) return s;
+  }
+  const bool leader = local_rank_ == 0;
+  const size_t elem = SizeOf(dtype);
+  auto s = Staged(ordinal, state, data, count, dtype, leader || !additive, leader, deadline,
+                  [&](void* host, size_t n, CallOptions chunk) {
+                    if (!leader && additive) std::memset(host, 0, n * elem);
+                    return host_.allreduce(host, n, dtype, op, chunk);
+                  });
+  if (!s.ok() || state->comm == nullptr) return s;
+  return NcclRun(ordinal, state, "broadcast (inside the host)", dtype, count, deadline,
+                 [&] { return nccl_->Broadcast(state->comm, data, count, dtype, 0, state->stream); });
+}
+
+Status DeviceCalls::HierarchicalBroadcast(int ordinal, State* state, void* data, size_t count, DataType dtype,
+                                          int root, Deadline deadline) {
+  if (auto s = CheckPeers("broadcast", 2, dtype, static_cast<uint64_t>(root), count, deadline); !s.ok()) return s;
+  // Root -> every host's memory (the host collectives), each host's leader -> its GPU, then NCCL
+  // from the leader to the rest of the host.
+  const bool is_root = options_.rank == root, leader = local_rank_ == 0;
+  auto s = Staged(ordinal, state, data, count, dtype, is_root, leader && !is_root, deadline,
+                  [&](void* host, size_t n, CallOptions chunk) { return host_.broadcast(host, n, dtype, root, chunk); });
+  if (!s.ok() || state->comm == nullptr) return s;
+  return NcclRun(ordinal, state, "broadcast (inside the host)", dtype, count, deadline,
+                 [&] { return nccl_->Broadcast(state->comm, data, count, dtype, 0, state->stream); });
+}
+
 Status DeviceCalls::Allreduce(device::Device d, void* data, size_t count, DataType dtype, ReduceOp op,
                               Deadline deadline) {
   if (count > 0 && data == nullptr) return Status::InvalidArgument("allreduce: null device buffer");
   auto state = Open(d, deadline);
   if (!state.ok()) return state.status();
   if (auto s = AwaitReady(d, deadline); !s.ok()) return s;
+  if ((*state)->hierarchical) return HierarchicalAllreduce(d.ordinal, *state, data, count, dtype, op, deadline);
   // NCCL's average of integers is not C's truncating division: those stage.
   if ((*state)->nccl && !(IsInteger(dtype) && op == ReduceOp::kAverage)) {
     return NcclCall(d.ordinal, *state, "allreduce", 1, dtype, static_cast<uint64_t>(op), count, deadline, [&] {
@@ -231,6 +317,7 @@ Status DeviceCalls::Broadcast(device::Device d, void* data, size_t count, DataTy
   auto state = Open(d, deadline);
   if (!state.ok()) return state.status();
   if (auto s = AwaitReady(d, deadline); !s.ok()) return s;
+  if ((*state)->hierarchical) return HierarchicalBroadcast(d.ordinal, *state, data, count, dtype, root, deadline);
   if ((*state)->nccl) {
     return NcclCall(d.ordinal, *state, "broadcast", 2, dtype, static_cast<uint64_t>(root), count, deadline, [&] {
       return nccl_->Broadcast((*state)->comm, data, count, dtype, root, (*state)->stream);

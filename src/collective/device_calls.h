@@ -9,11 +9,18 @@
 //            Every call first checks its descriptor against the other ranks'
 //            through the host transports, so a mismatched call fails on every
 //            rank, as on the host path, and a dead rank is named there.
-//   staged   otherwise (one GPU shared by ranks, several hosts, no NCCL):
+//   hierarchical  ranks on several hosts, every rank loaded NCCL, the ranks of
+//            each host on GPUs of their own (Horovod's hierarchical allreduce):
+//            NCCL inside each host (one communicator per host of 2+ ranks), the
+//            host's lowest rank staging the host's result through the host
+//            collectives (shared memory, then the hosts' leaders' TCP ring; the
+//            other ranks of the host put zeros in for sums), and an NCCL
+//            broadcast from that rank to the rest of its host.
+//   staged   otherwise (one GPU shared by ranks, no NCCL, hosts of one rank):
 //            DeviceStaging through pinned host chunks and the host collectives.
 //
-// The decision exchanges each rank's (NCCL loaded, host, device identity)
-// through the host transports.  Used by CommunicatorImpl on its call thread
+// The decision exchanges each rank's (NCCL loaded, device identity) through
+// the host transports.  Used by CommunicatorImpl on its call thread
 // (one call at a time); not thread-safe by itself.
 #pragma once
 
@@ -21,6 +28,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "collective/staged.h"
 #include "ember/collective.h"
@@ -43,20 +51,22 @@ struct HostCollectives {
 
 class DeviceCalls {
  public:
-  // `one_host`: every rank on this rank's host.  `self`: how errors name this rank.
-  DeviceCalls(const CommunicatorOptions& options, bool one_host, std::string self, HostCollectives host);
+  // `hosts`: the global ranks of each host (every rank in exactly one).  `self`: how errors name this rank.
+  DeviceCalls(const CommunicatorOptions& options, std::vector<std::vector<int>> hosts, std::string self,
+              HostCollectives host);
   ~DeviceCalls();
 
   Status Allreduce(device::Device d, void* data, size_t count, DataType dtype, ReduceOp op, Deadline deadline);
   Status Broadcast(device::Device d, void* data, size_t count, DataType dtype, int root, Deadline deadline);
 
-  // "nccl" or "staged" for a device that made a call; "" before its first.
+  // "nccl", "hierarchical" or "staged" for a device that made a call; "" before its first.
   std::string PathOf(int ordinal) const;
 
  private:
   struct State {
-    bool nccl = false;
-    void* comm = nullptr;              // NCCL
+    bool nccl = false;                 // every rank in one NCCL communicator
+    bool hierarchical = false;         // NCCL per host, the host collectives between hosts
+    void* comm = nullptr;              // NCCL (hierarchical: this host's; none on a host of one rank)
     device::Stream stream = nullptr;   // NCCL's stream
     device::Event done = nullptr;
     std::unique_ptr<DeviceStaging> staging;  // made at the first staged call
@@ -71,11 +81,23 @@ class DeviceCalls {
   // The descriptor check before an NCCL call, then the call and its wait.
   Status NcclCall(int ordinal, State* state, const char* what, uint64_t kind, DataType dtype, uint64_t op_or_root,
                   size_t count, Deadline deadline, const std::function<Status()>& enqueue);
+  // Every rank's call against the others' (through the host transports): a mismatch fails every rank.
+  Status CheckPeers(const char* what, uint64_t kind, DataType dtype, uint64_t op_or_root, size_t count,
+                    Deadline deadline);
+  // Enqueues an NCCL operation on the state's stream and waits for it (deadline, peers' async errors).
+  Status NcclRun(int ordinal, State* state, const char* what, DataType dtype, size_t count, Deadline deadline,
+                 const std::function<Status()>& enqueue);
+  Status HierarchicalAllreduce(int ordinal, State* state, void* data, size_t count, DataType dtype, ReduceOp op,
+                               Deadline deadline);
+  Status HierarchicalBroadcast(int ordinal, State* state, void* data, size_t count, DataType dtype, int root,
+                               Deadline deadline);
   static CallOptions Remaining(Deadline deadline);
   std::string Where(int ordinal) const;
 
   const CommunicatorOptions options_;
-  const bool one_host_;
+  const std::vector<std::vector<int>> hosts_;
+  int host_index_ = 0;  // this rank's index in hosts_
+  int local_rank_ = 0;  // its index in hosts_[host_]
   const std::string self_;
   HostCollectives host_;
   std::shared_ptr<device::Runtime> runtime_;

@@ -392,7 +392,11 @@ class FakeNccl : public Nccl {
       g->size = size;
       g->buffers.resize(size);
     }
-    comms_.push_back(std::make_unique<Comm>(Comm{g.get(), rank, runtime_for_rank.at(rank)}));
+    // The rank's runtime: its thread's (RunNcclRanks), else by rank (a communicator of every rank).
+    FakeRuntime* rt = thread_runtime != nullptr ? thread_runtime : runtime_for_rank.at(rank);
+    comms_.push_back(std::make_unique<Comm>(Comm{g.get(), rank, rt}));
+    ++inits;
+    sizes.push_back(size);
     return static_cast<void*>(comms_.back().get());
   }
   Status Allreduce(void* comm, void* data, size_t count, DataType dtype, ReduceOp op, device::Stream) override {
@@ -406,6 +410,10 @@ class FakeNccl : public Nccl {
             float sum = 0;
             for (void* b : all) sum += static_cast<float*>(b)[i];
             if (op == ReduceOp::kAverage) sum /= static_cast<float>(all.size());
+            if (op == ReduceOp::kMax) {
+              sum = static_cast<float*>(all[0])[i];
+              for (void* b : all) sum = std::max(sum, static_cast<float*>(b)[i]);
+            }
             for (void* b : all) static_cast<float*>(b)[i] = sum;
           } else {
             int64_t sum = 0;
@@ -444,8 +452,10 @@ class FakeNccl : public Nccl {
   }
 
   std::map<int, FakeRuntime*> runtime_for_rank;  // set before the ranks start
+  static thread_local FakeRuntime* thread_runtime;  // the calling rank's, where its thread set it
   int stall_rank = -1;
-  std::atomic<int> calls{0}, aborts{0};
+  std::atomic<int> calls{0}, aborts{0}, inits{0};
+  std::vector<int> sizes;  // of each InitRank (guarded by mu_)
 
  private:
   static void Meet(Comm* c, void* data, const std::function<void(const std::vector<void*>&)>& reduce) {
@@ -469,11 +479,14 @@ class FakeNccl : public Nccl {
   std::atomic<int> next_id_{0};
 };
 
+thread_local FakeRuntime* FakeNccl::thread_runtime = nullptr;
+
 // N ranks as threads, each with its own fake runtime whose "GPU" is `identity(rank)`, all
 // sharing one fake NCCL (unless `nccl_for(rank)` gives none: that rank cannot load NCCL).
+// `host(rank)`: its host ("h0" for all by default; others are loopback addresses 127.0.0.N).
 void RunNcclRanks(int size, FakeNccl& nccl, const std::function<std::string(int)>& identity,
                   const std::function<void(int, Communicator&)>& fn, const std::function<bool(int)>& has_nccl,
-                  Duration timeout = Duration(20000)) {
+                  Duration timeout = Duration(20000), std::function<std::string(int)> host = nullptr) {
   auto store = NewInMemoryStore();
   const std::string prefix = UniquePrefix();
   std::vector<std::shared_ptr<FakeRuntime>> runtimes;
@@ -488,12 +501,14 @@ void RunNcclRanks(int size, FakeNccl& nccl, const std::function<std::string(int)
       CommunicatorOptions o;
       o.rank = r;
       o.size = size;
-      o.host = "h0";
+      o.host = host ? host(r) : "h0";
+      if (host) o.bind_host = o.host;
       o.secret = kSecret;
       o.prefix = prefix;
       o.timeout = timeout;
       o.device_chunk_bytes = 256;
       o.device_runtime = runtimes[r];
+      FakeNccl::thread_runtime = runtimes[r].get();
       o.use_nccl = has_nccl(r);
       o.nccl = std::shared_ptr<Nccl>(&nccl, [](Nccl*) {});
       auto comm = Communicator::Create(o, store);
@@ -539,6 +554,72 @@ TEST(NcclPathTest, RanksSharingAGpuOrLackingNcclStageAllTogether) {
         },
         [&](int r) { return shared || r == 0; });  // distinct GPUs, but rank 1 has no NCCL
     EXPECT_EQ(nccl.calls.load(), 0) << (shared ? "one GPU shared" : "a rank without NCCL");
+  }
+}
+
+// Three hosts: ranks 0-2 on one, 3-4 on another, 5 alone; PCI ids repeat across hosts (as on
+// identical machines), distinct inside each.
+std::string HostOf(int r) { return r < 3 ? "127.0.0.1" : r < 5 ? "127.0.0.2" : "127.0.0.3"; }
+std::string GpuOf(int r) { return "gpu-" + std::to_string(r < 3 ? r : r < 5 ? r - 3 : 0); }
+
+TEST(NcclPathTest, RanksOnSeveralHostsUseNcclInsideEachHostAndGetTheHostResults) {
+  FakeNccl nccl;
+  RunNcclRanks(
+      6, nccl, GpuOf,
+      [](int r, Communicator& c) {
+        // Values whose sums are exact in any order: the hierarchy sums in another order than the host path.
+        std::vector<float> avg(1001), avg_host(1001), mx(333), mx_host(333);
+        for (size_t i = 0; i < avg.size(); ++i) avg[i] = avg_host[i] = (r + 1) * 0.5f + static_cast<float>(i % 7);
+        for (size_t i = 0; i < mx.size(); ++i) mx[i] = mx_host[i] = static_cast<float>((r * 37 + i) % 11);
+        std::vector<int64_t> sum(700), sum_host(700), iavg(90), iavg_host(90);
+        for (size_t i = 0; i < sum.size(); ++i) sum[i] = sum_host[i] = r * 1000 + static_cast<int64_t>(i);
+        for (size_t i = 0; i < iavg.size(); ++i) iavg[i] = iavg_host[i] = r * 7 - static_cast<int64_t>(i);
+        for (int round = 0; round < 2; ++round) {  // the path is set up once, then reused
+          ASSERT_TRUE(c.AllreduceOn(kCuda0, avg.data(), avg.size(), DataType::kFloat32, ReduceOp::kAverage).ok());
+          ASSERT_TRUE(c.Allreduce(avg_host.data(), avg_host.size(), DataType::kFloat32, ReduceOp::kAverage).ok());
+          EXPECT_EQ(avg, avg_host) << "rank " << r;
+        }
+        ASSERT_TRUE(c.AllreduceOn(kCuda0, mx.data(), mx.size(), DataType::kFloat32, ReduceOp::kMax).ok());
+        ASSERT_TRUE(c.Allreduce(mx_host.data(), mx_host.size(), DataType::kFloat32, ReduceOp::kMax).ok());
+        EXPECT_EQ(mx, mx_host) << "rank " << r;
+        ASSERT_TRUE(c.AllreduceOn(kCuda0, sum.data(), sum.size(), DataType::kInt64, ReduceOp::kSum).ok());
+        ASSERT_TRUE(c.Allreduce(sum_host.data(), sum_host.size(), DataType::kInt64, ReduceOp::kSum).ok());
+        EXPECT_EQ(sum, sum_host) << "rank " << r;
+        ASSERT_TRUE(c.AllreduceOn(kCuda0, iavg.data(), iavg.size(), DataType::kInt64, ReduceOp::kAverage).ok());
+        ASSERT_TRUE(c.Allreduce(iavg_host.data(), iavg_host.size(), DataType::kInt64, ReduceOp::kAverage).ok());
+        EXPECT_EQ(iavg, iavg_host) << "rank " << r;
+        for (int root : {4, 0, 5}) {  // a host's second rank, a leader, a host of one rank
+          std::vector<int64_t> b(300, r == root ? 100 + root : -1);
+          Status st = c.BroadcastOn(kCuda0, b.data(), b.size(), DataType::kInt64, root);
+          ASSERT_TRUE(st.ok()) << "rank " << r << ", root " << root << ": " << st.ToString();
+          EXPECT_EQ(b, std::vector<int64_t>(300, 100 + root)) << "rank " << r << ", root " << root;
+        }
+        // No rank tears its NCCL communicator down (the fake's abort reaches every peer) while another
+        // still waits for the last call's result.
+        EXPECT_TRUE(c.Barrier().ok());
+      },
+      [](int) { return true; }, Duration(20000), HostOf);
+  // One NCCL communicator per host of 2+ ranks (3 + 2 ranks joined), none for the host of one.
+  EXPECT_EQ(nccl.inits.load(), 5);
+  std::vector<int> sizes = nccl.sizes;
+  std::sort(sizes.begin(), sizes.end());
+  EXPECT_EQ(sizes, (std::vector<int>{2, 2, 3, 3, 3}));
+  EXPECT_GT(nccl.calls.load(), 0);
+}
+
+TEST(NcclPathTest, SeveralHostsStageWhereAHostsRanksShareAGpuOrARankLacksNccl) {
+  for (int variant : {0, 1}) {
+    FakeNccl nccl;
+    RunNcclRanks(
+        4, nccl, [&](int r) { return variant == 0 && r >= 2 ? std::string("gpu-0") : "gpu-" + std::to_string(r % 2); },
+        [](int r, Communicator& c) {
+          std::vector<float> device(500, static_cast<float>(r + 1));
+          ASSERT_TRUE(c.AllreduceOn(kCuda0, device.data(), device.size(), DataType::kFloat32, ReduceOp::kSum).ok());
+          EXPECT_EQ(device, std::vector<float>(500, 10.0f));
+        },
+        [&](int r) { return variant == 0 || r != 3; }, Duration(20000),
+        [](int r) { return std::string(r < 2 ? "127.0.0.1" : "127.0.0.2"); });
+    EXPECT_EQ(nccl.inits.load(), 0) << (variant == 0 ? "two ranks of a host on one GPU" : "a rank without NCCL");
   }
 }
 
