@@ -10,7 +10,7 @@ JOBS ?= 2
 CORE_SOURCES := $(shell find include src python/src -name '*.h' -o -name '*.cc' -o -name 'CMakeLists.txt') CMakeLists.txt
 PYTEST_ARGS ?=
 
-FUZZERS := codec_fuzz feed_codec_fuzz protocol_fuzz node_startup_fuzz collective_wire_fuzz record_reader_fuzz example_fuzz checkpoint_manifest_fuzz
+FUZZERS := codec_fuzz feed_codec_fuzz protocol_fuzz node_startup_fuzz collective_wire_fuzz record_reader_fuzz example_fuzz checkpoint_manifest_fuzz ps_codec_fuzz
 FUZZ_SECS ?= 10
 
 .PHONY: setup setup-torch setup-hdfs run test test-cpp test-asan test-tsan test-py test-torch fuzz clean cpp-trainer

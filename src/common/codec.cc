@@ -78,6 +78,13 @@ Status Reader::GetString(std::string* out) {
   return Status::OK();
 }
 
+Status Reader::GetBytes(size_t n, const char* what, std::string_view* out) {
+  EMBER_RETURN_NOT_OK(Need(n, what));
+  *out = data_.substr(pos_, n);
+  pos_ += n;
+  return Status::OK();
+}
+
 Status Reader::GetMap(std::map<std::string, double>* out) {
   uint32_t count = 0;
   EMBER_RETURN_NOT_OK(GetU32(&count));

@@ -52,6 +52,8 @@ class Reader {
   [[nodiscard]] Status GetF64(double* out);
   [[nodiscard]] Status GetString(std::string* out);
   [[nodiscard]] Status GetMap(std::map<std::string, double>* out);
+  // The next `n` bytes as a view into the buffer (Corruption naming `what` if fewer are left).
+  [[nodiscard]] Status GetBytes(size_t n, const char* what, std::string_view* out);
 
   // Corruption if any bytes are left unread (a message must be consumed whole).
   [[nodiscard]] Status ExpectEnd() const;

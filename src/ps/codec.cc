@@ -1,0 +1,305 @@
+#include "ps/codec.h"
+
+#include <bit>
+#include <cstring>
+
+#include "common/codec.h"
+
+namespace ember::ps {
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "the PS wire is little-endian; so are Ember's hosts");
+
+constexpr uint8_t kScaleByStaleness = 1, kHogwild = 2;
+constexpr uint8_t kMaxStatusCode = static_cast<uint8_t>(StatusCode::kInternal);
+
+template <typename T>
+void PutArray(codec::Writer& w, const std::vector<T>& v) {
+  w.PutI64(static_cast<int64_t>(v.size()));
+  w.PutRaw(std::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T)));
+}
+
+// n x T, n checked against the bytes left before anything is allocated.
+template <typename T>
+Status GetArray(codec::Reader& r, const char* what, std::vector<T>* out) {
+  int64_t n = 0;
+  EMBER_RETURN_NOT_OK(r.GetI64(&n));
+  if (n < 0 || static_cast<uint64_t>(n) > r.remaining() / sizeof(T)) {
+    return Status::Corruption(std::string("PS message: ") + what + " count " + std::to_string(n) + " at offset " +
+                              std::to_string(r.offset() - 8) + " does not fit the " + std::to_string(r.remaining()) +
+                              " bytes left");
+  }
+  std::string_view bytes;
+  EMBER_RETURN_NOT_OK(r.GetBytes(static_cast<size_t>(n) * sizeof(T), what, &bytes));
+  out->resize(static_cast<size_t>(n));
+  if (n > 0) std::memcpy(out->data(), bytes.data(), bytes.size());
+  return Status::OK();
+}
+
+void PutF32(codec::Writer& w, float v) { w.PutU32(std::bit_cast<uint32_t>(v)); }
+
+Status GetF32(codec::Reader& r, float* out) {
+  uint32_t bits = 0;
+  EMBER_RETURN_NOT_OK(r.GetU32(&bits));
+  *out = std::bit_cast<float>(bits);
+  return Status::OK();
+}
+
+Status GetRule(codec::Reader& r, Rule* out) {
+  uint32_t v = 0;
+  EMBER_RETURN_NOT_OK(r.GetU32(&v));
+  if (v > static_cast<uint32_t>(Rule::kElastic)) {
+    return Status::Corruption("PS message: unknown rule " + std::to_string(v) + " at offset " +
+                              std::to_string(r.offset() - 4));
+  }
+  *out = static_cast<Rule>(v);
+  return Status::OK();
+}
+
+}  // namespace
+
+const char* KindName(Kind kind) {
+  switch (kind) {
+    case Kind::kCreateDense: return "create_dense";
+    case Kind::kPullDense: return "pull_dense";
+    case Kind::kPushDense: return "push_dense";
+    case Kind::kCreateTable: return "create_table";
+    case Kind::kPullRows: return "pull_rows";
+    case Kind::kPushRows: return "push_rows";
+    case Kind::kStats: return "stats";
+  }
+  return "unknown";
+}
+
+std::string EncodeRequest(const Request& r) {
+  codec::Writer w;
+  w.PutU8(static_cast<uint8_t>(r.kind));
+  switch (r.kind) {
+    case Kind::kCreateDense:
+      w.PutString(r.name);
+      w.PutU32(static_cast<uint32_t>(r.rule.rule));
+      PutF32(w, r.rule.lr);
+      PutF32(w, r.rule.beta1);
+      PutF32(w, r.rule.beta2);
+      PutF32(w, r.rule.epsilon);
+      PutF32(w, r.rule.alpha);
+      w.PutU8((r.rule.scale_by_staleness ? kScaleByStaleness : 0) | (r.rule.hogwild ? kHogwild : 0));
+      w.PutI64(r.rule.staleness_bound);
+      PutArray(w, r.values);
+      break;
+    case Kind::kPullDense:
+      w.PutString(r.name);
+      break;
+    case Kind::kPushDense:
+      w.PutString(r.name);
+      w.PutI64(r.base_version);
+      PutArray(w, r.values);
+      break;
+    case Kind::kCreateTable:
+      w.PutString(r.name);
+      w.PutI32(r.table.dim);
+      w.PutI64(static_cast<int64_t>(r.table.seed));
+      PutF32(w, r.table.init_scale);
+      w.PutU32(static_cast<uint32_t>(r.table.rule));
+      PutF32(w, r.table.lr);
+      break;
+    case Kind::kPullRows:
+      w.PutString(r.name);
+      PutArray(w, r.ids);
+      break;
+    case Kind::kPushRows:
+      w.PutString(r.name);
+      PutArray(w, r.ids);
+      PutArray(w, r.values);
+      break;
+    case Kind::kStats:
+      break;
+  }
+  return w.Release();
+}
+
+Result<Request> DecodeRequest(std::string_view bytes) {
+  codec::Reader r(bytes);
+  Request q;
+  uint8_t kind = 0;
+  EMBER_RETURN_NOT_OK(r.GetU8(&kind));
+  if (kind < static_cast<uint8_t>(Kind::kCreateDense) || kind > static_cast<uint8_t>(Kind::kStats)) {
+    return Status::Corruption("PS request: unknown kind " + std::to_string(kind) + " at offset 0");
+  }
+  q.kind = static_cast<Kind>(kind);
+  if (q.kind != Kind::kStats) EMBER_RETURN_NOT_OK(r.GetString(&q.name));
+  switch (q.kind) {
+    case Kind::kCreateDense: {
+      EMBER_RETURN_NOT_OK(GetRule(r, &q.rule.rule));
+      EMBER_RETURN_NOT_OK(GetF32(r, &q.rule.lr));
+      EMBER_RETURN_NOT_OK(GetF32(r, &q.rule.beta1));
+      EMBER_RETURN_NOT_OK(GetF32(r, &q.rule.beta2));
+      EMBER_RETURN_NOT_OK(GetF32(r, &q.rule.epsilon));
+      EMBER_RETURN_NOT_OK(GetF32(r, &q.rule.alpha));
+      uint8_t flags = 0;
+      EMBER_RETURN_NOT_OK(r.GetU8(&flags));
+      if ((flags & ~(kScaleByStaleness | kHogwild)) != 0) {
+        return Status::Corruption("PS request: unknown flags " + std::to_string(flags) + " at offset " +
+                                  std::to_string(r.offset() - 1));
+      }
+      q.rule.scale_by_staleness = (flags & kScaleByStaleness) != 0;
+      q.rule.hogwild = (flags & kHogwild) != 0;
+      EMBER_RETURN_NOT_OK(r.GetI64(&q.rule.staleness_bound));
+      EMBER_RETURN_NOT_OK(GetArray(r, "initial values", &q.values));
+      break;
+    }
+    case Kind::kPullDense:
+      break;
+    case Kind::kPushDense:
+      EMBER_RETURN_NOT_OK(r.GetI64(&q.base_version));
+      EMBER_RETURN_NOT_OK(GetArray(r, "update", &q.values));
+      break;
+    case Kind::kCreateTable: {
+      int64_t seed = 0;
+      EMBER_RETURN_NOT_OK(r.GetI32(&q.table.dim));
+      EMBER_RETURN_NOT_OK(r.GetI64(&seed));
+      q.table.seed = static_cast<uint64_t>(seed);
+      EMBER_RETURN_NOT_OK(GetF32(r, &q.table.init_scale));
+      EMBER_RETURN_NOT_OK(GetRule(r, &q.table.rule));
+      EMBER_RETURN_NOT_OK(GetF32(r, &q.table.lr));
+      break;
+    }
+    case Kind::kPullRows:
+      EMBER_RETURN_NOT_OK(GetArray(r, "ids", &q.ids));
+      break;
+    case Kind::kPushRows:
+      EMBER_RETURN_NOT_OK(GetArray(r, "ids", &q.ids));
+      EMBER_RETURN_NOT_OK(GetArray(r, "rows", &q.values));
+      break;
+    case Kind::kStats:
+      break;
+  }
+  EMBER_RETURN_NOT_OK(r.ExpectEnd());
+  return q;
+}
+
+std::string EncodeReply(Kind kind, const Reply& p) {
+  codec::Writer w;
+  w.PutU8(static_cast<uint8_t>(p.status.code()));
+  w.PutString(p.status.ok() ? std::string_view() : std::string_view(p.status.message()));
+  if (!p.status.ok()) return w.Release();
+  switch (kind) {
+    case Kind::kPullDense:
+      w.PutI64(p.pull.version);
+      PutArray(w, p.pull.values);
+      break;
+    case Kind::kPushDense:
+      w.PutU8(p.push.applied ? 1 : 0);
+      w.PutI64(p.push.version);
+      w.PutI64(p.push.staleness);
+      PutArray(w, p.push.reply);
+      break;
+    case Kind::kPullRows:
+      PutArray(w, p.rows);
+      break;
+    case Kind::kStats:
+      w.PutI64(p.stats.pushes_applied);
+      w.PutI64(p.stats.pushes_rejected);
+      w.PutI64(p.stats.rows);
+      w.PutU32(static_cast<uint32_t>(p.stats.staleness_histogram.size()));
+      for (int64_t h : p.stats.staleness_histogram) w.PutI64(h);
+      break;
+    default:
+      break;
+  }
+  return w.Release();
+}
+
+Result<Reply> DecodeReply(Kind kind, std::string_view bytes) {
+  codec::Reader r(bytes);
+  Reply p;
+  uint8_t code = 0;
+  std::string message;
+  EMBER_RETURN_NOT_OK(r.GetU8(&code));
+  if (code > kMaxStatusCode) {
+    return Status::Corruption("PS reply: unknown status code " + std::to_string(code) + " at offset 0");
+  }
+  EMBER_RETURN_NOT_OK(r.GetString(&message));
+  if (code != 0) {
+    p.status = Status(static_cast<StatusCode>(code), std::move(message));
+    EMBER_RETURN_NOT_OK(r.ExpectEnd());
+    return p;
+  }
+  switch (kind) {
+    case Kind::kPullDense:
+      EMBER_RETURN_NOT_OK(r.GetI64(&p.pull.version));
+      EMBER_RETURN_NOT_OK(GetArray(r, "values", &p.pull.values));
+      break;
+    case Kind::kPushDense: {
+      uint8_t applied = 0;
+      EMBER_RETURN_NOT_OK(r.GetU8(&applied));
+      p.push.applied = applied != 0;
+      EMBER_RETURN_NOT_OK(r.GetI64(&p.push.version));
+      EMBER_RETURN_NOT_OK(r.GetI64(&p.push.staleness));
+      EMBER_RETURN_NOT_OK(GetArray(r, "reply", &p.push.reply));
+      break;
+    }
+    case Kind::kPullRows:
+      EMBER_RETURN_NOT_OK(GetArray(r, "rows", &p.rows));
+      break;
+    case Kind::kStats: {
+      EMBER_RETURN_NOT_OK(r.GetI64(&p.stats.pushes_applied));
+      EMBER_RETURN_NOT_OK(r.GetI64(&p.stats.pushes_rejected));
+      EMBER_RETURN_NOT_OK(r.GetI64(&p.stats.rows));
+      uint32_t k = 0;
+      EMBER_RETURN_NOT_OK(r.GetU32(&k));
+      if (k > r.remaining() / 8) {
+        return Status::Corruption("PS reply: histogram of " + std::to_string(k) + " buckets does not fit the " +
+                                  std::to_string(r.remaining()) + " bytes left");
+      }
+      p.stats.staleness_histogram.resize(k);
+      for (auto& h : p.stats.staleness_histogram) EMBER_RETURN_NOT_OK(r.GetI64(&h));
+      break;
+    }
+    default:
+      break;
+  }
+  EMBER_RETURN_NOT_OK(r.ExpectEnd());
+  return p;
+}
+
+std::string Serve(Shard& shard, std::string_view request) {
+  auto q = DecodeRequest(request);
+  Reply p;
+  if (!q.ok()) {
+    p.status = q.status().WithContext(shard.name());
+    return EncodeReply(Kind::kStats, p);  // an error reply has the same shape for every kind
+  }
+  switch (q->kind) {
+    case Kind::kCreateDense:
+      p.status = shard.CreateDense(q->name, q->values, q->rule);
+      break;
+    case Kind::kPullDense: {
+      auto got = shard.PullDense(q->name);
+      if (got.ok()) p.pull = std::move(*got); else p.status = got.status();
+      break;
+    }
+    case Kind::kPushDense: {
+      auto got = shard.PushDense(q->name, q->values, q->base_version);
+      if (got.ok()) p.push = std::move(*got); else p.status = got.status();
+      break;
+    }
+    case Kind::kCreateTable:
+      p.status = shard.CreateTable(q->name, q->table);
+      break;
+    case Kind::kPullRows: {
+      auto got = shard.PullRows(q->name, q->ids);
+      if (got.ok()) p.rows = std::move(*got); else p.status = got.status();
+      break;
+    }
+    case Kind::kPushRows:
+      p.status = shard.PushRows(q->name, q->ids, q->values);
+      break;
+    case Kind::kStats:
+      p.stats = shard.Stats();
+      break;
+  }
+  return EncodeReply(q->kind, p);
+}
+
+}  // namespace ember::ps

@@ -1,0 +1,33 @@
+// libFuzzer target: the parameter server's request and reply decoders, and Serve on a shard,
+// must not crash, read out of bounds or over-allocate on arbitrary bytes; whatever decodes
+// re-encodes to the same bytes.
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "ps/codec.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace ember::ps;
+  const std::string_view bytes(reinterpret_cast<const char*>(data), size);
+  auto request = DecodeRequest(bytes);
+  if (request.ok()) {
+    if (EncodeRequest(*request) != bytes) __builtin_trap();
+    // Serve it on a shard holding a small tensor and table (a huge table's pulls are bounded by
+    // the shard itself; keep the fuzzer's memory small).
+    if (!(request->kind == Kind::kCreateTable && request->table.dim > 64)) {
+      Shard shard("ps:fuzz");
+      (void)shard.CreateDense("w", std::vector<float>{1, 2, 3}, RuleOptions{});
+      TableOptions t;
+      t.dim = 4;
+      (void)shard.CreateTable("emb", t);
+      const std::string reply = Serve(shard, bytes);
+      if (!DecodeReply(request->kind, reply).ok()) __builtin_trap();
+    }
+  }
+  if (size > 0) {
+    const Kind kind = static_cast<Kind>(1 + data[0] % 7);
+    (void)DecodeReply(kind, bytes.substr(1));
+  }
+  return 0;
+}

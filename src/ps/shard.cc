@@ -1,0 +1,305 @@
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <shared_mutex>
+#include <unordered_map>
+
+#include "ember/ps.h"
+
+namespace ember::ps {
+namespace {
+
+constexpr size_t kHistogramBuckets = 17;  // staleness 0..15, and 16 or more
+constexpr int kMaxDim = 1 << 20;                 // floats per row (4 MiB)
+constexpr size_t kMaxPullFloats = size_t{1} << 28;  // one pull's rows (1 GiB)
+
+bool Finite(float v) { return std::isfinite(v); }
+
+std::string Describe(const RuleOptions& o) {
+  std::string s = RuleName(o.rule);
+  if (o.hogwild) s += " (hogwild)";
+  return s;
+}
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+struct Dense {
+  RuleOptions options;
+  std::mutex mu;                       // not taken with options.hogwild
+  std::vector<float> w;
+  std::vector<float> m, v;             // kAdam moments
+  int64_t step = 0;                    // kAdam
+  std::atomic<int64_t> version{0};
+};
+
+struct Table {
+  TableOptions options;
+  std::mutex mu;
+  std::unordered_map<int64_t, std::vector<float>> rows;
+};
+
+}  // namespace
+
+const char* RuleName(Rule rule) {
+  switch (rule) {
+    case Rule::kAssign: return "assign";
+    case Rule::kAdd: return "add";
+    case Rule::kSgd: return "sgd";
+    case Rule::kAdam: return "adam";
+    case Rule::kElastic: return "elastic";
+  }
+  return "unknown";
+}
+
+float InitialRowValue(uint64_t seed, int64_t id, int j, float scale) {
+  const uint64_t h = SplitMix64(SplitMix64(seed ^ SplitMix64(static_cast<uint64_t>(id))) + static_cast<uint64_t>(j));
+  const double unit = static_cast<double>(h >> 11) * (1.0 / 9007199254740992.0);  // [0, 1), 53 bits
+  return static_cast<float>((2.0 * unit - 1.0) * scale);
+}
+
+struct Shard::Impl {
+  std::string name;
+  mutable std::shared_mutex mu;  // the maps; each entry has its own lock
+  std::map<std::string, std::unique_ptr<Dense>> dense;
+  std::map<std::string, std::unique_ptr<Table>> tables;
+  std::atomic<int64_t> applied{0}, rejected{0}, rows{0};
+  std::array<std::atomic<int64_t>, kHistogramBuckets> histogram{};
+
+  Dense* FindDense(const std::string& tensor) const {
+    std::shared_lock lock(mu);
+    auto it = dense.find(tensor);
+    return it == dense.end() ? nullptr : it->second.get();
+  }
+  Table* FindTable(const std::string& table) const {
+    std::shared_lock lock(mu);
+    auto it = tables.find(table);
+    return it == tables.end() ? nullptr : it->second.get();
+  }
+  Status NoTensor(const std::string& what, const std::string& tensor) const {
+    return Status::NotFound(name + " holds no " + what + " '" + tensor + "' (create it first)");
+  }
+};
+
+Shard::Shard(std::string name) : impl_(new Impl) { impl_->name = std::move(name); }
+Shard::~Shard() = default;
+
+const std::string& Shard::name() const { return impl_->name; }
+
+Status Shard::CreateDense(const std::string& tensor, std::span<const float> initial, const RuleOptions& options) {
+  if (initial.empty()) return Status::InvalidArgument(impl_->name + ": tensor '" + tensor + "' has no elements");
+  if (options.hogwild && options.rule != Rule::kAdd && options.rule != Rule::kSgd) {
+    return Status::InvalidArgument(impl_->name + ": tensor '" + tensor + "': hogwild (no lock) is for the add and "
+                                   "sgd rules only, not " + RuleName(options.rule));
+  }
+  if (!Finite(options.lr) || !Finite(options.alpha) || !Finite(options.beta1) || !Finite(options.beta2) ||
+      !Finite(options.epsilon)) {
+    return Status::InvalidArgument(impl_->name + ": tensor '" + tensor + "': a rule option is not finite");
+  }
+  if (RuleName(options.rule) == std::string("unknown")) {
+    return Status::InvalidArgument(impl_->name + ": tensor '" + tensor + "': unknown rule " +
+                                   std::to_string(static_cast<uint32_t>(options.rule)));
+  }
+  std::unique_lock lock(impl_->mu);
+  auto it = impl_->dense.find(tensor);
+  if (it != impl_->dense.end()) {
+    const Dense& d = *it->second;
+    if (d.w.size() == initial.size() && d.options.rule == options.rule && d.options.hogwild == options.hogwild) {
+      return Status::OK();
+    }
+    return Status::AlreadyExists(impl_->name + ": tensor '" + tensor + "' exists with " + std::to_string(d.w.size()) +
+                                 " elements and rule " + Describe(d.options) + "; asked for " +
+                                 std::to_string(initial.size()) + " and " + Describe(options));
+  }
+  auto d = std::make_unique<Dense>();
+  d->options = options;
+  d->w.assign(initial.begin(), initial.end());
+  if (options.rule == Rule::kAdam) {
+    d->m.assign(initial.size(), 0.0f);
+    d->v.assign(initial.size(), 0.0f);
+  }
+  impl_->dense.emplace(tensor, std::move(d));
+  return Status::OK();
+}
+
+Result<PullResult> Shard::PullDense(const std::string& tensor) const {
+  Dense* d = impl_->FindDense(tensor);
+  if (d == nullptr) return impl_->NoTensor("tensor", tensor);
+  PullResult out;
+  if (d->options.hogwild) {
+    out.version = d->version.load();
+    out.values = d->w;  // racy by design (Hogwild)
+    return out;
+  }
+  std::lock_guard<std::mutex> lock(d->mu);
+  out.values = d->w;
+  out.version = d->version.load();
+  return out;
+}
+
+Result<PushResult> Shard::PushDense(const std::string& tensor, std::span<const float> update, int64_t base_version) {
+  Dense* d = impl_->FindDense(tensor);
+  if (d == nullptr) return impl_->NoTensor("tensor", tensor);
+  if (update.size() != d->w.size()) {
+    return Status::InvalidArgument(impl_->name + ": push to tensor '" + tensor + "' of " +
+                                   std::to_string(update.size()) + " elements; it holds " +
+                                   std::to_string(d->w.size()));
+  }
+  std::unique_lock<std::mutex> lock(d->mu, std::defer_lock);
+  if (!d->options.hogwild) lock.lock();
+  const int64_t version = d->version.load();
+  if (base_version < 0 || base_version > version) {
+    return Status::InvalidArgument(impl_->name + ": push to tensor '" + tensor + "' based on version " +
+                                   std::to_string(base_version) + ", but the tensor is at version " +
+                                   std::to_string(version) + " (pull first)");
+  }
+  PushResult out;
+  out.staleness = version - base_version;
+  const RuleOptions& o = d->options;
+  if (o.staleness_bound >= 0 && out.staleness > o.staleness_bound) {
+    impl_->rejected.fetch_add(1);
+    out.version = version;
+    return out;
+  }
+  float* w = d->w.data();
+  const size_t n = d->w.size();
+  switch (o.rule) {
+    case Rule::kAssign:
+      std::copy(update.begin(), update.end(), w);
+      break;
+    case Rule::kAdd:
+      for (size_t i = 0; i < n; ++i) w[i] += update[i];
+      break;
+    case Rule::kSgd: {
+      const float lr = o.scale_by_staleness ? o.lr / static_cast<float>(out.staleness + 1) : o.lr;
+      for (size_t i = 0; i < n; ++i) w[i] -= lr * update[i];
+      break;
+    }
+    case Rule::kAdam: {
+      d->step += 1;
+      const double t = static_cast<double>(d->step);
+      const float lr_t = static_cast<float>(o.lr * std::sqrt(1.0 - std::pow(o.beta2, t)) / (1.0 - std::pow(o.beta1, t)));
+      float* m = d->m.data();
+      float* v = d->v.data();
+      for (size_t i = 0; i < n; ++i) {
+        const float g = update[i];
+        m[i] = o.beta1 * m[i] + (1.0f - o.beta1) * g;
+        v[i] = o.beta2 * v[i] + (1.0f - o.beta2) * g * g;
+        w[i] -= lr_t * m[i] / (std::sqrt(v[i]) + o.epsilon);
+      }
+      break;
+    }
+    case Rule::kElastic:
+      out.reply.resize(n);
+      for (size_t i = 0; i < n; ++i) {
+        const float e = o.alpha * (update[i] - w[i]);
+        out.reply[i] = e;
+        w[i] += e;
+      }
+      break;
+  }
+  out.applied = true;
+  out.version = d->version.fetch_add(1) + 1;
+  impl_->applied.fetch_add(1);
+  impl_->histogram[std::min<size_t>(static_cast<size_t>(out.staleness), kHistogramBuckets - 1)].fetch_add(1);
+  return out;
+}
+
+Status Shard::CreateTable(const std::string& table, const TableOptions& options) {
+  if (options.dim <= 0 || options.dim > kMaxDim) {
+    return Status::InvalidArgument(impl_->name + ": table '" + table + "' needs 0 < dim <= " +
+                                   std::to_string(kMaxDim) + ", got " + std::to_string(options.dim));
+  }
+  if (options.rule != Rule::kSgd && options.rule != Rule::kAdd) {
+    return Status::InvalidArgument(impl_->name + ": table '" + table + "': rows take the sgd or add rule, not " +
+                                   RuleName(options.rule));
+  }
+  if (!Finite(options.lr) || !Finite(options.init_scale)) {
+    return Status::InvalidArgument(impl_->name + ": table '" + table + "': lr and init_scale must be finite");
+  }
+  std::unique_lock lock(impl_->mu);
+  auto it = impl_->tables.find(table);
+  if (it != impl_->tables.end()) {
+    const TableOptions& t = it->second->options;
+    if (t.dim == options.dim && t.seed == options.seed && t.init_scale == options.init_scale &&
+        t.rule == options.rule && t.lr == options.lr) {
+      return Status::OK();
+    }
+    return Status::AlreadyExists(impl_->name + ": table '" + table + "' exists with dim " + std::to_string(t.dim) +
+                                 " and rule " + RuleName(t.rule) + "; asked for dim " + std::to_string(options.dim) +
+                                 " and rule " + RuleName(options.rule) + " (or another seed, scale or lr)");
+  }
+  auto t = std::make_unique<Table>();
+  t->options = options;
+  impl_->tables.emplace(table, std::move(t));
+  return Status::OK();
+}
+
+namespace {
+std::vector<float>& Row(Table& t, int64_t id, std::atomic<int64_t>& created) {
+  auto [it, fresh] = t.rows.try_emplace(id);
+  if (fresh) {
+    it->second.resize(static_cast<size_t>(t.options.dim));
+    for (int j = 0; j < t.options.dim; ++j) {
+      it->second[static_cast<size_t>(j)] = InitialRowValue(t.options.seed, id, j, t.options.init_scale);
+    }
+    created.fetch_add(1);
+  }
+  return it->second;
+}
+}  // namespace
+
+Result<std::vector<float>> Shard::PullRows(const std::string& table, std::span<const int64_t> ids) {
+  Table* t = impl_->FindTable(table);
+  if (t == nullptr) return impl_->NoTensor("table", table);
+  const size_t dim = static_cast<size_t>(t->options.dim);
+  if (ids.size() > kMaxPullFloats / dim) {
+    return Status::InvalidArgument(impl_->name + ": a pull of " + std::to_string(ids.size()) + " rows of table '" +
+                                   table + "' (dim " + std::to_string(dim) + ") is over " +
+                                   std::to_string(kMaxPullFloats) + " floats; pull fewer rows at a time");
+  }
+  std::vector<float> out(ids.size() * dim);
+  std::lock_guard<std::mutex> lock(t->mu);
+  for (size_t k = 0; k < ids.size(); ++k) {
+    const auto& row = Row(*t, ids[k], impl_->rows);
+    std::copy(row.begin(), row.end(), out.begin() + static_cast<std::ptrdiff_t>(k * dim));
+  }
+  return out;
+}
+
+Status Shard::PushRows(const std::string& table, std::span<const int64_t> ids, std::span<const float> update) {
+  Table* t = impl_->FindTable(table);
+  if (t == nullptr) return impl_->NoTensor("table", table);
+  const size_t dim = static_cast<size_t>(t->options.dim);
+  if (update.size() != ids.size() * dim) {
+    return Status::InvalidArgument(impl_->name + ": push to table '" + table + "' of " + std::to_string(ids.size()) +
+                                   " ids needs " + std::to_string(ids.size() * dim) + " floats (dim " +
+                                   std::to_string(dim) + "), got " + std::to_string(update.size()));
+  }
+  const float scale = t->options.rule == Rule::kSgd ? -t->options.lr : 1.0f;
+  std::lock_guard<std::mutex> lock(t->mu);
+  for (size_t k = 0; k < ids.size(); ++k) {
+    auto& row = Row(*t, ids[k], impl_->rows);
+    for (size_t j = 0; j < dim; ++j) row[j] += scale * update[k * dim + j];
+  }
+  impl_->applied.fetch_add(1);
+  return Status::OK();
+}
+
+ShardStats Shard::Stats() const {
+  ShardStats s;
+  s.pushes_applied = impl_->applied.load();
+  s.pushes_rejected = impl_->rejected.load();
+  s.rows = impl_->rows.load();
+  for (const auto& h : impl_->histogram) s.staleness_histogram.push_back(h.load());
+  return s;
+}
+
+}  // namespace ember::ps
