@@ -1,7 +1,7 @@
-// The parameter server's shard (issue 21): the tensors one PS shard holds and the server-side
-// update rules of asynchronous training.  A Shard lives in one process (a ps node, or the
-// driver's host); a server serves it over the job's authenticated transport (next), and
-// workers push and pull through a client that cuts tensors over the shards.
+// The parameter server (issue 21): the tensors one PS shard holds and the server-side update
+// rules of asynchronous training (Shard); the server that serves a shard over the job's
+// authenticated TCP transport (Server); and the worker's client, which cuts tensors over the
+// shards (Client).  A Shard lives in one process (a ps node, or the driver's host).
 //
 // Two kinds of state, float32 only:
 //   dense tensors  a flat array of `count` floats with a version (the number of updates
@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "ember/deadline.h"
 #include "ember/result.h"
 #include "ember/status.h"
 
@@ -123,6 +124,102 @@ class Shard {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+struct ServerOptions {
+  std::string name = "ps:0";          // names the shard in errors and logs
+  std::string bind_host = "0.0.0.0";
+  int port = 0;                       // 0: a free port (Server::port())
+  std::string secret;                 // the job's secret (>= 16 bytes): every peer proves it first
+  size_t max_message_bytes = size_t{1} << 30;  // a larger request drops its connection
+  Duration handshake_timeout{5000};
+};
+
+// Serves one Shard: each authenticated connection on its own thread, one request frame and one
+// reply frame at a time (ps::Serve).  A malformed request is answered with Corruption and the
+// connection kept; a frame over max_message_bytes, or of another type, drops the connection.
+class Server {
+ public:
+  // IOError naming the address if it cannot bind; InvalidArgument for a short secret.
+  static Result<std::unique_ptr<Server>> Start(const ServerOptions& options);
+  ~Server();  // Close()s
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  int port() const;
+  Shard& shard();
+  // Stops accepting, shuts every connection down and joins their threads.  Idempotent.
+  void Close();
+
+ private:
+  Server();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+struct ClientOptions {
+  std::vector<std::string> shards;    // "host:port" of shard 0, 1, ... (every worker lists them alike)
+  std::string secret;
+  std::string name = "worker";        // how the shards' logs and this client's errors name it
+  Duration connect_timeout{60000};    // per shard, at Connect
+  Duration timeout{60000};            // per call
+  size_t max_message_bytes = size_t{1} << 30;
+};
+
+// Where a dense tensor of `count` elements lives: the shards and the contiguous range of the
+// tensor each holds, in order.  Tensors of at least `split_at` elements are cut into
+// near-equal ranges over every shard; smaller ones live whole on one shard picked by a hash
+// of the name.  A pure function: every worker computes the same placement.
+struct Slice {
+  int shard = 0;
+  size_t begin = 0, end = 0;
+};
+std::vector<Slice> Place(const std::string& tensor, size_t count, int shards, size_t split_at = 65536);
+
+// The versions a pull saw, one per slice (Place's order); a push hands them back.
+struct Versions {
+  std::vector<int64_t> per_slice;
+};
+
+struct ClientPushResult {
+  int applied = 0;                  // slices taken
+  int rejected = 0;                 // slices too stale for their bound
+  int64_t max_staleness = 0;
+  std::vector<float> reply;         // kElastic: the elastic difference, whole tensor; else empty
+};
+
+// A worker's connections to every shard.  Requests to several shards go out together and their
+// replies are read after (one round trip).  Thread-safe: calls are serialized.  Every call has
+// `timeout`; an error names the shard (index and address), the tensor and the call.  A broken
+// connection (the shard died) fails every later call naming that shard.
+class Client {
+ public:
+  static Result<std::unique_ptr<Client>> Connect(const ClientOptions& options);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  int num_shards() const;
+  Status CreateDense(const std::string& tensor, std::span<const float> initial, const RuleOptions& rule);
+  // Fills `out` (the tensor's count) and returns the versions it saw.
+  Result<Versions> PullDense(const std::string& tensor, std::span<float> out);
+  Result<ClientPushResult> PushDense(const std::string& tensor, std::span<const float> update,
+                                     const Versions& base);
+  // Tables live on every shard; row `id` on shard (splitmix64(id) % shards).
+  Status CreateTable(const std::string& table, const TableOptions& options);
+  // Fills `out` (ids.size() * dim floats, in ids' order).
+  Status PullRows(const std::string& table, std::span<const int64_t> ids, int dim, std::span<float> out);
+  Status PushRows(const std::string& table, std::span<const int64_t> ids, int dim, std::span<const float> update);
+  // Every shard's stats, in shard order.
+  Result<std::vector<ShardStats>> Stats();
+
+ private:
+  Client();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The shard of table row `id` among `shards`.
+int RowShard(int64_t id, int shards);
 
 // The initial value of element `j` of row `id` of a table with `seed` and `scale`: uniform in
 // [-scale, scale), a pure function (splitmix64 of seed, id and j).

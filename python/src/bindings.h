@@ -108,5 +108,6 @@ void BindSummary(nb::module_& m);
 void BindCheckpoint(nb::module_& m);
 // Binds include/ember/gpu.h: a node's CUDA_VISIBLE_DEVICES, the shared-GPU check, NVML UUIDs.
 void BindGpu(nb::module_& m);
+void BindPs(nb::module_& m);
 
 }  // namespace ember::python

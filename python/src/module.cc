@@ -91,4 +91,5 @@ NB_MODULE(_ember, m) {
   ember::python::BindSummary(m);  // after BindFileSystem: EventWriter.open takes ResolveOptions
   ember::python::BindCheckpoint(m);  // after BindFileSystem: CheckpointManager.open takes ResolveOptions
   ember::python::BindGpu(m);
+  ember::python::BindPs(m);
 }

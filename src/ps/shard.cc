@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "ember/ps.h"
+#include "ps/hash.h"
 
 namespace ember::ps {
 namespace {
@@ -22,13 +23,6 @@ std::string Describe(const RuleOptions& o) {
   std::string s = RuleName(o.rule);
   if (o.hogwild) s += " (hogwild)";
   return s;
-}
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
 }
 
 struct Dense {

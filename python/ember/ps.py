@@ -1,0 +1,149 @@
+"""The parameter server (issue 21, in progress; docs/ps.md): shards that hold dense tensors and
+sparse embedding tables, updated by the asynchronous algorithms' server-side rules, and the
+worker's client.  The core does the work (include/ember/ps.h); this module converts arrays.
+
+    server = ember.ps.Server.start("ps:0", secret)               # in a ps node, or the driver
+    ps = ember.ps.Client.connect([f"{host}:{server.port}"], secret, name="worker:0")
+    ps.create_dense("dense/kernel", w0, rule="add")               # every worker may; first wins
+    w, versions = ps.pull("dense/kernel")                         # values (w0's shape), versions
+    ps.push("dense/kernel", delta, versions)                      # based on what was pulled
+    ps.create_table("emb", dim=64, seed=1, rule="sgd", lr=0.05)
+    rows = ps.pull_rows("emb", ids)                               # (len(ids), 64), made on first touch
+    ps.push_rows("emb", ids, grads)
+
+Rules: ``assign``, ``add`` (DOWNPOUR / Elephas deltas, Hogwild with ``hogwild=True``), ``sgd``
+(``scale_by_staleness=True``: DynSGD), ``adam``, ``elastic`` (EASGD: push the worker's weights,
+``result.reply`` is the elastic difference to subtract).  ``staleness_bound=s`` rejects (and
+counts) updates based on a version more than s updates old.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ember import _ember
+
+RULES = ("assign", "add", "sgd", "adam", "elastic")
+
+
+def rule_options(rule: str = "sgd", lr: float = 0.01, *, beta1: float = 0.9, beta2: float = 0.999,
+                 epsilon: float = 1e-7, alpha: float = 0.1, scale_by_staleness: bool = False,
+                 staleness_bound: Optional[int] = None, hogwild: bool = False) -> "_ember.PsRuleOptions":
+    """A dense tensor's update rule and its knobs (docs/ps.md)."""
+    o = _ember.PsRuleOptions()
+    o.rule = rule
+    o.lr, o.beta1, o.beta2, o.epsilon, o.alpha = lr, beta1, beta2, epsilon, alpha
+    o.scale_by_staleness = scale_by_staleness
+    o.staleness_bound = -1 if staleness_bound is None else int(staleness_bound)
+    o.hogwild = hogwild
+    return o
+
+
+def _floats(x: Any) -> np.ndarray:
+    a = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+    return a.reshape(-1)
+
+
+class Server:
+    """One shard, served over the job's authenticated TCP transport until ``close()``."""
+
+    def __init__(self, native: "_ember.PsServer") -> None:
+        self._native = native
+
+    @classmethod
+    def start(cls, name: str, secret: bytes, bind_host: str = "0.0.0.0", port: int = 0) -> "Server":
+        return cls(_ember.PsServer.start(name, secret, bind_host=bind_host, port=port))
+
+    @property
+    def port(self) -> int:
+        return self._native.port
+
+    def stats(self):
+        return self._native.stats()
+
+    def close(self) -> None:
+        self._native.close()
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Client:
+    """A worker's connections to every shard (``"host:port"`` in shard order, the same list on
+    every worker).  Calls raise ``ember.errors`` exceptions naming the shard, the tensor and the
+    call; a shard that died fails every later call that needs it."""
+
+    def __init__(self, native: "_ember.PsClient") -> None:
+        self._native = native
+        self._shapes: Dict[str, Tuple[int, ...]] = {}
+        self._dims: Dict[str, int] = {}
+
+    @classmethod
+    def connect(cls, shards: Sequence[str], secret: bytes, name: str = "worker", timeout: float = 60.0,
+                connect_timeout: float = 60.0) -> "Client":
+        return cls(_ember.PsClient.connect(list(shards), secret, name=name, timeout=timeout,
+                                           connect_timeout=connect_timeout))
+
+    @property
+    def num_shards(self) -> int:
+        return self._native.num_shards
+
+    def create_dense(self, name: str, initial: Any, rule: str = "sgd", **options) -> None:
+        """Creates tensor `name` (any shape; float32 on the shards) with `initial` values.
+        Creating it again with the same size and rule changes nothing."""
+        a = np.asarray(initial, dtype=np.float32)
+        self._native.create_dense(name, _floats(a), rule_options(rule, **options))
+        self._shapes[name] = a.shape
+
+    def pull(self, name: str, shape: Optional[Tuple[int, ...]] = None, out: Optional[np.ndarray] = None):
+        """(values, versions): the tensor's values in its shape (given at create, or `shape`), and
+        the versions to hand to the push based on them."""
+        shape = tuple(shape) if shape is not None else self._shapes.get(name)
+        if out is None:
+            if shape is None:
+                raise ValueError(f"pull({name!r}): give its shape (this client did not create it)")
+            out = np.empty(shape, dtype=np.float32)
+        versions = self._native.pull_dense(name, out.reshape(-1))
+        return out, versions
+
+    def push(self, name: str, update: Any, versions) -> "_ember.PsPushResult":
+        """Applies `update` (the tensor's size) by the tensor's rule, based on `versions` (from
+        the pull it was computed from).  ``result.applied`` / ``rejected`` count slices;
+        ``result.reply`` holds the elastic difference for the elastic rule."""
+        return self._native.push_dense(name, _floats(update), versions)
+
+    def create_table(self, name: str, dim: int, seed: int = 0, init_scale: float = 0.05, rule: str = "sgd",
+                     lr: float = 0.01) -> None:
+        """Creates the sparse table `name` of `dim`-float rows on every shard."""
+        o = _ember.PsTableOptions()
+        o.dim, o.seed, o.init_scale, o.rule, o.lr = int(dim), int(seed), float(init_scale), rule, float(lr)
+        self._native.create_table(name, o)
+        self._dims[name] = int(dim)
+
+    def _dim(self, name: str, dim: Optional[int]) -> int:
+        dim = dim if dim is not None else self._dims.get(name)
+        if dim is None:
+            raise ValueError(f"table {name!r}: give dim= (this client did not create it)")
+        return int(dim)
+
+    def pull_rows(self, name: str, ids: Any, dim: Optional[int] = None) -> np.ndarray:
+        """The rows of `ids` (any int sequence; repeats allowed) as a (len(ids), dim) array."""
+        d = self._dim(name, dim)
+        ids = np.ascontiguousarray(np.asarray(ids, dtype=np.int64).reshape(-1))
+        out = np.empty((ids.size, d), dtype=np.float32)
+        self._native.pull_rows(name, ids, d, out.reshape(-1))
+        return out
+
+    def push_rows(self, name: str, ids: Any, update: Any, dim: Optional[int] = None) -> None:
+        """Applies one (dim,) update per id by the table's rule (a repeated id: each in turn)."""
+        d = self._dim(name, dim)
+        ids = np.ascontiguousarray(np.asarray(ids, dtype=np.int64).reshape(-1))
+        self._native.push_rows(name, ids, d, _floats(update))
+
+    def stats(self):
+        """Every shard's counters: pushes applied and rejected, the staleness histogram, rows."""
+        return self._native.stats()

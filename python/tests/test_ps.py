@@ -1,0 +1,106 @@
+"""ember.ps (issue 21, in progress): shards served over the job's authenticated transport, workers
+as real processes pushing and pulling through them; a worker killed mid-run does not stop the
+others; a dead shard is named."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import ember.errors
+import ember.ps
+
+SECRET = b"0123456789abcdef-ps-python-test"
+BIG = 100_000  # cut over both shards (Place splits tensors of 65,536+ elements)
+
+
+def _worker(shards, rank, steps, ready, go):
+    ps = ember.ps.Client.connect(shards, SECRET, name=f"worker:{rank}", timeout=30)
+    ps.create_dense("w", np.zeros((BIG // 4, 4), np.float32), rule="add")  # every worker creates: first wins
+    ps.create_table("emb", dim=8, seed=3, rule="add")
+    ready.put(rank)
+    go.wait(30)
+    for _ in range(steps):
+        w, versions = ps.pull("w")
+        ps.push("w", np.ones_like(w), versions)
+        ps.push_rows("emb", [rank, 100 + rank, rank], np.ones((3, 8), np.float32))
+        if rank == 2:
+            time.sleep(0.05)  # the one that gets killed: slow, so it dies mid-run
+
+
+def test_workers_in_processes_update_through_two_shards_and_a_killed_worker_stops_no_one():
+    servers = [ember.ps.Server.start(f"ps:{i}", SECRET, bind_host="127.0.0.1") for i in range(2)]
+    shards = [f"127.0.0.1:{s.port}" for s in servers]
+    ctx = mp.get_context("spawn")
+    ready, go = ctx.Queue(), ctx.Event()
+    steps = 20
+    procs = [ctx.Process(target=_worker, args=(shards, r, steps if r < 2 else 10_000, ready, go), daemon=True)
+             for r in range(3)]
+    try:
+        for p in procs:
+            p.start()
+        for _ in procs:
+            ready.get(timeout=60)
+        go.set()
+        time.sleep(0.3)
+        os.kill(procs[2].pid, signal.SIGKILL)  # mid-run: its pushes so far stay, the rest are missing
+        for p in procs[:2]:
+            p.join(60)
+            assert p.exitcode == 0, f"worker {p.name} exited {p.exitcode}"
+        procs[2].join(10)
+        assert procs[2].exitcode == -signal.SIGKILL  # killed while still running its 10,000 steps
+
+        ps = ember.ps.Client.connect(shards, SECRET, name="checker", timeout=30)
+        w, versions = ps.pull("w", shape=(BIG // 4, 4))
+        # Each slice (half) holds 1 per push it took: the survivors' 2 x 20, plus the killed worker's
+        # pushes so far (a kill between its two slices' requests leaves the halves one apart).
+        flat = w.reshape(-1)
+        for half, version in zip((flat[:BIG // 2], flat[BIG // 2:]), versions.per_slice):
+            assert 2 * steps <= version < 10_000
+            np.testing.assert_array_equal(half, np.full(BIG // 2, float(version), np.float32))
+        assert abs(versions.per_slice[0] - versions.per_slice[1]) <= 1
+        rows = ps.pull_rows("emb", [0, 100, 1, 101], dim=8)
+        init = ps.pull_rows("emb", [7], dim=8)  # never pushed: its initial values
+        assert np.all(np.abs(init) < 0.05)
+        # row r got 2 per step, row 100 + r 1 per step (on top of their own initial values)
+        fresh = ember.ps.Client.connect(shards, SECRET, name="fresh")
+        fresh.create_table("emb2", dim=8, seed=3, rule="add")  # the same (seed, id) -> the same start
+        start = fresh.pull_rows("emb2", [0, 100, 1, 101], dim=8)
+        np.testing.assert_allclose(rows - start, np.repeat([[2.0 * steps], [1.0 * steps]] * 2, 8, axis=1),
+                                   rtol=0, atol=1e-4)
+        stats = ps.stats()
+        assert sum(s.pushes_applied for s in stats) >= 2 * (2 * steps)
+        assert sum(sum(s.staleness_histogram) for s in stats) > 0
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        for s in servers:
+            s.close()
+
+
+def test_errors_name_the_shard_the_tensor_and_the_call():
+    with ember.ps.Server.start("ps:0", SECRET, bind_host="127.0.0.1") as s0, \
+            ember.ps.Server.start("ps:1", SECRET, bind_host="127.0.0.1") as s1:
+        ps = ember.ps.Client.connect([f"127.0.0.1:{s0.port}", f"127.0.0.1:{s1.port}"], SECRET, timeout=10)
+        with pytest.raises(ember.errors.NotFound, match="pull of 'nope' on ps:"):
+            ps.pull("nope", shape=(3,))
+        ps.create_dense("w", np.zeros(BIG, np.float32), rule="sgd", lr=0.1, staleness_bound=0)
+        w, v = ps.pull("w")
+        assert ps.push("w", np.ones(BIG), v).applied == 2
+        late = ps.push("w", np.ones(BIG), v)  # based on the old versions: past the bound of 0
+        assert (late.applied, late.rejected, late.max_staleness) == (0, 2, 1)
+        with pytest.raises(ValueError, match="unknown PS rule 'nesterov'"):
+            ps.create_dense("x", [1.0], rule="nesterov")
+        s1.close()
+        with pytest.raises(ember.errors.EmberError, match=r"ps:1 at 127\.0\.0\.1:\d+.*the shard died"):
+            ps.pull("w")
+    with pytest.raises(ember.errors.EmberError, match="is its ps node running"):
+        ember.ps.Client.connect([f"127.0.0.1:{s0.port}"], SECRET, connect_timeout=2)
+    with pytest.raises(ember.errors.Unauthenticated):
+        with ember.ps.Server.start("ps:0", SECRET, bind_host="127.0.0.1") as s:
+            ember.ps.Client.connect([f"127.0.0.1:{s.port}"], b"another-secret-of-16+", connect_timeout=5)

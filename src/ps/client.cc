@@ -1,0 +1,315 @@
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+
+#include "common/fd.h"
+#include "ember/ps.h"
+#include "ps/codec.h"
+#include "ps/frames.h"
+#include "ps/hash.h"
+#include "transport/tcp/frame.h"
+#include "transport/tcp/handshake.h"
+
+namespace ember::ps {
+
+std::vector<Slice> Place(const std::string& tensor, size_t count, int shards, size_t split_at) {
+  if (shards <= 1 || count < split_at || count < static_cast<size_t>(shards)) {
+    const int s = shards <= 1 ? 0 : static_cast<int>(SplitMix64(Fnv1a64(tensor)) % static_cast<uint64_t>(shards));
+    return {Slice{s, 0, count}};
+  }
+  std::vector<Slice> out;
+  for (int i = 0; i < shards; ++i) {
+    out.push_back(Slice{i, count * static_cast<size_t>(i) / static_cast<size_t>(shards),
+                        count * static_cast<size_t>(i + 1) / static_cast<size_t>(shards)});
+  }
+  return out;
+}
+
+int RowShard(int64_t id, int shards) {
+  return shards <= 1 ? 0 : static_cast<int>(SplitMix64(static_cast<uint64_t>(id)) % static_cast<uint64_t>(shards));
+}
+
+namespace {
+
+struct Conn {
+  std::string address;  // "host:port"
+  Fd fd;
+  Status broken;        // sticky: the connection's state is unknown after a failed exchange
+};
+
+struct Call {
+  int shard = 0;
+  Request request;
+};
+
+}  // namespace
+
+struct Client::Impl {
+  ClientOptions options;
+  std::vector<Conn> shards;
+  std::mutex mu;  // one call at a time
+
+  std::string Who(int s) const { return "ps:" + std::to_string(s) + " at " + shards[s].address; }
+
+  // Sends every call's request, then reads each reply: one round trip over all the shards.
+  // Each shard gets at most one request per round trip.
+  Result<std::vector<Reply>> RoundTrip(const char* what, const std::string& name, std::vector<Call> calls) {
+    const Deadline deadline = Deadline::After(options.timeout);
+    auto where = [&](int s) { return std::string(what) + " of '" + name + "' on " + Who(s); };
+    for (const Call& c : calls) {
+      Conn& conn = shards[c.shard];
+      if (!conn.broken.ok()) return conn.broken;
+    }
+    auto breaks = [&](int s, const Status& st) {
+      shards[s].broken = Status(st.code(), "the connection to " + Who(s) + " broke in " + where(s) + ": " +
+                                           st.message() + " (the shard died, restarted or stalled; this worker "
+                                           "cannot use it again)");
+      return shards[s].broken;
+    };
+    for (const Call& c : calls) {
+      Status st = tcp::WriteFrame(shards[c.shard].fd.get(), kRequestFrame, EncodeRequest(c.request), deadline,
+                                  Who(c.shard));
+      if (!st.ok()) return breaks(c.shard, st);
+    }
+    std::vector<Reply> replies;
+    Status first_error;
+    for (const Call& c : calls) {
+      auto frame = tcp::ReadFrame(shards[c.shard].fd.get(), options.max_message_bytes, deadline, Who(c.shard));
+      if (!frame.ok()) return breaks(c.shard, frame.status());
+      if (frame->type != kReplyFrame) {
+        return breaks(c.shard, Status::Corruption("frame type " + std::to_string(frame->type) + " is not a reply"));
+      }
+      auto reply = DecodeReply(c.request.kind, frame->payload);
+      if (!reply.ok()) return breaks(c.shard, reply.status());
+      if (!reply->status.ok() && first_error.ok()) first_error = reply->status.WithContext(where(c.shard));
+      replies.push_back(std::move(*reply));
+    }
+    if (!first_error.ok()) return first_error;
+    return replies;
+  }
+};
+
+Client::Client() : impl_(new Impl) {}
+Client::~Client() = default;
+
+Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
+  if (options.shards.empty()) return Status::InvalidArgument("ps client: no shard addresses");
+  std::unique_ptr<Client> client(new Client());
+  Impl& impl = *client->impl_;
+  impl.options = options;
+  for (size_t s = 0; s < options.shards.size(); ++s) {
+    const std::string& address = options.shards[s];
+    const size_t colon = address.rfind(':');
+    int port = 0;
+    try {
+      port = colon == std::string::npos ? 0 : std::stoi(address.substr(colon + 1));
+    } catch (...) {
+      port = 0;
+    }
+    if (port <= 0 || port > 65535) {
+      return Status::InvalidArgument("ps client: shard " + std::to_string(s) + "'s address '" + address +
+                                     "' is not host:port");
+    }
+    Conn conn;
+    conn.address = address;
+    const std::string who = "parameter server ps:" + std::to_string(s) + " at " + address;
+    auto fd = tcp::Dial(address.substr(0, colon), port, options.secret, Deadline::After(options.connect_timeout), who);
+    if (!fd.ok()) {
+      return fd.status().WithContext(options.name + " connecting to " + who +
+                                     " (is its ps node running, and is the address reachable from here?)");
+    }
+    conn.fd = std::move(*fd);
+    impl.shards.push_back(std::move(conn));
+  }
+  return client;
+}
+
+int Client::num_shards() const { return static_cast<int>(impl_->shards.size()); }
+
+Status Client::CreateDense(const std::string& tensor, std::span<const float> initial, const RuleOptions& rule) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::vector<Call> calls;
+  for (const Slice& s : Place(tensor, initial.size(), num_shards())) {
+    Call c{s.shard, {}};
+    c.request.kind = Kind::kCreateDense;
+    c.request.name = tensor;
+    c.request.rule = rule;
+    c.request.values.assign(initial.begin() + static_cast<std::ptrdiff_t>(s.begin),
+                            initial.begin() + static_cast<std::ptrdiff_t>(s.end));
+    calls.push_back(std::move(c));
+  }
+  return impl_->RoundTrip("create", tensor, std::move(calls)).status();
+}
+
+Result<Versions> Client::PullDense(const std::string& tensor, std::span<float> out) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  const auto slices = Place(tensor, out.size(), num_shards());
+  std::vector<Call> calls;
+  for (const Slice& s : slices) {
+    Call c{s.shard, {}};
+    c.request.kind = Kind::kPullDense;
+    c.request.name = tensor;
+    calls.push_back(std::move(c));
+  }
+  EMBER_ASSIGN_OR_RAISE(auto replies, impl_->RoundTrip("pull", tensor, std::move(calls)));
+  Versions v;
+  for (size_t i = 0; i < slices.size(); ++i) {
+    const Slice& s = slices[i];
+    const auto& values = replies[i].pull.values;
+    if (values.size() != s.end - s.begin) {
+      return Status::InvalidArgument("pull of '" + tensor + "' (" + std::to_string(out.size()) + " elements) from " +
+                                     impl_->Who(s.shard) + ": the shard holds " + std::to_string(values.size()) +
+                                     " of its elements, expected " + std::to_string(s.end - s.begin) +
+                                     " (the workers disagree on the tensor's size)");
+    }
+    std::copy(values.begin(), values.end(), out.begin() + static_cast<std::ptrdiff_t>(s.begin));
+    v.per_slice.push_back(replies[i].pull.version);
+  }
+  return v;
+}
+
+Result<ClientPushResult> Client::PushDense(const std::string& tensor, std::span<const float> update,
+                                           const Versions& base) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  const auto slices = Place(tensor, update.size(), num_shards());
+  if (base.per_slice.size() != slices.size()) {
+    return Status::InvalidArgument("push to '" + tensor + "': " + std::to_string(base.per_slice.size()) +
+                                   " base versions for " + std::to_string(slices.size()) +
+                                   " slices (pass the Versions its pull returned)");
+  }
+  std::vector<Call> calls;
+  for (size_t i = 0; i < slices.size(); ++i) {
+    Call c{slices[i].shard, {}};
+    c.request.kind = Kind::kPushDense;
+    c.request.name = tensor;
+    c.request.base_version = base.per_slice[i];
+    c.request.values.assign(update.begin() + static_cast<std::ptrdiff_t>(slices[i].begin),
+                            update.begin() + static_cast<std::ptrdiff_t>(slices[i].end));
+    calls.push_back(std::move(c));
+  }
+  EMBER_ASSIGN_OR_RAISE(auto replies, impl_->RoundTrip("push", tensor, std::move(calls)));
+  ClientPushResult out;
+  for (size_t i = 0; i < slices.size(); ++i) {
+    const PushResult& p = replies[i].push;
+    (p.applied ? out.applied : out.rejected) += 1;
+    out.max_staleness = std::max(out.max_staleness, p.staleness);
+    if (!p.reply.empty()) {
+      if (out.reply.empty()) out.reply.assign(update.size(), 0.0f);
+      if (p.reply.size() != slices[i].end - slices[i].begin) {
+        return Status::Internal("push to '" + tensor + "': " + impl_->Who(slices[i].shard) + " replied with " +
+                                std::to_string(p.reply.size()) + " elements for a slice of " +
+                                std::to_string(slices[i].end - slices[i].begin));
+      }
+      std::copy(p.reply.begin(), p.reply.end(), out.reply.begin() + static_cast<std::ptrdiff_t>(slices[i].begin));
+    }
+  }
+  return out;
+}
+
+Status Client::CreateTable(const std::string& table, const TableOptions& options) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::vector<Call> calls;
+  for (int s = 0; s < num_shards(); ++s) {
+    Call c{s, {}};
+    c.request.kind = Kind::kCreateTable;
+    c.request.name = table;
+    c.request.table = options;
+    calls.push_back(std::move(c));
+  }
+  return impl_->RoundTrip("create table", table, std::move(calls)).status();
+}
+
+namespace {
+// ids grouped by their shard, with each id's position in the caller's order.
+struct Grouped {
+  std::vector<std::vector<int64_t>> ids;
+  std::vector<std::vector<size_t>> where;
+};
+Grouped GroupRows(std::span<const int64_t> ids, int shards) {
+  Grouped g;
+  g.ids.resize(static_cast<size_t>(shards));
+  g.where.resize(static_cast<size_t>(shards));
+  for (size_t k = 0; k < ids.size(); ++k) {
+    const int s = RowShard(ids[k], shards);
+    g.ids[s].push_back(ids[k]);
+    g.where[s].push_back(k);
+  }
+  return g;
+}
+}  // namespace
+
+Status Client::PullRows(const std::string& table, std::span<const int64_t> ids, int dim, std::span<float> out) {
+  if (dim <= 0 || out.size() != ids.size() * static_cast<size_t>(dim)) {
+    return Status::InvalidArgument("pull of " + std::to_string(ids.size()) + " rows of '" + table + "' (dim " +
+                                   std::to_string(dim) + ") into " + std::to_string(out.size()) + " floats");
+  }
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Grouped g = GroupRows(ids, num_shards());
+  std::vector<Call> calls;
+  for (int s = 0; s < num_shards(); ++s) {
+    if (g.ids[s].empty()) continue;
+    Call c{s, {}};
+    c.request.kind = Kind::kPullRows;
+    c.request.name = table;
+    c.request.ids = g.ids[s];
+    calls.push_back(std::move(c));
+  }
+  std::vector<int> order;
+  for (const Call& c : calls) order.push_back(c.shard);
+  EMBER_ASSIGN_OR_RAISE(auto replies, impl_->RoundTrip("pull rows", table, std::move(calls)));
+  const size_t d = static_cast<size_t>(dim);
+  for (size_t i = 0; i < order.size(); ++i) {
+    const int s = order[i];
+    const auto& rows = replies[i].rows;
+    if (rows.size() != g.ids[s].size() * d) {
+      return Status::InvalidArgument("pull rows of '" + table + "' from " + impl_->Who(s) + ": the table's rows are " +
+                                     std::to_string(g.ids[s].empty() ? 0 : rows.size() / g.ids[s].size()) +
+                                     " floats, not dim " + std::to_string(dim));
+    }
+    for (size_t k = 0; k < g.where[s].size(); ++k) {
+      std::memcpy(out.data() + g.where[s][k] * d, rows.data() + k * d, d * sizeof(float));
+    }
+  }
+  return Status::OK();
+}
+
+Status Client::PushRows(const std::string& table, std::span<const int64_t> ids, int dim,
+                        std::span<const float> update) {
+  if (dim <= 0 || update.size() != ids.size() * static_cast<size_t>(dim)) {
+    return Status::InvalidArgument("push of " + std::to_string(ids.size()) + " rows of '" + table + "' (dim " +
+                                   std::to_string(dim) + ") from " + std::to_string(update.size()) + " floats");
+  }
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Grouped g = GroupRows(ids, num_shards());
+  const size_t d = static_cast<size_t>(dim);
+  std::vector<Call> calls;
+  for (int s = 0; s < num_shards(); ++s) {
+    if (g.ids[s].empty()) continue;
+    Call c{s, {}};
+    c.request.kind = Kind::kPushRows;
+    c.request.name = table;
+    c.request.ids = g.ids[s];
+    c.request.values.resize(g.ids[s].size() * d);
+    for (size_t k = 0; k < g.where[s].size(); ++k) {
+      std::memcpy(c.request.values.data() + k * d, update.data() + g.where[s][k] * d, d * sizeof(float));
+    }
+    calls.push_back(std::move(c));
+  }
+  return impl_->RoundTrip("push rows", table, std::move(calls)).status();
+}
+
+Result<std::vector<ShardStats>> Client::Stats() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::vector<Call> calls;
+  for (int s = 0; s < num_shards(); ++s) {
+    Call c{s, {}};
+    c.request.kind = Kind::kStats;
+    calls.push_back(std::move(c));
+  }
+  EMBER_ASSIGN_OR_RAISE(auto replies, impl_->RoundTrip("stats", "", std::move(calls)));
+  std::vector<ShardStats> out;
+  for (auto& r : replies) out.push_back(std::move(r.stats));
+  return out;
+}
+
+}  // namespace ember::ps

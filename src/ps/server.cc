@@ -1,0 +1,66 @@
+#include "common/logging.h"
+#include "ember/ps.h"
+#include "ps/codec.h"
+#include "ps/frames.h"
+#include "transport/tcp/frame.h"
+#include "transport/tcp/server.h"
+
+namespace ember::ps {
+
+struct Server::Impl {
+  ServerOptions options;
+  std::unique_ptr<Shard> shard;
+  std::unique_ptr<tcp::Server> tcp;
+
+  // One connection: a request frame in, its reply frame out, until the peer leaves or Close().
+  void ServeConnection(tcp::Connection& c) {
+    const std::string peer = "worker at " + c.peer();
+    for (;;) {
+      auto frame = tcp::ReadFrame(c.fd(), options.max_message_bytes, Deadline::Infinite(), peer);
+      if (!frame.ok()) {
+        if (frame.status().code() == StatusCode::kCorruption) {
+          EMBER_LOG(WARN) << options.name << ": dropping the connection of " << peer << ": "
+                          << frame.status().message();
+        }
+        return;  // the peer left (Unavailable), or Close() shut the socket
+      }
+      if (frame->type != kRequestFrame) {
+        EMBER_LOG(WARN) << options.name << ": dropping the connection of " << peer << ": frame type "
+                        << frame->type << " is not a PS request";
+        return;
+      }
+      const std::string reply = Serve(*shard, frame->payload);
+      // A reply that cannot be written within a minute: the worker stopped reading; drop it.
+      if (!tcp::WriteFrame(c.fd(), kReplyFrame, reply, Deadline::After(Duration(60000)), peer).ok()) return;
+    }
+  }
+};
+
+Server::Server() : impl_(new Impl) {}
+Server::~Server() { Close(); }
+
+Result<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
+  std::unique_ptr<Server> server(new Server());
+  Impl& impl = *server->impl_;
+  impl.options = options;
+  impl.shard = std::make_unique<Shard>(options.name);
+  tcp::ServerOptions t;
+  t.name = "parameter server " + options.name;
+  t.bind_host = options.bind_host;
+  t.port = options.port;
+  t.secret = options.secret;
+  t.handshake_timeout = options.handshake_timeout;
+  EMBER_ASSIGN_OR_RAISE(impl.tcp, tcp::Server::Start(t, [&impl](tcp::Connection& c) { impl.ServeConnection(c); }));
+  EMBER_LOG(INFO) << "Ember parameter server " << options.name << " listening on " << options.bind_host << ":"
+                  << impl.tcp->port();
+  return server;
+}
+
+int Server::port() const { return impl_->tcp->port(); }
+Shard& Server::shard() { return *impl_->shard; }
+
+void Server::Close() {
+  if (impl_->tcp) impl_->tcp->Close();
+}
+
+}  // namespace ember::ps

@@ -1,0 +1,237 @@
+// ps::Server and ps::Client over real loopback TCP with the job's handshake: shards and workers
+// as threads of this process.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "ember/ps.h"
+#include "ps/codec.h"
+#include "ps/frames.h"
+#include "transport/tcp/frame.h"
+#include "transport/tcp/handshake.h"
+
+namespace ember::ps {
+namespace {
+
+const std::string kSecret = "0123456789abcdef-parameter-server";
+
+struct Shards {
+  std::vector<std::unique_ptr<Server>> servers;
+  std::vector<std::string> addresses;
+};
+
+Shards StartShards(int n) {
+  Shards out;
+  for (int i = 0; i < n; ++i) {
+    ServerOptions o;
+    o.name = "ps:" + std::to_string(i);
+    o.bind_host = "127.0.0.1";
+    o.secret = kSecret;
+    auto s = Server::Start(o);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    out.addresses.push_back("127.0.0.1:" + std::to_string((*s)->port()));
+    out.servers.push_back(std::move(*s));
+  }
+  return out;
+}
+
+std::unique_ptr<Client> ConnectTo(const Shards& shards, const std::string& name = "worker:0",
+                                  Duration timeout = Duration(20000)) {
+  ClientOptions o;
+  o.shards = shards.addresses;
+  o.secret = kSecret;
+  o.name = name;
+  o.timeout = timeout;
+  o.connect_timeout = Duration(10000);
+  auto c = Client::Connect(o);
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  return c.ok() ? std::move(*c) : nullptr;
+}
+
+RuleOptions Add() {
+  RuleOptions r;
+  r.rule = Rule::kAdd;
+  return r;
+}
+
+TEST(PlaceTest, LargeTensorsAreCutOverEveryShardSmallOnesLiveWholeOnOne) {
+  auto big = Place("dense/kernel", 100001, 3);
+  ASSERT_EQ(big.size(), 3u);
+  EXPECT_EQ(big[0].begin, 0u);
+  EXPECT_EQ(big[2].end, 100001u);
+  for (size_t i = 1; i < big.size(); ++i) EXPECT_EQ(big[i].begin, big[i - 1].end);
+  auto small = Place("dense/bias", 10, 3);
+  ASSERT_EQ(small.size(), 1u);
+  EXPECT_EQ(small[0].end, 10u);
+  EXPECT_EQ(Place("dense/bias", 10, 3)[0].shard, small[0].shard);  // a pure function
+  std::vector<int> hits(3);
+  for (int i = 0; i < 300; ++i) hits[Place("t" + std::to_string(i), 10, 3)[0].shard]++;
+  for (int h : hits) EXPECT_GT(h, 50);  // small tensors spread over the shards
+}
+
+TEST(PsServerTest, WorkersPushAndPullThroughShardsAndEveryUpdateLands) {
+  Shards shards = StartShards(2);
+  const size_t big = 100000, small = 10;
+  {
+    auto chief = ConnectTo(shards, "worker:0");
+    ASSERT_TRUE(chief->CreateDense("big", std::vector<float>(big, 1.0f), Add()).ok());
+    ASSERT_TRUE(chief->CreateDense("small", std::vector<float>(small, 0.0f), Add()).ok());
+  }
+  // The big tensor is cut over both shards; each holds its half.
+  EXPECT_EQ(shards.servers[0]->shard().PullDense("big")->values.size(), big / 2);
+  EXPECT_EQ(shards.servers[1]->shard().PullDense("big")->values.size(), big / 2);
+
+  std::vector<std::thread> workers;
+  for (int w = 0; w < 3; ++w) {
+    workers.emplace_back([&, w] {
+      auto c = ConnectTo(shards, "worker:" + std::to_string(w));
+      ASSERT_NE(c, nullptr);
+      // Every worker may create: the first values win.
+      ASSERT_TRUE(c->CreateDense("small", std::vector<float>(small, 5.0f), Add()).ok());
+      std::vector<float> values(big), sv(small);
+      for (int step = 0; step < 10; ++step) {
+        auto v = c->PullDense("big", values);
+        ASSERT_TRUE(v.ok()) << v.status().ToString();
+        auto pushed = c->PushDense("big", std::vector<float>(big, 0.5f), *v);
+        ASSERT_TRUE(pushed.ok()) << pushed.status().ToString();
+        EXPECT_EQ(pushed->applied, 2);
+        auto sv_v = c->PullDense("small", sv);
+        ASSERT_TRUE(sv_v.ok());
+        ASSERT_TRUE(c->PushDense("small", std::vector<float>(small, 1.0f), *sv_v).ok());
+      }
+    });
+  }
+  for (auto& t : workers) t.join();
+  auto reader = ConnectTo(shards, "reader");
+  std::vector<float> values(big), sv(small);
+  auto v = reader->PullDense("big", values);
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(values, std::vector<float>(big, 1.0f + 3 * 10 * 0.5f));
+  EXPECT_EQ(v->per_slice, (std::vector<int64_t>{30, 30}));
+  ASSERT_TRUE(reader->PullDense("small", sv).ok());
+  EXPECT_EQ(sv, std::vector<float>(small, 30.0f));
+  auto stats = reader->Stats();
+  ASSERT_TRUE(stats.ok());
+  int64_t applied = 0;
+  for (const auto& s : *stats) applied += s.pushes_applied;
+  EXPECT_EQ(applied, 30 * 2 + 30);  // big: two slices per push
+}
+
+TEST(PsServerTest, RowsGoToTheirShardAndComeBackInTheCallersOrder) {
+  Shards shards = StartShards(3);
+  auto c = ConnectTo(shards);
+  TableOptions t;
+  t.dim = 8;
+  t.seed = 7;
+  t.rule = Rule::kAdd;
+  ASSERT_TRUE(c->CreateTable("emb", t).ok());
+  std::vector<int64_t> ids = {5, 900, -2, 5, 1234567890123, 41};
+  std::vector<float> rows(ids.size() * 8);
+  ASSERT_TRUE(c->PullRows("emb", ids, 8, rows).ok());
+  for (size_t k = 0; k < ids.size(); ++k) {
+    for (int j = 0; j < 8; ++j) EXPECT_EQ(rows[k * 8 + j], InitialRowValue(7, ids[k], j, t.init_scale));
+    auto on_shard = shards.servers[RowShard(ids[k], 3)]->shard().PullRows("emb", std::vector<int64_t>{ids[k]});
+    ASSERT_TRUE(on_shard.ok());
+    EXPECT_EQ(std::vector<float>(rows.begin() + k * 8, rows.begin() + (k + 1) * 8), *on_shard);
+  }
+  std::vector<float> ones(ids.size() * 8, 1.0f);
+  ASSERT_TRUE(c->PushRows("emb", ids, 8, ones).ok());
+  std::vector<float> after(8);
+  ASSERT_TRUE(c->PullRows("emb", std::vector<int64_t>{5}, 8, after).ok());
+  for (int j = 0; j < 8; ++j) EXPECT_FLOAT_EQ(after[j], rows[j] + 2.0f);  // id 5 was pushed twice
+
+  Status wrong = c->PullRows("emb", std::vector<int64_t>{5}, 4, std::span<float>(after.data(), 4));
+  EXPECT_EQ(wrong.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong.message().find("not dim 4"), std::string::npos) << wrong.ToString();
+}
+
+TEST(PsServerTest, ElasticDifferencesComeBackWholeAcrossSlices) {
+  Shards shards = StartShards(2);
+  auto c = ConnectTo(shards);
+  RuleOptions r;
+  r.rule = Rule::kElastic;
+  r.alpha = 0.5f;
+  const size_t n = 70000;
+  ASSERT_TRUE(c->CreateDense("w", std::vector<float>(n, 0.0f), r).ok());
+  std::vector<float> center(n);
+  auto v = c->PullDense("w", center);
+  ASSERT_TRUE(v.ok());
+  auto e = c->PushDense("w", std::vector<float>(n, 2.0f), *v);
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->reply, std::vector<float>(n, 1.0f));
+  ASSERT_TRUE(c->PullDense("w", center).ok());
+  EXPECT_EQ(center, std::vector<float>(n, 1.0f));
+}
+
+TEST(PsServerTest, ErrorsNameTheShardTensorAndCall) {
+  Shards shards = StartShards(2);
+  auto c = ConnectTo(shards);
+  std::vector<float> out(4);
+  auto missing = c->PullDense("nope", out);
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("pull of 'nope' on ps:"), std::string::npos) << missing.status().ToString();
+  ASSERT_TRUE(c->CreateDense("w", std::vector<float>(4, 0.0f), Add()).ok());
+  auto v = c->PullDense("w", out);
+  ASSERT_TRUE(v.ok());
+  auto sizes = c->PushDense("w", std::vector<float>(3, 0.0f), *v);  // another size places elsewhere or mismatches
+  EXPECT_FALSE(sizes.ok());
+  // The connection is still good after error replies.
+  EXPECT_TRUE(c->PullDense("w", out).ok());
+}
+
+TEST(PsServerTest, ADeadShardFailsTheNextCallNamingItAndTheOthersStayUsable) {
+  Shards shards = StartShards(2);
+  auto c = ConnectTo(shards, "worker:0", Duration(5000));
+  ASSERT_TRUE(c->CreateDense("big", std::vector<float>(100000, 0.0f), Add()).ok());
+  shards.servers[1]->Close();
+  std::vector<float> out(100000);
+  const auto start = std::chrono::steady_clock::now();
+  auto got = c->PullDense("big", out);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_FALSE(got.ok());
+  EXPECT_NE(got.status().message().find("ps:1 at 127.0.0.1:"), std::string::npos) << got.status().ToString();
+  EXPECT_NE(got.status().message().find("the shard died"), std::string::npos) << got.status().ToString();
+  EXPECT_LT(secs, 4.0) << "the client waited for its timeout instead of seeing the closed connection";
+  auto again = c->PullDense("big", out);  // sticky: named again, at once
+  EXPECT_NE(again.status().message().find("ps:1"), std::string::npos);
+  // A tensor on shard 0 alone is still served.
+  ASSERT_TRUE(shards.servers[0]->shard().CreateDense("s0", std::vector<float>{3}, Add()).ok());
+}
+
+TEST(PsServerTest, StrangersAndMalformedRequestsGetNothing) {
+  Shards shards = StartShards(1);
+  const int port = shards.servers[0]->port();
+  auto stranger = tcp::Dial("127.0.0.1", port, "another-secret-of-16-bytes", Deadline::After(Duration(5000)), "ps:0");
+  EXPECT_EQ(stranger.status().code(), StatusCode::kUnauthenticated) << stranger.status().ToString();
+
+  auto fd = tcp::Dial("127.0.0.1", port, kSecret, Deadline::After(Duration(5000)), "ps:0");
+  ASSERT_TRUE(fd.ok()) << fd.status().ToString();
+  ASSERT_TRUE(tcp::WriteFrame(fd->get(), kRequestFrame, std::string("\x03garbage", 8), Deadline::After(Duration(5000)),
+                              "ps:0").ok());
+  auto frame = tcp::ReadFrame(fd->get(), 1 << 20, Deadline::After(Duration(5000)), "ps:0");
+  ASSERT_TRUE(frame.ok()) << frame.status().ToString();
+  auto reply = DecodeReply(Kind::kStats, frame->payload);
+  ASSERT_TRUE(reply.ok());
+  EXPECT_EQ(reply->status.code(), StatusCode::kCorruption);
+  // The connection still serves well-formed requests.
+  Request stats;
+  stats.kind = Kind::kStats;
+  ASSERT_TRUE(tcp::WriteFrame(fd->get(), kRequestFrame, EncodeRequest(stats), Deadline::After(Duration(5000)), "ps:0").ok());
+  auto ok = tcp::ReadFrame(fd->get(), 1 << 20, Deadline::After(Duration(5000)), "ps:0");
+  ASSERT_TRUE(ok.ok());
+  EXPECT_TRUE(DecodeReply(Kind::kStats, ok->payload)->status.ok());
+
+  ClientOptions o;
+  o.shards = {"127.0.0.1:1"};
+  o.secret = kSecret;
+  o.connect_timeout = Duration(2000);
+  auto none = Client::Connect(o);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find("ps:0 at 127.0.0.1:1"), std::string::npos) << none.status().ToString();
+  EXPECT_NE(none.status().message().find("is its ps node running"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ember::ps
