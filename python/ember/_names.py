@@ -18,6 +18,7 @@ TENSORBOARD_URL_KEY = "ember/tensorboard_url"      # the URL of the TensorBoard 
 FEED_ENDPOINT_KEY = "ember/feed/{executor_id}"     # NodeEndpoint.encode() of a training node's feed
 NODE_END_KEY = "ember/node-end/{executor_id}"      # how a fed node ended, as its feed was told
 GPUS_KEY = "ember/gpus/{executor_id}"              # JSON of a node's GPUs (ember._launcher.gpus.published)
+PS_SHARD_KEY = "ember/ps/{task_index}"             # "host:port" of ps node task_index's shard (ember.ps.serve)
 RUN_RESULT_KEY = "ember/run/result/{executor_id}"  # a run_parallel node's encoded return value
 MODEL_KEY = "ember/ml/model"                       # ember.ml: the trained model's .keras bytes (chief)
 MODEL_INFO_KEY = "ember/ml/model-info"             # ember.ml: JSON of the model's input and output shapes

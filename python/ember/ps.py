@@ -2,8 +2,12 @@
 sparse embedding tables, updated by the asynchronous algorithms' server-side rules, and the
 worker's client.  The core does the work (include/ember/ps.h); this module converts arrays.
 
-    server = ember.ps.Server.start("ps:0", secret)               # in a ps node, or the driver
-    ps = ember.ps.Client.connect([f"{host}:{server.port}"], secret, name="worker:0")
+    # In a job (Cluster.run(..., num_ps=2)): main_fun on a ps node serves, on a worker connects.
+    if ctx.job_name == "ps":
+        ember.ps.serve(ctx)                                       # until Cluster.shutdown stops it
+    ps = ember.ps.connect(ctx)                                    # every shard of the job
+
+    # Or by hand: ember.ps.Server.start("ps:0", secret); ember.ps.Client.connect(["host:port"], secret)
     ps.create_dense("dense/kernel", w0, rule="add")               # every worker may; first wins
     w, versions = ps.pull("dense/kernel")                         # values (w0's shape), versions
     ps.push("dense/kernel", delta, versions)                      # based on what was pulled
@@ -23,6 +27,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import numpy as np
 
 from ember import _ember
+from ember._names import PS_SHARD_KEY
 
 RULES = ("assign", "add", "sgd", "adam", "elastic")
 
@@ -147,3 +152,48 @@ class Client:
     def stats(self):
         """Every shard's counters: pushes applied and rejected, the staleness histogram, rows."""
         return self._native.stats()
+
+
+def serve(ctx, block: bool = True, port: int = 0) -> Server:
+    """Serves this ps node's shard (``ps:<task_index>``) in a job started with ``num_ps`` and
+    publishes its address for :func:`connect`.  Call it from ``main_fun`` on the ps nodes (with
+    ``driver_ps_nodes=True`` they run on the driver's host).  Blocks until the node is stopped
+    (``Cluster.shutdown`` stops the ps nodes, as TFoS did), unless `block` is False: then it
+    returns the Server.  The shard listens on the node's bind address; peers must prove the
+    job's secret."""
+    if ctx.job_name != "ps":
+        raise ValueError(f"ember.ps.serve: {ctx.job_name}:{ctx.task_index} is not a ps node "
+                         f"(workers call ember.ps.connect(ctx))")
+    host, _, _ = ctx.cluster_spec["ps"][ctx.task_index].rpartition(":")
+    _, _, secret, _ = ctx._coordinator
+    bind = getattr(ctx._node, "bind_host", "") or "0.0.0.0"
+    server = Server.start(f"ps:{ctx.task_index}", secret, bind_host=bind, port=port)
+    ctx._coordinator_client().kv_set(PS_SHARD_KEY.format(task_index=ctx.task_index),
+                                     f"{host}:{server.port}".encode())
+    if not block:
+        return server
+    import time
+    while True:  # the node's process ends when the driver stops it
+        time.sleep(3600)
+
+
+def connect(ctx, timeout: float = 600.0, call_timeout: float = 60.0) -> Client:
+    """A :class:`Client` to every shard of the job (its ``num_ps`` ps nodes, in task order),
+    waiting up to `timeout` seconds for each to be served (:func:`serve`)."""
+    import ember.errors
+
+    num_ps = len(ctx.cluster_spec.get("ps", []))
+    if num_ps == 0:
+        raise ValueError("ember.ps.connect: the job has no ps nodes (Cluster.run(..., num_ps=k))")
+    _, _, secret, _ = ctx._coordinator
+    client = ctx._coordinator_client()
+    addresses = []
+    for i in range(num_ps):
+        try:
+            addresses.append(client.kv_get(PS_SHARD_KEY.format(task_index=i), timeout).decode())
+        except ember.errors.DeadlineExceeded as e:
+            raise ember.errors.DeadlineExceeded(
+                f"ember.ps.connect: ps node ps:{i} ({ctx.cluster_spec['ps'][i]}) did not serve its shard "
+                f"within {timeout:.0f} s: does main_fun call ember.ps.serve(ctx) on ps nodes?") from e
+    return Client.connect(addresses, secret, name=f"{ctx.job_name}:{ctx.task_index}", timeout=call_timeout,
+                          connect_timeout=timeout)

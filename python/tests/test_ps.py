@@ -1,6 +1,8 @@
 """ember.ps (issue 21, in progress): shards served over the job's authenticated transport, workers
 as real processes pushing and pulling through them; a worker killed mid-run does not stop the
-others; a dead shard is named."""
+others; a dead shard is named; ps nodes of a real Spark job serve and its workers connect.
+
+Main functions live at module level: executors import this module by name."""
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -11,8 +13,10 @@ import time
 import numpy as np
 import pytest
 
+import ember
 import ember.errors
 import ember.ps
+from conftest import no_leftovers
 
 SECRET = b"0123456789abcdef-ps-python-test"
 BIG = 100_000  # cut over both shards (Place splits tensors of 65,536+ elements)
@@ -104,3 +108,33 @@ def test_errors_name_the_shard_the_tensor_and_the_call():
     with pytest.raises(ember.errors.Unauthenticated):
         with ember.ps.Server.start("ps:0", SECRET, bind_host="127.0.0.1") as s:
             ember.ps.Client.connect([f"127.0.0.1:{s.port}"], b"another-secret-of-16+", connect_timeout=5)
+
+
+def ps_job(args, ctx):
+    import numpy as np
+
+    import ember.ps
+
+    if ctx.job_name == "ps":
+        ember.ps.serve(ctx)  # until shutdown stops the node
+    ps = ember.ps.connect(ctx, timeout=60)
+    ps.create_dense("w", np.zeros(BIG, np.float32), rule="add")
+    ps.create_table("emb", dim=4, seed=1, rule="add")
+    comm = ctx.communicator()
+    for _ in range(args["steps"]):
+        w, versions = ps.pull("w")
+        ps.push("w", np.ones_like(w), versions)
+        ps.push_rows("emb", [ctx.training_rank], np.ones((1, 4), np.float32))
+    comm.barrier()
+    if ctx.training_rank == 0:
+        w, versions = ps.pull("w")
+        want = float(ctx.num_workers * args["steps"])
+        if not (np.all(w == want) and versions.per_slice == [int(want)] * ps.num_shards):
+            raise AssertionError(f"after every push: {w[:3]}..., versions {versions.per_slice}; want {want}")
+
+
+def test_ps_nodes_of_a_spark_job_serve_shards_and_its_workers_train_through_them(spark):
+    cluster = ember.Cluster.run(spark, ps_job, {"steps": 5}, num_executors=4, num_ps=2, reservation_timeout=60)
+    cluster.shutdown(timeout=60)  # the workers' assertion would fail the job; ps nodes are stopped
+    assert sorted(cluster.cluster_spec) == ["ps", "worker"]
+    no_leftovers(cluster.job_id)
