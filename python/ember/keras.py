@@ -22,6 +22,9 @@ optimizer and one callback (Horovod's recipe, on Ember's collectives)::
 * ``CheckpointCallback(dir)`` saves weights and optimizer state on the chief at epoch
   ends; ``restore_latest(model, dir)`` on every node before ``fit`` returns the
   ``initial_epoch`` to resume from.
+* ``AsyncCallback(ps)`` trains asynchronously through parameter-server shards instead
+  (``ember.ps``; DOWNPOUR / Elephas's asynchronous mode, or EASGD): no DistributedOptimizer,
+  and no node waits for another.
 
 Every node must run the same number of steps per epoch (InputMode.SPARK's
 ``epoch_batches`` / ``to_tf_dataset`` guarantee it; in InputMode.TENSORFLOW shard the
@@ -42,6 +45,7 @@ import keras
 import numpy as np
 
 from ember import collective
+from ember import ps as _ps
 from ember.checkpoint import CheckpointManager
 
 
@@ -412,3 +416,100 @@ def restore_latest(model: "keras.Model", directory: str, resolve: Any = None) ->
     # A node's stderr reaches the driver's console: a restart shows what it resumed from.
     print(f"ember: restored checkpoint step {step} of {directory} ({epochs} epochs done)", file=sys.stderr, flush=True)
     return epochs
+
+
+class AsyncCallback(keras.callbacks.Callback):
+    """Asynchronous training through parameter-server shards (``ember.ps``): the seeds'
+    DOWNPOUR and Elephas's ``mode="asynchronous"``, or EASGD with ``elastic=True``.
+
+    Every `frequency` ("batch" or "epoch", Elephas's knob; or an int: every that many batches,
+    dist-keras's communication window) the node pulls the shards' weights into the model, trains
+    on, and pushes what its training changed:
+
+    * default (``rule="add"``): the delta (weights now - weights pulled) is added on the shards;
+      the node then continues from the weights it pulls next.  ``staleness_bound=s`` drops
+      (and counts) deltas based on weights more than s updates old.
+    * ``elastic=True`` (EASGD / AEASGD, moving rate `alpha`): the node pushes its weights, the
+      shards move by ``alpha * (local - center)``, and the node moves back by the same amount;
+      it pulls only at the start.
+
+    The first node to start creates the shards' tensors from its initial weights (the others'
+    creates change nothing), so every node starts from the same weights.  Every weight of the
+    model is shared, named by its Keras path under `prefix`.  ``pushes`` / ``rejected`` count
+    this node's pushes (per variable); ``ps.stats()`` gives the shards' staleness histogram.
+
+        ps = ember.ps.connect(ctx)
+        model.fit(ds, epochs=5, callbacks=[ember.keras.AsyncCallback(ps, frequency="batch")])
+    """
+
+    def __init__(self, ps: "_ps.Client", frequency: Any = "batch", prefix: str = "model/",
+                 staleness_bound: Optional[int] = None, elastic: bool = False, alpha: float = 0.1):
+        super().__init__()
+        if frequency == "batch":
+            self._every = 1
+        elif frequency == "epoch":
+            self._every = None
+        elif isinstance(frequency, int) and frequency > 0:
+            self._every = frequency
+        else:
+            raise ValueError(f"AsyncCallback: frequency must be 'batch', 'epoch' or a positive int, got {frequency!r}")
+        self.ps, self.prefix, self.elastic, self.alpha = ps, prefix, elastic, alpha
+        self.staleness_bound = staleness_bound
+        self.pushes = self.rejected = 0
+        self._base: Dict[str, Any] = {}
+        self._since = 0
+
+    def _names(self):
+        # float weights only: a layer's seed-generator state (Dropout) is an integer variable
+        return [(self.prefix + v.path, v) for v in self.model.weights if "float" in str(v.dtype)]
+
+    def _pull(self) -> None:
+        for name, v in self._names():
+            values, versions = self.ps.pull(name, shape=tuple(v.shape))
+            v.assign(values.astype(v.dtype) if values.dtype != v.dtype else values)
+            self._base[name] = (values, versions)
+
+    def _push(self) -> None:
+        for name, v in self._names():
+            base, versions = self._base[name]
+            local = np.asarray(v.numpy(), dtype=np.float32)
+            if self.elastic:
+                result = self.ps.push(name, local, versions)
+                e = np.asarray(result.reply, dtype=np.float32).reshape(local.shape)
+                v.assign(local - e)  # the worker's half of the elastic move
+                _, new_versions = self.ps.pull(name, shape=tuple(v.shape), out=np.empty_like(local))
+                self._base[name] = (local - e, new_versions)
+            else:
+                result = self.ps.push(name, local - base, versions)
+            self.pushes += 1
+            self.rejected += result.rejected
+
+    def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
+        rule = "elastic" if self.elastic else "add"
+        for name, v in self._names():
+            self.ps.create_dense(name, np.asarray(v.numpy(), dtype=np.float32), rule=rule, alpha=self.alpha,
+                                 staleness_bound=self.staleness_bound)
+        self._pull()
+
+    def on_train_batch_end(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        if self._every is None:
+            return
+        self._since += 1
+        if self._since >= self._every:
+            self._since = 0
+            self._push()
+            if not self.elastic:
+                self._pull()
+
+    def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        if self._every is None:
+            self._push()
+            if not self.elastic:
+                self._pull()
+
+    def on_train_end(self, logs: Optional[Dict[str, Any]] = None) -> None:
+        if self._every is not None and self._since:
+            self._since = 0
+            self._push()
+        if not self.elastic:
+            self._pull()  # the model ends with the shards' weights
