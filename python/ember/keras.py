@@ -429,6 +429,8 @@ class AsyncCallback(keras.callbacks.Callback):
     * default (``rule="add"``): the delta (weights now - weights pulled) is added on the shards;
       the node then continues from the weights it pulls next.  ``staleness_bound=s`` drops
       (and counts) deltas based on weights more than s updates old.
+    * ``hogwild=True``: the same deltas, added without a lock on the shards (Hogwild, Elephas's
+      ``mode="hogwild"``).
     * ``elastic=True`` (EASGD / AEASGD, moving rate `alpha`): the node pushes its weights, the
       shards move by ``alpha * (local - center)``, and the node moves back by the same amount;
       it pulls only at the start.
@@ -443,7 +445,8 @@ class AsyncCallback(keras.callbacks.Callback):
     """
 
     def __init__(self, ps: "_ps.Client", frequency: Any = "batch", prefix: str = "model/",
-                 staleness_bound: Optional[int] = None, elastic: bool = False, alpha: float = 0.1):
+                 staleness_bound: Optional[int] = None, elastic: bool = False, alpha: float = 0.1,
+                 hogwild: bool = False):
         super().__init__()
         if frequency == "batch":
             self._every = 1
@@ -454,7 +457,9 @@ class AsyncCallback(keras.callbacks.Callback):
         else:
             raise ValueError(f"AsyncCallback: frequency must be 'batch', 'epoch' or a positive int, got {frequency!r}")
         self.ps, self.prefix, self.elastic, self.alpha = ps, prefix, elastic, alpha
-        self.staleness_bound = staleness_bound
+        if hogwild and elastic:
+            raise ValueError("AsyncCallback: hogwild (lock-free adds) and elastic do not combine")
+        self.staleness_bound, self.hogwild = staleness_bound, hogwild
         self.pushes = self.rejected = 0
         self._base: Dict[str, Any] = {}
         self._since = 0
@@ -488,7 +493,7 @@ class AsyncCallback(keras.callbacks.Callback):
         rule = "elastic" if self.elastic else "add"
         for name, v in self._names():
             self.ps.create_dense(name, np.asarray(v.numpy(), dtype=np.float32), rule=rule, alpha=self.alpha,
-                                 staleness_bound=self.staleness_bound)
+                                 staleness_bound=self.staleness_bound, hogwild=self.hogwild)
         self._pull()
 
     def on_train_batch_end(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
