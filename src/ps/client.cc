@@ -40,7 +40,22 @@ struct Conn {
 struct Call {
   int shard = 0;
   Request request;
+  std::span<const float> values;  // sent after the request's head, from where they are (else request.values)
 };
+
+// The replies of a round trip, decoded as views of their frames (kept here).
+struct Replies {
+  std::vector<std::string> frames;
+  std::vector<Reply> replies;
+  const Reply& operator[](size_t i) const { return replies[i]; }
+  size_t size() const { return replies.size(); }
+};
+
+// `n` floats of a reply's trailing values into `out`.
+void CopyFloats(const Reply& r, float* out) {
+  if (!r.values_bytes.empty()) std::memcpy(out, r.values_bytes.data(), r.values_bytes.size());
+}
+size_t FloatCount(const Reply& r) { return r.values_bytes.size() / sizeof(float); }
 
 }  // namespace
 
@@ -53,7 +68,7 @@ struct Client::Impl {
 
   // Sends every call's request, then reads each reply: one round trip over all the shards.
   // Each shard gets at most one request per round trip.
-  Result<std::vector<Reply>> RoundTrip(const char* what, const std::string& name, std::vector<Call> calls) {
+  Result<Replies> RoundTrip(const char* what, const std::string& name, std::vector<Call> calls) {
     const Deadline deadline = Deadline::After(options.timeout);
     auto where = [&](int s) { return std::string(what) + " of '" + name + "' on " + Who(s); };
     for (const Call& c : calls) {
@@ -67,11 +82,15 @@ struct Client::Impl {
       return shards[s].broken;
     };
     for (const Call& c : calls) {
-      Status st = tcp::WriteFrame(shards[c.shard].fd.get(), kRequestFrame, EncodeRequest(c.request), deadline,
-                                  Who(c.shard));
+      const std::span<const float> values = c.values.empty() ? std::span<const float>(c.request.values) : c.values;
+      const std::string head = EncodeRequestHead(c.request, values.size());
+      const std::string_view parts[] = {head, std::string_view(reinterpret_cast<const char*>(values.data()),
+                                                               values.size() * sizeof(float))};
+      Status st = tcp::WriteFrameParts(shards[c.shard].fd.get(), kRequestFrame, parts, deadline, Who(c.shard));
       if (!st.ok()) return breaks(c.shard, st);
     }
-    std::vector<Reply> replies;
+    Replies replies;
+    replies.frames.reserve(calls.size());  // the replies' views point into these: never reallocated
     Status first_error;
     for (const Call& c : calls) {
       auto frame = tcp::ReadFrame(shards[c.shard].fd.get(), options.max_message_bytes, deadline, Who(c.shard));
@@ -79,10 +98,11 @@ struct Client::Impl {
       if (frame->type != kReplyFrame) {
         return breaks(c.shard, Status::Corruption("frame type " + std::to_string(frame->type) + " is not a reply"));
       }
-      auto reply = DecodeReply(c.request.kind, frame->payload);
+      replies.frames.push_back(std::move(frame->payload));
+      auto reply = DecodeReply(c.request.kind, replies.frames.back(), /*copy_values=*/false);
       if (!reply.ok()) return breaks(c.shard, reply.status());
       if (!reply->status.ok() && first_error.ok()) first_error = reply->status.WithContext(where(c.shard));
-      replies.push_back(std::move(*reply));
+      replies.replies.push_back(std::move(*reply));
     }
     if (!first_error.ok()) return first_error;
     return replies;
@@ -134,8 +154,7 @@ Status Client::CreateDense(const std::string& tensor, std::span<const float> ini
     c.request.kind = Kind::kCreateDense;
     c.request.name = tensor;
     c.request.rule = rule;
-    c.request.values.assign(initial.begin() + static_cast<std::ptrdiff_t>(s.begin),
-                            initial.begin() + static_cast<std::ptrdiff_t>(s.end));
+    c.values = initial.subspan(s.begin, s.end - s.begin);
     calls.push_back(std::move(c));
   }
   return impl_->RoundTrip("create", tensor, std::move(calls)).status();
@@ -155,14 +174,13 @@ Result<Versions> Client::PullDense(const std::string& tensor, std::span<float> o
   Versions v;
   for (size_t i = 0; i < slices.size(); ++i) {
     const Slice& s = slices[i];
-    const auto& values = replies[i].pull.values;
-    if (values.size() != s.end - s.begin) {
+    if (FloatCount(replies[i]) != s.end - s.begin) {
       return Status::InvalidArgument("pull of '" + tensor + "' (" + std::to_string(out.size()) + " elements) from " +
-                                     impl_->Who(s.shard) + ": the shard holds " + std::to_string(values.size()) +
+                                     impl_->Who(s.shard) + ": the shard holds " + std::to_string(FloatCount(replies[i])) +
                                      " of its elements, expected " + std::to_string(s.end - s.begin) +
                                      " (the workers disagree on the tensor's size)");
     }
-    std::copy(values.begin(), values.end(), out.begin() + static_cast<std::ptrdiff_t>(s.begin));
+    CopyFloats(replies[i], out.data() + s.begin);
     v.per_slice.push_back(replies[i].pull.version);
   }
   return v;
@@ -183,8 +201,7 @@ Result<ClientPushResult> Client::PushDense(const std::string& tensor, std::span<
     c.request.kind = Kind::kPushDense;
     c.request.name = tensor;
     c.request.base_version = base.per_slice[i];
-    c.request.values.assign(update.begin() + static_cast<std::ptrdiff_t>(slices[i].begin),
-                            update.begin() + static_cast<std::ptrdiff_t>(slices[i].end));
+    c.values = update.subspan(slices[i].begin, slices[i].end - slices[i].begin);
     calls.push_back(std::move(c));
   }
   EMBER_ASSIGN_OR_RAISE(auto replies, impl_->RoundTrip("push", tensor, std::move(calls)));
@@ -193,14 +210,14 @@ Result<ClientPushResult> Client::PushDense(const std::string& tensor, std::span<
     const PushResult& p = replies[i].push;
     (p.applied ? out.applied : out.rejected) += 1;
     out.max_staleness = std::max(out.max_staleness, p.staleness);
-    if (!p.reply.empty()) {
+    if (FloatCount(replies[i]) > 0) {
       if (out.reply.empty()) out.reply.assign(update.size(), 0.0f);
-      if (p.reply.size() != slices[i].end - slices[i].begin) {
+      if (FloatCount(replies[i]) != slices[i].end - slices[i].begin) {
         return Status::Internal("push to '" + tensor + "': " + impl_->Who(slices[i].shard) + " replied with " +
-                                std::to_string(p.reply.size()) + " elements for a slice of " +
+                                std::to_string(FloatCount(replies[i])) + " elements for a slice of " +
                                 std::to_string(slices[i].end - slices[i].begin));
       }
-      std::copy(p.reply.begin(), p.reply.end(), out.reply.begin() + static_cast<std::ptrdiff_t>(slices[i].begin));
+      CopyFloats(replies[i], out.reply.data() + slices[i].begin);
     }
   }
   return out;
@@ -260,14 +277,15 @@ Status Client::PullRows(const std::string& table, std::span<const int64_t> ids, 
   const size_t d = static_cast<size_t>(dim);
   for (size_t i = 0; i < order.size(); ++i) {
     const int s = order[i];
-    const auto& rows = replies[i].rows;
-    if (rows.size() != g.ids[s].size() * d) {
+    const size_t got = FloatCount(replies[i]);
+    if (got != g.ids[s].size() * d) {
       return Status::InvalidArgument("pull rows of '" + table + "' from " + impl_->Who(s) + ": the table's rows are " +
-                                     std::to_string(g.ids[s].empty() ? 0 : rows.size() / g.ids[s].size()) +
+                                     std::to_string(g.ids[s].empty() ? 0 : got / g.ids[s].size()) +
                                      " floats, not dim " + std::to_string(dim));
     }
+    const char* rows = replies[i].values_bytes.data();
     for (size_t k = 0; k < g.where[s].size(); ++k) {
-      std::memcpy(out.data() + g.where[s][k] * d, rows.data() + k * d, d * sizeof(float));
+      std::memcpy(out.data() + g.where[s][k] * d, rows + k * d * sizeof(float), d * sizeof(float));
     }
   }
   return Status::OK();
@@ -308,7 +326,7 @@ Result<std::vector<ShardStats>> Client::Stats() {
   }
   EMBER_ASSIGN_OR_RAISE(auto replies, impl_->RoundTrip("stats", "", std::move(calls)));
   std::vector<ShardStats> out;
-  for (auto& r : replies) out.push_back(std::move(r.stats));
+  for (auto& r : replies.replies) out.push_back(std::move(r.stats));
   return out;
 }
 

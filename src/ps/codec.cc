@@ -19,6 +19,10 @@ void PutArray(codec::Writer& w, const std::vector<T>& v) {
   w.PutRaw(std::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T)));
 }
 
+std::string_view FloatBytes(std::span<const float> v) {
+  return {reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float)};
+}
+
 // n x T, n checked against the bytes left before anything is allocated.
 template <typename T>
 Status GetArray(codec::Reader& r, const char* what, std::vector<T>* out) {
@@ -42,6 +46,23 @@ Status GetF32(codec::Reader& r, float* out) {
   uint32_t bits = 0;
   EMBER_RETURN_NOT_OK(r.GetU32(&bits));
   *out = std::bit_cast<float>(bits);
+  return Status::OK();
+}
+
+// n x f32 as a view of the message (`view`), and copied into `out` when `copy`.
+Status GetFloats(codec::Reader& r, const char* what, bool copy, std::vector<float>* out, std::string_view* view) {
+  int64_t n = 0;
+  EMBER_RETURN_NOT_OK(r.GetI64(&n));
+  if (n < 0 || static_cast<uint64_t>(n) > r.remaining() / sizeof(float)) {
+    return Status::Corruption(std::string("PS message: ") + what + " count " + std::to_string(n) + " at offset " +
+                              std::to_string(r.offset() - 8) + " does not fit the " + std::to_string(r.remaining()) +
+                              " bytes left");
+  }
+  EMBER_RETURN_NOT_OK(r.GetBytes(static_cast<size_t>(n) * sizeof(float), what, view));
+  if (copy) {
+    out->resize(static_cast<size_t>(n));
+    if (n > 0) std::memcpy(out->data(), view->data(), view->size());
+  }
   return Status::OK();
 }
 
@@ -71,7 +92,7 @@ const char* KindName(Kind kind) {
   return "unknown";
 }
 
-std::string EncodeRequest(const Request& r) {
+std::string EncodeRequestHead(const Request& r, size_t values) {
   codec::Writer w;
   w.PutU8(static_cast<uint8_t>(r.kind));
   switch (r.kind) {
@@ -85,7 +106,7 @@ std::string EncodeRequest(const Request& r) {
       PutF32(w, r.rule.alpha);
       w.PutU8((r.rule.scale_by_staleness ? kScaleByStaleness : 0) | (r.rule.hogwild ? kHogwild : 0));
       w.PutI64(r.rule.staleness_bound);
-      PutArray(w, r.values);
+      w.PutI64(static_cast<int64_t>(values));
       break;
     case Kind::kPullDense:
       w.PutString(r.name);
@@ -93,7 +114,7 @@ std::string EncodeRequest(const Request& r) {
     case Kind::kPushDense:
       w.PutString(r.name);
       w.PutI64(r.base_version);
-      PutArray(w, r.values);
+      w.PutI64(static_cast<int64_t>(values));
       break;
     case Kind::kCreateTable:
       w.PutString(r.name);
@@ -110,12 +131,18 @@ std::string EncodeRequest(const Request& r) {
     case Kind::kPushRows:
       w.PutString(r.name);
       PutArray(w, r.ids);
-      PutArray(w, r.values);
+      w.PutI64(static_cast<int64_t>(values));
       break;
     case Kind::kStats:
       break;
   }
   return w.Release();
+}
+
+std::string EncodeRequest(const Request& r) {
+  std::string out = EncodeRequestHead(r, r.values.size());
+  out.append(FloatBytes(r.values));
+  return out;
 }
 
 Result<Request> DecodeRequest(std::string_view bytes) {
@@ -178,7 +205,7 @@ Result<Request> DecodeRequest(std::string_view bytes) {
   return q;
 }
 
-std::string EncodeReply(Kind kind, const Reply& p) {
+std::string EncodeReplyHead(Kind kind, const Reply& p, size_t values) {
   codec::Writer w;
   w.PutU8(static_cast<uint8_t>(p.status.code()));
   w.PutString(p.status.ok() ? std::string_view() : std::string_view(p.status.message()));
@@ -186,16 +213,16 @@ std::string EncodeReply(Kind kind, const Reply& p) {
   switch (kind) {
     case Kind::kPullDense:
       w.PutI64(p.pull.version);
-      PutArray(w, p.pull.values);
+      w.PutI64(static_cast<int64_t>(values));
       break;
     case Kind::kPushDense:
       w.PutU8(p.push.applied ? 1 : 0);
       w.PutI64(p.push.version);
       w.PutI64(p.push.staleness);
-      PutArray(w, p.push.reply);
+      w.PutI64(static_cast<int64_t>(values));
       break;
     case Kind::kPullRows:
-      PutArray(w, p.rows);
+      w.PutI64(static_cast<int64_t>(values));
       break;
     case Kind::kStats:
       w.PutI64(p.stats.pushes_applied);
@@ -210,7 +237,25 @@ std::string EncodeReply(Kind kind, const Reply& p) {
   return w.Release();
 }
 
-Result<Reply> DecodeReply(Kind kind, std::string_view bytes) {
+const std::vector<float>& ReplyValues(Kind kind, const Reply& p) {
+  static const std::vector<float> kNone;
+  if (!p.status.ok()) return kNone;
+  switch (kind) {
+    case Kind::kPullDense: return p.pull.values;
+    case Kind::kPushDense: return p.push.reply;
+    case Kind::kPullRows: return p.rows;
+    default: return kNone;
+  }
+}
+
+std::string EncodeReply(Kind kind, const Reply& p) {
+  const auto& values = ReplyValues(kind, p);
+  std::string out = EncodeReplyHead(kind, p, values.size());
+  out.append(FloatBytes(values));
+  return out;
+}
+
+Result<Reply> DecodeReply(Kind kind, std::string_view bytes, bool copy_values) {
   codec::Reader r(bytes);
   Reply p;
   uint8_t code = 0;
@@ -228,7 +273,7 @@ Result<Reply> DecodeReply(Kind kind, std::string_view bytes) {
   switch (kind) {
     case Kind::kPullDense:
       EMBER_RETURN_NOT_OK(r.GetI64(&p.pull.version));
-      EMBER_RETURN_NOT_OK(GetArray(r, "values", &p.pull.values));
+      EMBER_RETURN_NOT_OK(GetFloats(r, "values", copy_values, &p.pull.values, &p.values_bytes));
       break;
     case Kind::kPushDense: {
       uint8_t applied = 0;
@@ -236,11 +281,11 @@ Result<Reply> DecodeReply(Kind kind, std::string_view bytes) {
       p.push.applied = applied != 0;
       EMBER_RETURN_NOT_OK(r.GetI64(&p.push.version));
       EMBER_RETURN_NOT_OK(r.GetI64(&p.push.staleness));
-      EMBER_RETURN_NOT_OK(GetArray(r, "reply", &p.push.reply));
+      EMBER_RETURN_NOT_OK(GetFloats(r, "reply", copy_values, &p.push.reply, &p.values_bytes));
       break;
     }
     case Kind::kPullRows:
-      EMBER_RETURN_NOT_OK(GetArray(r, "rows", &p.rows));
+      EMBER_RETURN_NOT_OK(GetFloats(r, "rows", copy_values, &p.rows, &p.values_bytes));
       break;
     case Kind::kStats: {
       EMBER_RETURN_NOT_OK(r.GetI64(&p.stats.pushes_applied));
@@ -264,11 +309,17 @@ Result<Reply> DecodeReply(Kind kind, std::string_view bytes) {
 }
 
 std::string Serve(Shard& shard, std::string_view request) {
-  auto q = DecodeRequest(request);
   Reply p;
+  const Kind kind = Serve(shard, request, &p);
+  return EncodeReply(kind, p);
+}
+
+Kind Serve(Shard& shard, std::string_view request, Reply* reply) {
+  auto q = DecodeRequest(request);
+  Reply& p = *reply;
   if (!q.ok()) {
     p.status = q.status().WithContext(shard.name());
-    return EncodeReply(Kind::kStats, p);  // an error reply has the same shape for every kind
+    return Kind::kStats;  // an error reply has the same shape for every kind
   }
   switch (q->kind) {
     case Kind::kCreateDense:
@@ -299,7 +350,7 @@ std::string Serve(Shard& shard, std::string_view request) {
       p.stats = shard.Stats();
       break;
   }
-  return EncodeReply(q->kind, p);
+  return q->kind;
 }
 
 }  // namespace ember::ps

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -55,6 +56,9 @@ struct Request {
 
 struct Reply {
   Status status;
+  // DecodeReply: the trailing floats (pull values, elastic difference, rows) as a view of the
+  // decoded bytes; with copy_values they are also copied into their vector.
+  std::string_view values_bytes;
   PullResult pull;              // kPullDense
   PushResult push;              // kPushDense
   std::vector<float> rows;      // kPullRows
@@ -62,14 +66,24 @@ struct Reply {
 };
 
 std::string EncodeRequest(const Request& r);
+// Every field up to the trailing floats' count (`values` of them): the floats, always last, are
+// then sent from where they are (EncodeRequest = head + the bytes of r.values).
+std::string EncodeRequestHead(const Request& r, size_t values);
 Result<Request> DecodeRequest(std::string_view bytes);
 std::string EncodeReply(Kind kind, const Reply& r);
+// The same split for replies: head, then the bytes of ReplyValues(kind, r).
+std::string EncodeReplyHead(Kind kind, const Reply& r, size_t values);
+const std::vector<float>& ReplyValues(Kind kind, const Reply& r);
 // The reply to a request of `kind`.  A reply carrying an error decodes to OK with that status in
-// `status`; a malformed reply is Corruption.
-Result<Reply> DecodeReply(Kind kind, std::string_view bytes);
+// `status`; a malformed reply is Corruption.  Without copy_values the trailing floats are only
+// in `values_bytes` (a view of `bytes`).
+Result<Reply> DecodeReply(Kind kind, std::string_view bytes, bool copy_values = true);
 
 // The shard's side of one request: decodes it, applies it to `shard`, and encodes the reply (a
 // malformed request gets a Corruption reply; nothing is applied).  The whole server logic.
 std::string Serve(Shard& shard, std::string_view request);
+// The same, leaving the reply decoded in `reply` (the server sends it as head + values, with no
+// copy of the values into one buffer); returns the kind to encode it as.
+Kind Serve(Shard& shard, std::string_view request, Reply* reply);
 
 }  // namespace ember::ps

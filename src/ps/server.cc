@@ -29,9 +29,15 @@ struct Server::Impl {
                         << frame->type << " is not a PS request";
         return;
       }
-      const std::string reply = Serve(*shard, frame->payload);
+      // The reply's floats go out from where they are (head + values, one sendmsg).
+      Reply reply;
+      const Kind kind = Serve(*shard, frame->payload, &reply);
+      const std::vector<float>& values = ReplyValues(kind, reply);
+      const std::string head = EncodeReplyHead(kind, reply, values.size());
+      const std::string_view parts[] = {head, std::string_view(reinterpret_cast<const char*>(values.data()),
+                                                               values.size() * sizeof(float))};
       // A reply that cannot be written within a minute: the worker stopped reading; drop it.
-      if (!tcp::WriteFrame(c.fd(), kReplyFrame, reply, Deadline::After(Duration(60000)), peer).ok()) return;
+      if (!tcp::WriteFrameParts(c.fd(), kReplyFrame, parts, Deadline::After(Duration(60000)), peer).ok()) return;
     }
   }
 };

@@ -1,5 +1,8 @@
 #include "transport/tcp/frame.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "common/codec.h"
 #include "transport/tcp/socket.h"
 
@@ -22,6 +25,25 @@ Status WriteFrame(int fd, uint16_t type, std::string_view payload, Deadline dead
   }
   const std::string bytes = EncodeFrame(type, payload);
   return WriteAll(fd, bytes.data(), bytes.size(), deadline, "write frame to " + peer);
+}
+
+Status WriteFrameParts(int fd, uint16_t type, std::span<const std::string_view> payload, Deadline deadline,
+                       const std::string& peer) {
+  size_t size = 0;
+  for (std::string_view p : payload) size += p.size();
+  if (size > UINT32_MAX) {
+    return Status::InvalidArgument("frame payload of " + std::to_string(size) + " bytes for " + peer +
+                                   " exceeds the u32 length field");
+  }
+  const std::string header = EncodeFrame(type, std::string_view());
+  char h[kFrameHeaderBytes];
+  std::copy(header.begin(), header.end(), h);
+  for (int i = 0; i < 4; ++i) h[i] = static_cast<char>((size >> (8 * i)) & 0xff);  // the u32 length
+  std::vector<std::string_view> parts;
+  parts.reserve(payload.size() + 1);
+  parts.emplace_back(h, sizeof(h));
+  parts.insert(parts.end(), payload.begin(), payload.end());
+  return WriteAllParts(fd, parts, deadline, "write frame to " + peer);
 }
 
 Result<Frame> ReadFrame(int fd, size_t max_payload_bytes, Deadline deadline,

@@ -5,7 +5,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
+#include <string_view>
 
 #include "ember/deadline.h"
 #include "ember/result.h"
@@ -27,6 +29,10 @@ std::string EncodeFrame(uint16_t type, std::string_view payload);
 // serialize writers.  `peer` names the other side in errors.
 Status WriteFrame(int fd, uint16_t type, std::string_view payload, Deadline deadline,
                   const std::string& peer);
+
+// WriteFrame of a payload given as parts (written with one sendmsg: no copy into one buffer).
+Status WriteFrameParts(int fd, uint16_t type, std::span<const std::string_view> payload, Deadline deadline,
+                       const std::string& peer);
 
 // Reads one frame within `deadline`.  Corruption (naming the size, the limit
 // and `peer`) if the declared length exceeds `max_payload_bytes` or the

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 
+#include <thread>
+
 #include "common/codec.h"
 #include "transport/tcp/socket.h"
 #include "transport/tcp/test_util.h"
@@ -67,6 +69,30 @@ TEST(FrameTest, RoundTrip) {
   f = ReadFrame(a.get(), 100, Deadline::After(Duration(1000)), "b");
   ASSERT_TRUE(f.ok());
   EXPECT_EQ(f->type, 7);
+  EXPECT_EQ(f->payload, "");
+}
+
+TEST(FrameTest, APayloadInPartsIsTheSameFrameAsInOneBuffer) {
+  auto [a, b] = LoopbackPair();
+  // Empty parts, and 8 MiB: more than the socket takes at once, so sendmsg returns partway
+  // through a part and the rest follows after the reader drained some.
+  std::string big(8 << 20, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 131 + 7);
+  const std::string_view parts[] = {"", "head|", "", std::string_view(big), "|tail", ""};
+  Status written;
+  std::thread writer([&, fd = b.get()] {
+    written = WriteFrameParts(fd, 9, parts, Deadline::After(Duration(20000)), "a");
+  });
+  Result<Frame> f = ReadFrame(a.get(), 16 << 20, Deadline::After(Duration(20000)), "b");
+  writer.join();
+  ASSERT_TRUE(written.ok()) << written.ToString();
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_EQ(f->type, 9);
+  EXPECT_TRUE(f->payload == "head|" + big + "|tail");
+  const std::string_view none[] = {"", ""};
+  ASSERT_TRUE(WriteFrameParts(b.get(), 3, none, Deadline::After(Duration(1000)), "a").ok());
+  f = ReadFrame(a.get(), 100, Deadline::After(Duration(1000)), "b");
+  ASSERT_TRUE(f.ok());
   EXPECT_EQ(f->payload, "");
 }
 

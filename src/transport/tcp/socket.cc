@@ -8,6 +8,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -190,6 +191,50 @@ Status ReadExactly(int fd, void* buf, size_t n, Deadline deadline, const std::st
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) return Status::FromErrno(errno, what);
     EMBER_RETURN_NOT_OK(WaitFor(fd, POLLIN, deadline, what));
+  }
+  return Status::OK();
+}
+
+Status WriteAllParts(int fd, std::span<const std::string_view> parts, Deadline deadline, const std::string& what) {
+  constexpr size_t kMaxIov = 64;
+  size_t part = 0, offset = 0;  // the first byte not yet sent: parts[part][offset]
+  while (part < parts.size()) {
+    if (offset == parts[part].size()) {
+      ++part;
+      offset = 0;
+      continue;
+    }
+    iovec iov[kMaxIov];
+    size_t n = 0;
+    for (size_t i = part; i < parts.size() && n < kMaxIov; ++i) {
+      const size_t skip = i == part ? offset : 0;
+      if (parts[i].size() == skip) continue;
+      iov[n].iov_base = const_cast<char*>(parts[i].data() + skip);
+      iov[n].iov_len = parts[i].size() - skip;
+      ++n;
+    }
+    msghdr m{};
+    m.msg_iov = iov;
+    m.msg_iovlen = n;
+    const ssize_t r = ::sendmsg(fd, &m, MSG_NOSIGNAL);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) return Status::FromErrno(errno, what);
+      EMBER_RETURN_NOT_OK(WaitFor(fd, POLLOUT, deadline, what));
+      continue;
+    }
+    size_t sent = static_cast<size_t>(r);
+    while (sent > 0 && part < parts.size()) {
+      const size_t left = parts[part].size() - offset;
+      if (sent < left) {
+        offset += sent;
+        sent = 0;
+      } else {
+        sent -= left;
+        ++part;
+        offset = 0;
+      }
+    }
   }
   return Status::OK();
 }

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstddef>
+#include <span>
 #include <string>
+#include <string_view>
 
 #include "ember/deadline.h"
 #include "common/fd.h"
@@ -47,5 +49,8 @@ Status ReadExactly(int fd, void* buf, size_t n, Deadline deadline, const std::st
 
 // Writes all `n` bytes; errors as ReadExactly.
 Status WriteAll(int fd, const void* buf, size_t n, Deadline deadline, const std::string& what);
+// Writes every part in order, as one stream of bytes (sendmsg over the parts: no copy into one
+// buffer first); errors as ReadExactly.
+Status WriteAllParts(int fd, std::span<const std::string_view> parts, Deadline deadline, const std::string& what);
 
 }  // namespace ember::tcp
