@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -119,6 +120,15 @@ class Shard {
   Status PushRows(const std::string& table, std::span<const int64_t> ids, std::span<const float> update);
 
   ShardStats Stats() const;
+
+  // The shard's state as named blobs, one per tensor ("dense/<name>") and table
+  // ("table/<name>"): values, versions, rule options, Adam's moments, every row.  Each blob is
+  // taken under its tensor's lock (consistent per tensor, not across them: asynchronous
+  // training has no global step to stop at).  For checkpoints (ember.ps.serve).
+  std::map<std::string, std::string> Snapshot() const;
+  // Replaces the shard's tensors and tables with those of `blobs` (from Snapshot).  Corruption
+  // naming the blob and offset on malformed bytes; then nothing changes.
+  Status Restore(const std::map<std::string, std::string>& blobs);
 
  private:
   struct Impl;

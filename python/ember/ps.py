@@ -67,7 +67,58 @@ class Server:
     def stats(self):
         return self._native.stats()
 
+    def snapshot(self) -> Dict[str, bytes]:
+        """The shard's state as {name: bytes}, one entry per tensor and table."""
+        return self._native.snapshot()
+
+    def restore(self, blobs: Dict[str, bytes]) -> None:
+        """Replaces the shard's state with a snapshot's (``ember.errors.Corruption`` naming the
+        entry if one is malformed; the shard is then unchanged)."""
+        self._native.restore(dict(blobs))
+
+    def checkpoint_to(self, directory: str, every_secs: float = 60.0, keep: int = 3, resolve: Any = None):
+        """Restores the latest checkpoint in `directory` (local or ``hdfs://``; Ember's checkpoint
+        manager, atomic saves), then saves a snapshot every `every_secs` seconds on a daemon
+        thread.  Returns the step restored (None: none there).  ``close()`` saves once more."""
+        import threading
+
+        from ember.checkpoint import CheckpointManager
+
+        import json
+
+        # Snapshot names hold '/' (Keras paths); checkpoint blobs are plain names: b0, b1, ...
+        # with an index blob mapping them back.
+        manager = CheckpointManager(directory, keep=keep, resolve=resolve)
+        restored = manager.latest()
+        if restored is not None:
+            _, saved = manager.restore(restored)
+            index = json.loads(bytes(saved["index.json"]).decode())
+            self.restore({name: saved[blob] for blob, name in index.items()})
+        self._checkpoint = (manager, threading.Event(), [restored or 0])
+
+        def save() -> None:
+            step = self._checkpoint[2]
+            step[0] += 1
+            snap = self.snapshot()
+            index = {f"b{i}": name for i, name in enumerate(sorted(snap))}
+            blobs = {blob: snap[name] for blob, name in index.items()}
+            blobs["index.json"] = json.dumps(index).encode()
+            manager.save(step[0], blobs)
+
+        def loop() -> None:
+            while not self._checkpoint[1].wait(every_secs):
+                save()
+
+        self._save = save
+        threading.Thread(target=loop, name="ember-ps-checkpoint", daemon=True).start()
+        return restored
+
     def close(self) -> None:
+        checkpoint = getattr(self, "_checkpoint", None)
+        if checkpoint is not None:
+            checkpoint[1].set()
+            self._save()  # the updates since the last interval
+            self._checkpoint = None
         self._native.close()
 
     def __enter__(self) -> "Server":
@@ -154,13 +205,17 @@ class Client:
         return self._native.stats()
 
 
-def serve(ctx, block: bool = True, port: int = 0) -> Server:
+def serve(ctx, block: bool = True, port: int = 0, checkpoint_dir: Optional[str] = None,
+          checkpoint_secs: float = 60.0) -> Server:
     """Serves this ps node's shard (``ps:<task_index>``) in a job started with ``num_ps`` and
     publishes its address for :func:`connect`.  Call it from ``main_fun`` on the ps nodes (with
     ``driver_ps_nodes=True`` they run on the driver's host).  Blocks until the node is stopped
     (``Cluster.shutdown`` stops the ps nodes, as TFoS did), unless `block` is False: then it
     returns the Server.  The shard listens on the node's bind address; peers must prove the
-    job's secret."""
+    job's secret.  With `checkpoint_dir` the shard restores its latest checkpoint there
+    (``<checkpoint_dir>/ps-<task_index>``) before serving and saves one every `checkpoint_secs`
+    seconds: a ps node restarted under ``max_restarts`` resumes from it (updates since the last
+    save are lost)."""
     if ctx.job_name != "ps":
         raise ValueError(f"ember.ps.serve: {ctx.job_name}:{ctx.task_index} is not a ps node "
                          f"(workers call ember.ps.connect(ctx))")
@@ -168,6 +223,8 @@ def serve(ctx, block: bool = True, port: int = 0) -> Server:
     _, _, secret, _ = ctx._coordinator
     bind = getattr(ctx._node, "bind_host", "") or "0.0.0.0"
     server = Server.start(f"ps:{ctx.task_index}", secret, bind_host=bind, port=port)
+    if checkpoint_dir:
+        server.checkpoint_to(f"{checkpoint_dir.rstrip('/')}/ps-{ctx.task_index}", every_secs=checkpoint_secs)
     ctx._coordinator_client().kv_set(PS_SHARD_KEY.format(task_index=ctx.task_index),
                                      f"{host}:{server.port}".encode())
     if not block:

@@ -7,6 +7,8 @@
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
+#include <map>
+
 #include <span>
 
 #include "bindings.h"
@@ -78,6 +80,31 @@ void BindPs(nb::module_& m) {
           "name"_a, "secret"_a, "bind_host"_a = "0.0.0.0", "port"_a = 0)
       .def_prop_ro("port", &ps::Server::port)
       .def("stats", [](ps::Server& s) { return s.shard().Stats(); })
+      .def(
+          "snapshot",
+          [](ps::Server& s) {
+            std::map<std::string, std::string> blobs;
+            {
+              nb::gil_scoped_release release;
+              blobs = s.shard().Snapshot();
+            }
+            nb::dict out;
+            for (const auto& [k, v] : blobs) out[nb::str(k.c_str())] = nb::bytes(v.data(), v.size());
+            return out;
+          },
+          "The shard's tensors and tables as {name: bytes} (include/ember/ps.h Shard::Snapshot).")
+      .def(
+          "restore",
+          [](ps::Server& s, const nb::dict& blobs) {
+            std::map<std::string, std::string> in;
+            for (auto [k, v] : blobs) {
+              nb::bytes b = nb::cast<nb::bytes>(v);
+              in[nb::cast<std::string>(k)] = std::string(b.c_str(), b.size());
+            }
+            nb::gil_scoped_release release;
+            ThrowIfError(s.shard().Restore(in));
+          },
+          "blobs"_a, "Replaces the shard's state with a snapshot's.")
       .def("close", &ps::Server::Close, nb::call_guard<nb::gil_scoped_release>());
 
   nb::class_<ps::Versions>(m, "PsVersions", "The versions a pull saw; hand them to the push based on it.")

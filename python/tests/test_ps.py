@@ -138,3 +138,29 @@ def test_ps_nodes_of_a_spark_job_serve_shards_and_its_workers_train_through_them
     cluster.shutdown(timeout=60)  # the workers' assertion would fail the job; ps nodes are stopped
     assert sorted(cluster.cluster_spec) == ["ps", "worker"]
     no_leftovers(cluster.job_id)
+
+
+def test_a_shard_checkpoints_and_a_new_one_resumes_from_it(tmp_path):
+    directory = str(tmp_path / "ps-0")
+    with ember.ps.Server.start("ps:0", SECRET, bind_host="127.0.0.1") as s:
+        assert s.checkpoint_to(directory, every_secs=3600) is None  # nothing to restore yet
+        ps = ember.ps.Client.connect([f"127.0.0.1:{s.port}"], SECRET)
+        ps.create_dense("w", np.zeros(BIG, np.float32), rule="add")
+        ps.create_table("emb", dim=4, seed=2, rule="sgd", lr=0.5)
+        w, v = ps.pull("w")
+        ps.push("w", np.full(BIG, 2.0), v)
+        ps.push_rows("emb", [3, 9], np.ones((2, 4), np.float32))
+        rows = ps.pull_rows("emb", [3, 9])
+    # close() saved once more: a new shard (a restarted ps node) resumes from it
+    with ember.ps.Server.start("ps:0", SECRET, bind_host="127.0.0.1") as s2:
+        assert s2.checkpoint_to(directory, every_secs=3600) == 1
+        ps = ember.ps.Client.connect([f"127.0.0.1:{s2.port}"], SECRET)
+        w, v = ps.pull("w", shape=(BIG,))
+        assert v.per_slice == [1] and np.all(w == 2.0)
+        np.testing.assert_array_equal(ps.pull_rows("emb", [3, 9], dim=4), rows)
+        blobs = s2.snapshot()
+        assert sorted(blobs) == ["dense/w", "table/emb"]
+        broken = dict(blobs, **{"dense/w": blobs["dense/w"][:-5]})
+        with pytest.raises(ember.errors.Corruption, match="blob 'dense/w'"):
+            s2.restore(broken)
+        assert np.all(ps.pull("w", shape=(BIG,))[0] == 2.0)  # unchanged

@@ -7,6 +7,10 @@
 #include <shared_mutex>
 #include <unordered_map>
 
+#include <bit>
+#include <cstring>
+
+#include "common/codec.h"
 #include "ember/ps.h"
 #include "ps/hash.h"
 
@@ -64,6 +68,8 @@ struct Shard::Impl {
   mutable std::shared_mutex mu;  // the maps; each entry has its own lock
   std::map<std::string, std::unique_ptr<Dense>> dense;
   std::map<std::string, std::unique_ptr<Table>> tables;
+  std::vector<std::unique_ptr<Dense>> retired_dense;   // replaced by Restore
+  std::vector<std::unique_ptr<Table>> retired_tables;
   std::atomic<int64_t> applied{0}, rejected{0}, rows{0};
   std::array<std::atomic<int64_t>, kHistogramBuckets> histogram{};
 
@@ -284,6 +290,185 @@ Status Shard::PushRows(const std::string& table, std::span<const int64_t> ids, s
     for (size_t j = 0; j < dim; ++j) row[j] += scale * update[k * dim + j];
   }
   impl_->applied.fetch_add(1);
+  return Status::OK();
+}
+
+namespace {
+
+constexpr uint32_t kSnapshotFormat = 1;
+
+void PutF32(codec::Writer& w, float v) { w.PutU32(std::bit_cast<uint32_t>(v)); }
+void PutFloats(codec::Writer& w, const std::vector<float>& v) {
+  w.PutI64(static_cast<int64_t>(v.size()));
+  w.PutRaw(std::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float)));
+}
+Status GetF32(codec::Reader& r, float* out) {
+  uint32_t bits = 0;
+  EMBER_RETURN_NOT_OK(r.GetU32(&bits));
+  *out = std::bit_cast<float>(bits);
+  return Status::OK();
+}
+Status GetFloats(codec::Reader& r, size_t n, std::vector<float>* out) {
+  std::string_view bytes;
+  if (n > r.remaining() / sizeof(float)) return Status::Corruption("float count does not fit the bytes left");
+  EMBER_RETURN_NOT_OK(r.GetBytes(n * sizeof(float), "floats", &bytes));
+  out->resize(n);
+  if (n > 0) std::memcpy(out->data(), bytes.data(), bytes.size());
+  return Status::OK();
+}
+Status GetCount(codec::Reader& r, size_t* out) {
+  int64_t n = 0;
+  EMBER_RETURN_NOT_OK(r.GetI64(&n));
+  if (n < 0) return Status::Corruption("negative count at offset " + std::to_string(r.offset() - 8));
+  *out = static_cast<size_t>(n);
+  return Status::OK();
+}
+Status GetRuleOf(codec::Reader& r, Rule* rule) {
+  uint32_t v = 0;
+  EMBER_RETURN_NOT_OK(r.GetU32(&v));
+  if (v > static_cast<uint32_t>(Rule::kElastic)) return Status::Corruption("unknown rule " + std::to_string(v));
+  *rule = static_cast<Rule>(v);
+  return Status::OK();
+}
+
+std::string EncodeDense(const Dense& d) {
+  codec::Writer w;
+  const RuleOptions& o = d.options;
+  w.PutU32(kSnapshotFormat);
+  w.PutU32(static_cast<uint32_t>(o.rule));
+  for (float f : {o.lr, o.beta1, o.beta2, o.epsilon, o.alpha}) PutF32(w, f);
+  w.PutU8((o.scale_by_staleness ? 1 : 0) | (o.hogwild ? 2 : 0));
+  w.PutI64(o.staleness_bound);
+  w.PutI64(d.version.load());
+  w.PutI64(d.step);
+  PutFloats(w, d.w);
+  PutFloats(w, d.m);
+  PutFloats(w, d.v);
+  return w.Release();
+}
+
+Status DecodeDense(std::string_view bytes, Dense* d) {
+  codec::Reader r(bytes);
+  uint32_t format = 0;
+  EMBER_RETURN_NOT_OK(r.GetU32(&format));
+  if (format != kSnapshotFormat) return Status::Corruption("snapshot format " + std::to_string(format));
+  RuleOptions& o = d->options;
+  EMBER_RETURN_NOT_OK(GetRuleOf(r, &o.rule));
+  for (float* f : {&o.lr, &o.beta1, &o.beta2, &o.epsilon, &o.alpha}) EMBER_RETURN_NOT_OK(GetF32(r, f));
+  uint8_t flags = 0;
+  EMBER_RETURN_NOT_OK(r.GetU8(&flags));
+  o.scale_by_staleness = (flags & 1) != 0;
+  o.hogwild = (flags & 2) != 0;
+  int64_t version = 0;
+  EMBER_RETURN_NOT_OK(r.GetI64(&o.staleness_bound));
+  EMBER_RETURN_NOT_OK(r.GetI64(&version));
+  EMBER_RETURN_NOT_OK(r.GetI64(&d->step));
+  if (version < 0) return Status::Corruption("negative version");
+  d->version = version;
+  size_t n = 0;
+  for (std::vector<float>* v : {&d->w, &d->m, &d->v}) {
+    EMBER_RETURN_NOT_OK(GetCount(r, &n));
+    EMBER_RETURN_NOT_OK(GetFloats(r, n, v));
+  }
+  if (d->w.empty() || (o.rule == Rule::kAdam && (d->m.size() != d->w.size() || d->v.size() != d->w.size()))) {
+    return Status::Corruption("the values and moments do not match");
+  }
+  return r.ExpectEnd();
+}
+
+std::string EncodeTable(const Table& t) {
+  codec::Writer w;
+  const TableOptions& o = t.options;
+  w.PutU32(kSnapshotFormat);
+  w.PutI32(o.dim);
+  w.PutI64(static_cast<int64_t>(o.seed));
+  PutF32(w, o.init_scale);
+  w.PutU32(static_cast<uint32_t>(o.rule));
+  PutF32(w, o.lr);
+  w.PutI64(static_cast<int64_t>(t.rows.size()));
+  for (const auto& [id, row] : t.rows) {
+    w.PutI64(id);
+    w.PutRaw(std::string_view(reinterpret_cast<const char*>(row.data()), row.size() * sizeof(float)));
+  }
+  return w.Release();
+}
+
+Status DecodeTable(std::string_view bytes, Table* t) {
+  codec::Reader r(bytes);
+  uint32_t format = 0;
+  EMBER_RETURN_NOT_OK(r.GetU32(&format));
+  if (format != kSnapshotFormat) return Status::Corruption("snapshot format " + std::to_string(format));
+  TableOptions& o = t->options;
+  int64_t seed = 0;
+  EMBER_RETURN_NOT_OK(r.GetI32(&o.dim));
+  EMBER_RETURN_NOT_OK(r.GetI64(&seed));
+  o.seed = static_cast<uint64_t>(seed);
+  EMBER_RETURN_NOT_OK(GetF32(r, &o.init_scale));
+  EMBER_RETURN_NOT_OK(GetRuleOf(r, &o.rule));
+  EMBER_RETURN_NOT_OK(GetF32(r, &o.lr));
+  if (o.dim <= 0 || o.dim > kMaxDim) return Status::Corruption("dim " + std::to_string(o.dim));
+  size_t rows = 0;
+  EMBER_RETURN_NOT_OK(GetCount(r, &rows));
+  const size_t row_bytes = 8 + static_cast<size_t>(o.dim) * sizeof(float);
+  if (rows > r.remaining() / row_bytes) return Status::Corruption("row count does not fit the bytes left");
+  for (size_t k = 0; k < rows; ++k) {
+    int64_t id = 0;
+    EMBER_RETURN_NOT_OK(r.GetI64(&id));
+    EMBER_RETURN_NOT_OK(GetFloats(r, static_cast<size_t>(o.dim), &t->rows[id]));
+  }
+  return r.ExpectEnd();
+}
+
+}  // namespace
+
+std::map<std::string, std::string> Shard::Snapshot() const {
+  std::map<std::string, std::string> out;
+  std::shared_lock lock(impl_->mu);
+  for (const auto& [name, d] : impl_->dense) {
+    std::unique_lock<std::mutex> l(d->mu, std::defer_lock);
+    if (!d->options.hogwild) l.lock();
+    out["dense/" + name] = EncodeDense(*d);
+  }
+  for (const auto& [name, t] : impl_->tables) {
+    std::lock_guard<std::mutex> l(t->mu);
+    out["table/" + name] = EncodeTable(*t);
+  }
+  return out;
+}
+
+Status Shard::Restore(const std::map<std::string, std::string>& blobs) {
+  std::map<std::string, std::unique_ptr<Dense>> dense;
+  std::map<std::string, std::unique_ptr<Table>> tables;
+  int64_t rows = 0;
+  for (const auto& [key, bytes] : blobs) {
+    Status s;
+    if (key.rfind("dense/", 0) == 0) {
+      auto d = std::make_unique<Dense>();
+      s = DecodeDense(bytes, d.get());
+      if (s.ok()) dense.emplace(key.substr(6), std::move(d));
+    } else if (key.rfind("table/", 0) == 0) {
+      auto t = std::make_unique<Table>();
+      s = DecodeTable(bytes, t.get());
+      if (s.ok()) {
+        rows += static_cast<int64_t>(t->rows.size());
+        tables.emplace(key.substr(6), std::move(t));
+      }
+    } else {
+      s = Status::Corruption("not a tensor or table blob");
+    }
+    if (!s.ok()) {
+      return Status::Corruption(impl_->name + ": restoring blob '" + key + "' (" + std::to_string(bytes.size()) +
+                                " bytes): " + s.message() + "; the shard is unchanged");
+    }
+  }
+  std::unique_lock lock(impl_->mu);
+  // Calls in flight may hold the entries being replaced (looked up, then used without the map's
+  // lock): they stay alive, retired, until the shard goes.
+  for (auto& [name, d] : impl_->dense) impl_->retired_dense.push_back(std::move(d));
+  for (auto& [name, t] : impl_->tables) impl_->retired_tables.push_back(std::move(t));
+  impl_->dense = std::move(dense);
+  impl_->tables = std::move(tables);
+  impl_->rows = rows;
   return Status::OK();
 }
 

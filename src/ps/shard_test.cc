@@ -172,6 +172,46 @@ TEST(ShardTest, ConcurrentPushesAllLandUnderTheLock) {
   EXPECT_EQ(taken, 800);
 }
 
+TEST(ShardTest, ASnapshotRestoresEveryTensorTableVersionAndMoment) {
+  Shard a("ps:0");
+  RuleOptions adam = With(Rule::kAdam, 0.1f);
+  adam.staleness_bound = 4;
+  ASSERT_TRUE(a.CreateDense("w", std::vector<float>{1, 2, 3}, adam).ok());
+  ASSERT_TRUE(a.PushDense("w", std::vector<float>{1, 1, 1}, 0).ok());
+  ASSERT_TRUE(a.CreateDense("b", std::vector<float>{5}, With(Rule::kAdd)).ok());
+  TableOptions t;
+  t.dim = 3;
+  t.seed = 9;
+  ASSERT_TRUE(a.CreateTable("emb", t).ok());
+  ASSERT_TRUE(a.PushRows("emb", std::vector<int64_t>{4, -8}, std::vector<float>(6, 1.0f)).ok());
+  const auto blobs = a.Snapshot();
+  EXPECT_EQ(blobs.size(), 3u);
+
+  Shard b("ps:0");
+  ASSERT_TRUE(b.CreateDense("stale", std::vector<float>{0}, With(Rule::kAdd)).ok());
+  ASSERT_TRUE(b.Restore(blobs).ok());
+  EXPECT_EQ(b.PullDense("stale").status().code(), StatusCode::kNotFound);  // replaced, not merged
+  EXPECT_EQ(b.PullDense("w")->values, a.PullDense("w")->values);
+  EXPECT_EQ(b.PullDense("w")->version, 1);
+  EXPECT_EQ(*b.PullRows("emb", std::vector<int64_t>{4, -8}), *a.PullRows("emb", std::vector<int64_t>{4, -8}));
+  EXPECT_EQ(b.Stats().rows, 2);
+  // The same next Adam step on both: the moments and step count came along.
+  ASSERT_TRUE(a.PushDense("w", std::vector<float>{0.5f, -1, 2}, 1).ok());
+  ASSERT_TRUE(b.PushDense("w", std::vector<float>{0.5f, -1, 2}, 1).ok());
+  EXPECT_EQ(b.PullDense("w")->values, a.PullDense("w")->values);
+  EXPECT_TRUE(b.CreateDense("w", std::vector<float>{0, 0, 0}, adam).ok());  // its rule came back
+  EXPECT_EQ(b.CreateDense("w", std::vector<float>{0, 0, 0}, With(Rule::kSgd)).code(), StatusCode::kAlreadyExists);
+
+  // Malformed bytes: Corruption naming the blob, and the shard unchanged.
+  auto broken = blobs;
+  broken["dense/w"].resize(broken["dense/w"].size() - 3);
+  Status s = b.Restore(broken);
+  EXPECT_EQ(s.code(), StatusCode::kCorruption);
+  EXPECT_NE(s.message().find("blob 'dense/w'"), std::string::npos) << s.ToString();
+  EXPECT_TRUE(b.PullDense("b").ok());
+  EXPECT_EQ(b.Restore({{"other/x", ""}}).code(), StatusCode::kCorruption);
+}
+
 // The wire: every request and reply round-trips, and Serve is the shard's behaviour.
 TEST(PsCodecTest, ServeAppliesRequestsAndRepliesAsTheShardDoes) {
   Shard s("ps:0");
