@@ -22,7 +22,8 @@ LAYERS = [
     # the driver's console (reads config); a node's environment and rank rule; rings that die with their launcher; GPUs on each side
     {"_driver.console", "_node.env", "_launcher.ring_owner", "_launcher.gpus", "_driver.gpus"},
     {"summary"},              # TensorBoard event files, written by the core
-    {"checkpoint", "ps"},     # checkpoints, written and verified by the core; the parameter server's client and server
+    {"checkpoint"},           # checkpoints, written and verified by the core
+    {"ps"},                   # the parameter server's client and server (shards checkpoint through the above)
     {"tf", "torch", "keras"},  # framework adapters over numpy columns; the Keras callback
     {"feed"},                 # the node's DataFeed over the core's consumer
     {"context", "_feeder.task"},  # the node's ctx; the feeding tasks' Spark glue
