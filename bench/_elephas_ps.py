@@ -6,7 +6,8 @@ Ember.  Two commands:
                                                   (Dense 1000 -> N/1000, so its kernel and bias)
                                                   with Elephas's HttpServer or SocketServer
   worker --mode http|socket --port P --seconds S  loops get_parameters + update_parameters(delta)
-                                                  for S seconds; prints {"updates": n, "secs": t}
+                                                  for S seconds; prints {"updates": n, "secs": t,
+                                                  "cpu": this process's CPU seconds in the loop}
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # Elephas's determine_master: this host's loopback
 
 
 def model_dict(floats: int):
@@ -29,12 +31,14 @@ def model_dict(floats: int):
 
 
 def server(args) -> None:
+    from elephas.enums.modes import Mode
+
     if args.mode == "http":
         from elephas.parameter.server import HttpServer
-        s = HttpServer(model_dict(args.floats), "asynchronous", port=args.port, debug=False)
+        s = HttpServer(model_dict(args.floats), args.port, Mode.ASYNCHRONOUS, debug=False)
     else:
         from elephas.parameter.server import SocketServer
-        s = SocketServer(model_dict(args.floats), port=args.port)
+        s = SocketServer(model_dict(args.floats), args.port, Mode.ASYNCHRONOUS)
     s.start()
     print("ready", flush=True)
     try:
@@ -54,12 +58,13 @@ def worker(args) -> None:
         client = SocketClient(port=args.port)
     weights = client.get_parameters()  # warm-up
     delta = [np.full_like(np.asarray(w), 1e-7) for w in weights]
-    n, start = 0, time.perf_counter()
+    n, start, cpu = 0, time.perf_counter(), time.process_time()
     while time.perf_counter() - start < args.seconds:
         client.get_parameters()
         client.update_parameters(delta)
         n += 1
-    print(json.dumps({"updates": n, "secs": time.perf_counter() - start}), flush=True)
+    print(json.dumps({"updates": n, "secs": time.perf_counter() - start, "cpu": time.process_time() - cpu}),
+          flush=True)
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ processes on this host, Ember's shard vs Elephas 7.3.0's asynchronous parameter 
 An update is one pull plus one push of the whole model.  Each round runs one contender with W
 workers for ``--seconds`` (each worker counts its own updates; the round's rate is their sum);
 ``--repeats`` rounds per contender and W, the contenders' order rotating; medians.  CPU is the
-children's (servers and workers) CPU seconds per update.  Bytes/s counts 2 x model bytes per
+workers' own CPU seconds per update over their timed loops (the servers' is not counted).  Bytes/s counts 2 x model bytes per
 update, against this host's memcpy bandwidth (the shared-memory bound; goal >= 0.5).
 
 Last line: ``ps_updates_ratio: ember_vs_elephas=<x> at <W> workers`` (the worst over W of Ember's
@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import socket
 import statistics
 import subprocess
@@ -65,11 +64,11 @@ def update():
         _, versions = ps.pull(name, out=bufs[name])
         ps.push(name, delta[name], versions)
 update()  # warm-up
-n, start = 0, time.perf_counter()
+n, start, cpu = 0, time.perf_counter(), time.process_time()
 while time.perf_counter() - start < seconds:
     update()
     n += 1
-print(json.dumps({"updates": n, "secs": time.perf_counter() - start}), flush=True)
+print(json.dumps({"updates": n, "secs": time.perf_counter() - start, "cpu": time.process_time() - cpu}), flush=True)
 """ % SECRET
 
 
@@ -97,35 +96,51 @@ def ensure_elephas() -> str:
     return out.stdout.strip()
 
 
-def children_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
+def stop_server(proc) -> None:
+    """Closes the server's stdin (it stops), then ends its whole process group (Elephas's
+    Flask server runs in a child process of its own): nothing outlives the round."""
+    import signal
+    try:
+        proc.stdin.close()
+        proc.wait(30)
+    except (subprocess.TimeoutExpired, OSError):
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(30)
 
 
 def start_server(contender: str, floats: int):
     env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
     if contender == "ember":
         proc = subprocess.Popen([sys.executable, "-c", EMBER_SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                text=True, env=env)
+                                text=True, env=env, start_new_session=True)
         port = int(proc.stdout.readline())
         return proc, port
     port = free_port()
     mode = contender.split("-")[1]
     proc = subprocess.Popen([str(ELEPHAS_PY), str(BENCH / "_elephas_ps.py"), "server", "--mode", mode, "--port",
                              str(port), "--floats", str(floats)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
-    line = proc.stdout.readline()
+                            text=True, start_new_session=True)
+    seen = []
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:  # Flask prints its banner on stdout first
+        line = proc.stdout.readline()
+        if not line or line.strip() == "ready":
+            break
+        seen.append(line)
     if line.strip() != "ready":
-        proc.kill()
-        raise RuntimeError(f"{contender}: the server did not start (printed {line!r})")
-    time.sleep(2.0 if mode == "http" else 0.5)  # Flask starts in a process of its own
+        stop_server(proc)
+        raise RuntimeError(f"{contender}: the server did not start (printed {''.join(seen)[-500:]!r})")
     return proc, port
 
 
 def run_round(contender: str, workers: int, floats: int, seconds: float) -> tuple:
     server, port = start_server(contender, floats)
+    cpu = 0.0
     try:
-        cpu0 = children_cpu()
         if contender == "ember":
             cmd = [sys.executable, "-c", EMBER_WORKER, str(port), str(floats), str(seconds)]
             env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
@@ -143,13 +158,9 @@ def run_round(contender: str, workers: int, floats: int, seconds: float) -> tupl
             r = json.loads(out.strip().splitlines()[-1])
             rate += r["updates"] / r["secs"]
             updates += r["updates"]
+            cpu += r["cpu"]
     finally:
-        server.stdin.close()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-    cpu = children_cpu() - cpu0
+        stop_server(server)
     return rate, cpu / max(1, updates)
 
 
@@ -191,7 +202,7 @@ def main() -> None:
                 rate, cpu = run_round(c, w, args.floats, args.seconds)
                 rows.setdefault((c, w), []).append((rate, cpu))
                 log(f"{w} workers, round {rep + 1}: {c} {rate:.1f} updates/s, {cpu * 1e3:.1f} ms CPU/update")
-    print(f"\n{'workers':>7} {'contender':>15} {'updates/s':>10} {'GB/s':>7} {'of memcpy':>9} {'CPU ms/upd':>10}")
+    print(f"\n{'workers':>7} {'contender':>15} {'updates/s':>10} {'GB/s':>7} {'of memcpy':>9} {'worker CPU ms/upd':>17}")
     worst = None
     for w in sorted({w for _, w in rows}):
         med = {}
@@ -200,7 +211,7 @@ def main() -> None:
             med[c] = statistics.median(rates)
             cpu = statistics.median([x for _, x in rows[(c, w)]])
             gbs = med[c] * 2 * model_bytes / 1e9
-            print(f"{w:>7} {c:>15} {med[c]:>10.1f} {gbs:>7.2f} {gbs / bound:>9.2f} {cpu * 1e3:>10.1f}")
+            print(f"{w:>7} {c:>15} {med[c]:>10.1f} {gbs:>7.2f} {gbs / bound:>9.2f} {cpu * 1e3:>17.1f}")
         peers = [med[c] for c in contenders if c != "ember"]
         if "ember" in med and peers:
             ratio = med["ember"] / max(peers)
