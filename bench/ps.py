@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,8 @@ import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+from _common import free_port, log  # noqa: E402
 REPO = BENCH.parent
 ELEPHAS_VENV = BENCH / ".elephas-venv"
 ELEPHAS_PY = ELEPHAS_VENV / "bin" / "python"
@@ -70,16 +71,6 @@ while time.perf_counter() - start < seconds:
     n += 1
 print(json.dumps({"updates": n, "secs": time.perf_counter() - start, "cpu": time.process_time() - cpu}), flush=True)
 """ % SECRET
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ensure_elephas() -> str:
