@@ -512,22 +512,38 @@ def test_pipeline_program_infers_with_flat_image_rows(pipeline_export, fashion_r
 
 
 @needs_dataset
+def _transform_fails_with(model, df, pattern):
+    """model.transform(df).collect() raises PythonException matching `pattern`.  Spark 4's
+    PythonRunner can lose a failing Python worker's error to a race on its selector
+    (java.nio.channels.CancelledKeyException in BasePythonRunner$ReaderInputStream.read, seen once
+    in a fresh-clone make test, 2026-11-27): that one Spark-side outcome is retried once; any
+    other error, or a message not matching, fails the test."""
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PythonException
+
+    for attempt in range(2):
+        try:
+            with pytest.raises(PythonException, match=pattern):
+                model.transform(df).collect()
+            return
+        except Py4JJavaError as e:
+            if attempt == 0 and "CancelledKeyException" in str(e.java_exception):
+                continue
+            raise
+
+
 def test_tfmodel_names_a_column_that_does_not_fit_the_signature(spark, pipeline_export):
     """A row whose values cannot take the signature's shape raises an error naming the column,
     its length and the shape, before TensorFlow runs: the Python worker survives it."""
-    from pyspark.errors import PythonException
-
     from ember.compat.tensorflowonspark.pipeline import TFModel
 
     model = (TFModel(Namespace()).setInputMapping({"pixels": "conv2d_input"})
              .setOutputMapping({"dense_1": "prediction"}).setExportDir(str(pipeline_export / "export")))
     short = spark.createDataFrame([([1] * 100,), ([2] * 100,)], "pixels array<int>")
-    with pytest.raises(PythonException, match=r"column 'pixels' holds 100 values per row .*'conv2d_input'.*"
-                                              r"\(None, 28, 28, 1\)"):
-        model.transform(short).collect()
+    _transform_fails_with(model, short, r"column 'pixels' holds 100 values per row .*'conv2d_input'.*"
+                                        r"\(None, 28, 28, 1\)")
     ragged = spark.createDataFrame([([1] * 784,), ([2] * 700,)], "pixels array<int>").coalesce(1)  # one batch
-    with pytest.raises(PythonException, match=r"column 'pixels' has rows of different lengths \(\[700, 784\]"):
-        model.transform(ragged).collect()
+    _transform_fails_with(model, ragged, r"column 'pixels' has rows of different lengths \(\[700, 784\]")
     # The same workers then answer rows that fit.
     square = spark.createDataFrame([([0] * 784,), ([255] * 784,)], "pixels array<int>")
     out = model.transform(square).collect()
