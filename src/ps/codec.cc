@@ -40,6 +40,8 @@ Status GetArray(codec::Reader& r, const char* what, std::vector<T>* out) {
   return Status::OK();
 }
 
+}  // namespace
+
 void PutF32(codec::Writer& w, float v) { w.PutU32(std::bit_cast<uint32_t>(v)); }
 
 Status GetF32(codec::Reader& r, float* out) {
@@ -77,7 +79,11 @@ Status GetRule(codec::Reader& r, Rule* out) {
   return Status::OK();
 }
 
-}  // namespace
+void PutFloats(codec::Writer& w, std::span<const float> v) {
+  w.PutI64(static_cast<int64_t>(v.size()));
+  w.PutRaw(FloatBytes(v));
+}
+
 
 const char* KindName(Kind kind) {
   switch (kind) {

@@ -31,7 +31,21 @@
 #include "ember/ps.h"
 #include "ember/result.h"
 
+namespace ember::codec {
+class Reader;
+class Writer;
+}  // namespace ember::codec
+
 namespace ember::ps {
+
+// Field encodings the wire and the shard's snapshots (shard.cc) share.
+void PutF32(codec::Writer& w, float v);  // the bit pattern as u32
+Status GetF32(codec::Reader& r, float* out);
+Status GetRule(codec::Reader& r, Rule* out);  // u32, Corruption for an unknown rule
+void PutFloats(codec::Writer& w, std::span<const float> v);  // i64 n | n x f32
+// i64 n | n x f32, n checked against the bytes left: a view of the floats, copied into `out`
+// when `copy`.
+Status GetFloats(codec::Reader& r, const char* what, bool copy, std::vector<float>* out, std::string_view* view);
 
 enum class Kind : uint8_t {
   kCreateDense = 1,

@@ -7,11 +7,11 @@
 #include <shared_mutex>
 #include <unordered_map>
 
-#include <bit>
 #include <cstring>
 
 #include "common/codec.h"
 #include "ember/ps.h"
+#include "ps/codec.h"
 #include "ps/hash.h"
 
 namespace ember::ps {
@@ -297,37 +297,10 @@ namespace {
 
 constexpr uint32_t kSnapshotFormat = 1;
 
-void PutF32(codec::Writer& w, float v) { w.PutU32(std::bit_cast<uint32_t>(v)); }
-void PutFloats(codec::Writer& w, const std::vector<float>& v) {
-  w.PutI64(static_cast<int64_t>(v.size()));
-  w.PutRaw(std::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float)));
-}
-Status GetF32(codec::Reader& r, float* out) {
-  uint32_t bits = 0;
-  EMBER_RETURN_NOT_OK(r.GetU32(&bits));
-  *out = std::bit_cast<float>(bits);
-  return Status::OK();
-}
-Status GetFloats(codec::Reader& r, size_t n, std::vector<float>* out) {
-  std::string_view bytes;
-  if (n > r.remaining() / sizeof(float)) return Status::Corruption("float count does not fit the bytes left");
-  EMBER_RETURN_NOT_OK(r.GetBytes(n * sizeof(float), "floats", &bytes));
-  out->resize(n);
-  if (n > 0) std::memcpy(out->data(), bytes.data(), bytes.size());
-  return Status::OK();
-}
-Status GetCount(codec::Reader& r, size_t* out) {
-  int64_t n = 0;
-  EMBER_RETURN_NOT_OK(r.GetI64(&n));
-  if (n < 0) return Status::Corruption("negative count at offset " + std::to_string(r.offset() - 8));
-  *out = static_cast<size_t>(n);
-  return Status::OK();
-}
-Status GetRuleOf(codec::Reader& r, Rule* rule) {
-  uint32_t v = 0;
-  EMBER_RETURN_NOT_OK(r.GetU32(&v));
-  if (v > static_cast<uint32_t>(Rule::kElastic)) return Status::Corruption("unknown rule " + std::to_string(v));
-  *rule = static_cast<Rule>(v);
+Status GetFormat(codec::Reader& r) {
+  uint32_t format = 0;
+  EMBER_RETURN_NOT_OK(r.GetU32(&format));
+  if (format != kSnapshotFormat) return Status::Corruption("snapshot format " + std::to_string(format));
   return Status::OK();
 }
 
@@ -349,11 +322,9 @@ std::string EncodeDense(const Dense& d) {
 
 Status DecodeDense(std::string_view bytes, Dense* d) {
   codec::Reader r(bytes);
-  uint32_t format = 0;
-  EMBER_RETURN_NOT_OK(r.GetU32(&format));
-  if (format != kSnapshotFormat) return Status::Corruption("snapshot format " + std::to_string(format));
+  EMBER_RETURN_NOT_OK(GetFormat(r));
   RuleOptions& o = d->options;
-  EMBER_RETURN_NOT_OK(GetRuleOf(r, &o.rule));
+  EMBER_RETURN_NOT_OK(GetRule(r, &o.rule));
   for (float* f : {&o.lr, &o.beta1, &o.beta2, &o.epsilon, &o.alpha}) EMBER_RETURN_NOT_OK(GetF32(r, f));
   uint8_t flags = 0;
   EMBER_RETURN_NOT_OK(r.GetU8(&flags));
@@ -365,10 +336,9 @@ Status DecodeDense(std::string_view bytes, Dense* d) {
   EMBER_RETURN_NOT_OK(r.GetI64(&d->step));
   if (version < 0) return Status::Corruption("negative version");
   d->version = version;
-  size_t n = 0;
+  std::string_view view;
   for (std::vector<float>* v : {&d->w, &d->m, &d->v}) {
-    EMBER_RETURN_NOT_OK(GetCount(r, &n));
-    EMBER_RETURN_NOT_OK(GetFloats(r, n, v));
+    EMBER_RETURN_NOT_OK(GetFloats(r, "values", /*copy=*/true, v, &view));
   }
   if (d->w.empty() || (o.rule == Rule::kAdam && (d->m.size() != d->w.size() || d->v.size() != d->w.size()))) {
     return Status::Corruption("the values and moments do not match");
@@ -395,26 +365,30 @@ std::string EncodeTable(const Table& t) {
 
 Status DecodeTable(std::string_view bytes, Table* t) {
   codec::Reader r(bytes);
-  uint32_t format = 0;
-  EMBER_RETURN_NOT_OK(r.GetU32(&format));
-  if (format != kSnapshotFormat) return Status::Corruption("snapshot format " + std::to_string(format));
+  EMBER_RETURN_NOT_OK(GetFormat(r));
   TableOptions& o = t->options;
   int64_t seed = 0;
   EMBER_RETURN_NOT_OK(r.GetI32(&o.dim));
   EMBER_RETURN_NOT_OK(r.GetI64(&seed));
   o.seed = static_cast<uint64_t>(seed);
   EMBER_RETURN_NOT_OK(GetF32(r, &o.init_scale));
-  EMBER_RETURN_NOT_OK(GetRuleOf(r, &o.rule));
+  EMBER_RETURN_NOT_OK(GetRule(r, &o.rule));
   EMBER_RETURN_NOT_OK(GetF32(r, &o.lr));
   if (o.dim <= 0 || o.dim > kMaxDim) return Status::Corruption("dim " + std::to_string(o.dim));
-  size_t rows = 0;
-  EMBER_RETURN_NOT_OK(GetCount(r, &rows));
+  int64_t rows = 0;
+  EMBER_RETURN_NOT_OK(r.GetI64(&rows));
   const size_t row_bytes = 8 + static_cast<size_t>(o.dim) * sizeof(float);
-  if (rows > r.remaining() / row_bytes) return Status::Corruption("row count does not fit the bytes left");
-  for (size_t k = 0; k < rows; ++k) {
+  if (rows < 0 || static_cast<uint64_t>(rows) > r.remaining() / row_bytes) {
+    return Status::Corruption("row count " + std::to_string(rows) + " does not fit the bytes left");
+  }
+  for (int64_t k = 0; k < rows; ++k) {
     int64_t id = 0;
+    std::string_view row;
     EMBER_RETURN_NOT_OK(r.GetI64(&id));
-    EMBER_RETURN_NOT_OK(GetFloats(r, static_cast<size_t>(o.dim), &t->rows[id]));
+    EMBER_RETURN_NOT_OK(r.GetBytes(static_cast<size_t>(o.dim) * sizeof(float), "row", &row));
+    auto& out = t->rows[id];
+    out.resize(static_cast<size_t>(o.dim));
+    std::memcpy(out.data(), row.data(), row.size());
   }
   return r.ExpectEnd();
 }
