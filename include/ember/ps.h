@@ -13,7 +13,9 @@
 //
 // Update rules (what a push means, the seeds' async algorithms; docs/ps.md):
 //   kAssign   w = v                                (set weights: a chief's initial values)
-//   kAdd      w += v                               (DOWNPOUR / Elephas / Hogwild deltas)
+//   kAdd      w += v                               (DOWNPOUR / ADAG / Elephas / Hogwild deltas;
+//                                                   with scale_by_staleness, DynSGD on deltas:
+//                                                   v / (staleness + 1))
 //   kSgd      w -= lr * g                          (gradients; with scale_by_staleness,
 //                                                   DynSGD: g / (staleness + 1))
 //   kAdam     Adam on pushed gradients (lr, beta1, beta2, epsilon), per tensor step count
@@ -22,6 +24,12 @@
 // Staleness: an update whose base version is more than `staleness_bound` updates old is
 // rejected (bound < 0: every update is taken) and counted; every taken update's staleness goes
 // into the shard's histogram.
+//
+// Clocks (SSP / BSP, Ho et al. 2013): each worker ticks a clock per iteration (Shard::Clock);
+// a worker at clock c waits until every live worker is at clock >= c - bound (bound 0: BSP;
+// the first `warmup` clocks use bound 0, TensorSpark's synchronous warm-up).  Workers join by
+// ticking; one that leaves (done, or its connection dropped: dead) is no longer waited for,
+// and one that joins late starts at the slowest live worker's clock.  Shard 0 keeps the clocks.
 //
 // Thread-safe: every method may be called from any thread.  Dense tensors have a lock each
 // (none with `hogwild`: kAdd and kSgd then race by design, as Hogwild does, and only those
@@ -57,7 +65,7 @@ struct RuleOptions {
   float beta2 = 0.999f;     // kAdam
   float epsilon = 1e-7f;    // kAdam (Keras's default)
   float alpha = 0.1f;       // kElastic: the moving rate (dist-keras's AEASGD: rho * lr)
-  bool scale_by_staleness = false;  // kSgd: DynSGD
+  bool scale_by_staleness = false;  // kSgd, kAdd: DynSGD (the update / (staleness + 1))
   int64_t staleness_bound = -1;     // < 0: none (fully asynchronous)
   bool hogwild = false;             // no lock (kAdd, kSgd only)
 };
@@ -87,6 +95,13 @@ struct ShardStats {
   int64_t pushes_rejected = 0;           // older than their tensor's staleness bound
   std::vector<int64_t> staleness_histogram;  // [s] taken updates of staleness s; the last counts >= size-1
   int64_t rows = 0;                      // rows created over every table
+};
+
+// What a worker's tick saw (Shard::Clock).
+struct ClockResult {
+  int64_t clock = 0;      // the worker's clock now (a late joiner's is raised to the slowest's)
+  int64_t min_clock = 0;  // the slowest live worker's clock when the wait ended
+  int64_t waited_us = 0;  // how long the worker waited
 };
 
 class Shard {
@@ -120,6 +135,25 @@ class Shard {
   Status PushRows(const std::string& table, std::span<const int64_t> ids, std::span<const float> update);
 
   ShardStats Stats() const;
+
+  // Records `worker` at `clock` and waits until every live worker is at clock >= clock - bound
+  // (bound < 0: no wait) and at least `workers` distinct workers have ticked, or `deadline`:
+  // DeadlineExceeded naming the slowest worker and its clock (or the workers not yet seen).
+  // A worker not live (new, or back after leaving) joins at max(clock, the slowest live
+  // clock).  A clock below the worker's own is InvalidArgument.  Unavailable once StopWaits().
+  // `owner` names who ticks (the server: the connection); Leave with an owner only removes a
+  // worker that owner ticked last, so a dead worker's connection closing late cannot remove
+  // the replacement that took its name.
+  Result<ClockResult> Clock(const std::string& worker, int64_t clock, int64_t bound, int workers,
+                            Deadline deadline, uint64_t owner = 0);
+  // `worker` is no longer waited for (it ended, or `why`: its connection dropped).  Returns
+  // whether it was live (and, with an owner != 0, last ticked by `owner`).
+  bool Leave(const std::string& worker, const std::string& why = "", uint64_t owner = 0);
+  // The live workers and their clocks, and the departed ones with why they left.
+  std::map<std::string, int64_t> Clocks() const;
+  std::map<std::string, std::string> Departed() const;
+  // Every Clock wait returns Unavailable now and after (the server is closing).
+  void StopWaits();
 
   // The shard's state as named blobs, one per tensor ("dense/<name>") and table
   // ("table/<name>"): values, versions, rule options, Adam's moments, every row.  Each blob is
@@ -195,6 +229,9 @@ struct ClientPushResult {
   int rejected = 0;                 // slices too stale for their bound
   int64_t max_staleness = 0;
   std::vector<float> reply;         // kElastic: the elastic difference, whole tensor; else empty
+  // Each slice's version after the push: what the pusher's values are now based on when it
+  // applies `reply` itself (kElastic), with no pull.
+  Versions versions;
 };
 
 // A worker's connections to every shard.  Requests to several shards go out together and their
@@ -221,6 +258,15 @@ class Client {
   Status PushRows(const std::string& table, std::span<const int64_t> ids, int dim, std::span<const float> update);
   // Every shard's stats, in shard order.
   Result<std::vector<ShardStats>> Stats();
+  // SSP/BSP (shard 0 keeps the clocks): ticks this worker (options.name) to `clock` and waits
+  // until the slowest live worker is within the bound: 0 while clock <= `warmup`, then
+  // `staleness` (< 0: fully asynchronous, no wait).  `workers`: how many distinct workers
+  // must have ticked before anyone passes (the job's worker count).  The wait has the call's
+  // timeout; its error names the slowest worker.  Returns the clock to continue from (a late
+  // joiner's is raised to the slowest live worker's).
+  Result<ClockResult> Clock(int64_t clock, int64_t staleness, int64_t warmup, int workers);
+  // This worker has ended: the others no longer wait for it.
+  Status Leave();
 
  private:
   Client();

@@ -420,25 +420,28 @@ def restore_latest(model: "keras.Model", directory: str, resolve: Any = None) ->
 
 class AsyncCallback(keras.callbacks.Callback):
     """Asynchronous training through parameter-server shards (``ember.ps``): the seeds'
-    DOWNPOUR and Elephas's ``mode="asynchronous"``, or EASGD with ``elastic=True``.
+    DOWNPOUR (Elephas's ``mode="asynchronous"``), ADAG, DynSGD, Hogwild and EASGD.
 
     Every `frequency` ("batch" or "epoch", Elephas's knob; or an int: every that many batches,
-    dist-keras's communication window) the node pulls the shards' weights into the model, trains
-    on, and pushes what its training changed:
+    dist-keras's communication window) the node exchanges its weights with the shards by
+    `algorithm` (``ember.ps.Exchange``, docs/ps.md): ``"downpour"`` (the default) pushes the
+    delta (weights now - weights pulled), which the shards add, and continues from the weights
+    it pulls; ``"adag"`` divides the delta by the window; ``"dynsgd"`` has the shards scale it
+    by 1 / (staleness + 1); ``"hogwild"`` adds it without a lock (Elephas's ``mode="hogwild"``;
+    also ``hogwild=True``); ``"easgd"`` (also ``elastic=True``; moving rate `alpha`) pushes the
+    weights, the shards move by ``alpha * (local - center)`` and the node back by as much.
 
-    * default (``rule="add"``): the delta (weights now - weights pulled) is added on the shards;
-      the node then continues from the weights it pulls next.  ``staleness_bound=s`` drops
-      (and counts) deltas based on weights more than s updates old.
-    * ``hogwild=True``: the same deltas, added without a lock on the shards (Hogwild, Elephas's
-      ``mode="hogwild"``).
-    * ``elastic=True`` (EASGD / AEASGD, moving rate `alpha`): the node pushes its weights, the
-      shards move by ``alpha * (local - center)``, and the node moves back by the same amount;
-      it pulls only at the start.
+    Consistency: fully asynchronous by default; ``staleness_bound=s`` drops (and counts)
+    pushes based on weights more than s updates old; ``ssp=s`` holds a node at each exchange
+    until the slowest is at most s exchanges behind (``ssp=0``: BSP); ``warmup=n`` makes the
+    first n exchanges synchronous.  A node that ends leaves the clocks; one that dies is
+    dropped when its connection closes.
 
     The first node to start creates the shards' tensors from its initial weights (the others'
-    creates change nothing), so every node starts from the same weights.  Every weight of the
-    model is shared, named by its Keras path under `prefix`.  ``pushes`` / ``rejected`` count
-    this node's pushes (per variable); ``ps.stats()`` gives the shards' staleness histogram.
+    creates change nothing), so every node starts from the same weights.  Every float weight of
+    the model is shared, named by its Keras path under `prefix`.  ``pushes`` / ``rejected``
+    count this node's pushes (per variable); ``ps.stats()`` gives the shards' staleness
+    histogram.
 
         ps = ember.ps.connect(ctx)
         model.fit(ds, epochs=5, callbacks=[ember.keras.AsyncCallback(ps, frequency="batch")])
@@ -446,7 +449,8 @@ class AsyncCallback(keras.callbacks.Callback):
 
     def __init__(self, ps: "_ps.Client", frequency: Any = "batch", prefix: str = "model/",
                  staleness_bound: Optional[int] = None, elastic: bool = False, alpha: float = 0.1,
-                 hogwild: bool = False):
+                 hogwild: bool = False, algorithm: Optional[str] = None, ssp: Optional[int] = None,
+                 warmup: int = 0, workers: int = 0):
         super().__init__()
         if frequency == "batch":
             self._every = 1
@@ -456,65 +460,57 @@ class AsyncCallback(keras.callbacks.Callback):
             self._every = frequency
         else:
             raise ValueError(f"AsyncCallback: frequency must be 'batch', 'epoch' or a positive int, got {frequency!r}")
-        self.ps, self.prefix, self.elastic, self.alpha = ps, prefix, elastic, alpha
         if hogwild and elastic:
             raise ValueError("AsyncCallback: hogwild (lock-free adds) and elastic do not combine")
-        self.staleness_bound, self.hogwild = staleness_bound, hogwild
-        self.pushes = self.rejected = 0
-        self._base: Dict[str, Any] = {}
+        if algorithm is None:
+            algorithm = "easgd" if elastic else "hogwild" if hogwild else "downpour"
+        elif (elastic and algorithm != "easgd") or (hogwild and algorithm != "hogwild"):
+            raise ValueError(f"AsyncCallback: algorithm={algorithm!r} contradicts elastic/hogwild")
+        self.ps, self.prefix = ps, prefix
+        self.exchange = _ps.Exchange(ps, algorithm, window=self._every or 1, alpha=alpha,
+                                     staleness_bound=staleness_bound, ssp=ssp, warmup=warmup, workers=workers)
         self._since = 0
 
-    def _names(self):
+    @property
+    def pushes(self) -> int:
+        return self.exchange.pushes
+
+    @property
+    def rejected(self) -> int:
+        return self.exchange.rejected
+
+    def _variables(self):
         # float weights only: a layer's seed-generator state (Dropout) is an integer variable
-        return [(self.prefix + v.path, v) for v in self.model.weights if "float" in str(v.dtype)]
+        return {self.prefix + v.path: v for v in self.model.weights if "float" in str(v.dtype)}
 
-    def _pull(self) -> None:
-        for name, v in self._names():
-            values, versions = self.ps.pull(name, shape=tuple(v.shape))
-            v.assign(values.astype(v.dtype) if values.dtype != v.dtype else values)
-            self._base[name] = (values, versions)
+    def _load(self, values: Dict[str, np.ndarray]) -> None:
+        variables = self._variables()
+        for name, a in values.items():
+            v = variables[name]
+            v.assign(a.astype(v.dtype) if a.dtype != v.dtype else a)
 
-    def _push(self) -> None:
-        for name, v in self._names():
-            base, versions = self._base[name]
-            local = np.asarray(v.numpy(), dtype=np.float32)
-            if self.elastic:
-                result = self.ps.push(name, local, versions)
-                e = np.asarray(result.reply, dtype=np.float32).reshape(local.shape)
-                v.assign(local - e)  # the worker's half of the elastic move
-                _, new_versions = self.ps.pull(name, shape=tuple(v.shape), out=np.empty_like(local))
-                self._base[name] = (local - e, new_versions)
-            else:
-                result = self.ps.push(name, local - base, versions)
-            self.pushes += 1
-            self.rejected += result.rejected
+    def _exchange(self) -> None:
+        steps, self._since = self._since, 0
+        now = {name: np.asarray(v.numpy(), dtype=np.float32) for name, v in self._variables().items()}
+        self._load(self.exchange.exchange(now, steps=steps or None))
 
     def on_train_begin(self, logs: Optional[Dict[str, Any]] = None) -> None:
-        rule = "elastic" if self.elastic else "add"
-        for name, v in self._names():
-            self.ps.create_dense(name, np.asarray(v.numpy(), dtype=np.float32), rule=rule, alpha=self.alpha,
-                                 staleness_bound=self.staleness_bound, hogwild=self.hogwild)
-        self._pull()
+        self._load(self.exchange.start({name: np.asarray(v.numpy(), dtype=np.float32)
+                                        for name, v in self._variables().items()}))
 
     def on_train_batch_end(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
-        if self._every is None:
-            return
         self._since += 1
-        if self._since >= self._every:
-            self._since = 0
-            self._push()
-            if not self.elastic:
-                self._pull()
+        if self._every is not None and self._since >= self._every:
+            self._exchange()
 
     def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         if self._every is None:
-            self._push()
-            if not self.elastic:
-                self._pull()
+            self._exchange()
 
     def on_train_end(self, logs: Optional[Dict[str, Any]] = None) -> None:
-        if self._every is not None and self._since:
-            self._since = 0
-            self._push()
-        if not self.elastic:
-            self._pull()  # the model ends with the shards' weights
+        if self._since:
+            self._exchange()  # ends with the shards' weights (easgd: its own)
+        elif self.exchange.algorithm != "easgd":  # the model ends with the shards' weights
+            self._load(self.exchange.pull({n: np.asarray(v.numpy(), dtype=np.float32)
+                                           for n, v in self._variables().items()}))
+        self.exchange.finish()

@@ -27,7 +27,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import numpy as np
 
 from ember import _ember
-from ember._names import PS_SHARD_KEY
+from ember._names import PS_SHARD_KEY, WORKER_ROLES
 
 RULES = ("assign", "add", "sgd", "adam", "elastic")
 
@@ -136,6 +136,7 @@ class Client:
     def __init__(self, native: "_ember.PsClient") -> None:
         self._native = native
         self._shapes: Dict[str, Tuple[int, ...]] = {}
+        self.job_workers = 0  # training nodes of the job (set by connect(ctx)): Exchange's default
         self._dims: Dict[str, int] = {}
 
     @classmethod
@@ -204,6 +205,123 @@ class Client:
         """Every shard's counters: pushes applied and rejected, the staleness histogram, rows."""
         return self._native.stats()
 
+    def clock(self, clock: int, staleness: Optional[int] = None, warmup: int = 0, workers: int = 0):
+        """SSP / BSP: ticks this worker to `clock` (its iteration count) and waits until the
+        slowest live worker is at least ``clock - bound``: bound 0 (BSP) while ``clock <=
+        warmup``, then `staleness` (None: fully asynchronous, no wait).  Nobody passes before
+        `workers` distinct workers ticked.  Returns the clock result: ``.clock`` is the clock to
+        continue from (a worker joining late starts at the slowest live worker's), ``.min_clock``
+        the slowest's, ``.waited_us`` the wait.  The wait has the call timeout; its error names
+        the slowest worker.  Shard 0 keeps the clocks."""
+        return self._native.clock(int(clock), -1 if staleness is None else int(staleness), int(warmup), int(workers))
+
+    def leave(self) -> None:
+        """This worker has ended: the others no longer wait for it at their clocks.  (A worker
+        whose connection drops, e.g. its process died, leaves by itself.)"""
+        self._native.leave()
+
+
+ALGORITHMS = ("downpour", "adag", "dynsgd", "hogwild", "easgd")
+
+
+class Exchange:
+    """The worker's half of the asynchronous algorithms over named float32 arrays: what
+    ``ember.keras.AsyncCallback`` and ``ember.torch.AsyncParameters`` do with their model's
+    weights (docs/ps.md).  Every `window` local steps the worker calls :meth:`exchange` with its
+    weights and continues from the arrays it returns:
+
+    * ``downpour``: pushes the delta (weights - weights pulled), added on the shards; pulls.
+    * ``adag``: the delta divided by `window` (dist-keras's ADAG normalisation); pulls.
+    * ``dynsgd``: the delta, scaled on the shards by 1 / (staleness + 1); pulls.
+    * ``hogwild``: the delta, added with no lock on the shards; pulls.
+    * ``easgd`` (EASGD / AEASGD; EAMSGD with a momentum optimizer locally): pushes the weights;
+      the shards move by ``alpha * (local - center)`` and the worker by the same amount back;
+      no pull.
+
+    ``staleness_bound=s`` drops (and counts) pushes based on weights more than s updates old.
+    ``ssp=s`` makes a worker wait at each exchange until the slowest is at most s exchanges
+    behind (``ssp=0``: BSP); ``warmup=n`` makes the first n exchanges synchronous whatever
+    `ssp` (TensorSpark's warm-up).  `workers`: how many workers must have started before any
+    passes its first clock (default: the job's training nodes, for a client from
+    :func:`connect`).  A worker that ends calls :meth:`finish`; one that dies is dropped from
+    the clocks when its connection closes, and a replacement joins at the slowest's clock.
+    """
+
+    def __init__(self, ps: Client, algorithm: str = "downpour", window: int = 1, alpha: float = 0.1,
+                 staleness_bound: Optional[int] = None, ssp: Optional[int] = None, warmup: int = 0,
+                 workers: int = 0) -> None:
+        if algorithm not in ALGORITHMS:
+            raise ValueError(f"ember.ps: algorithm must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
+        if not (isinstance(window, int) and window > 0):
+            raise ValueError(f"ember.ps: window must be a positive int, got {window!r}")
+        if ssp is not None and ssp < 0:
+            raise ValueError(f"ember.ps: ssp must be >= 0 (0: BSP) or None, got {ssp!r}")
+        if warmup < 0:
+            raise ValueError(f"ember.ps: warmup must be >= 0, got {warmup!r}")
+        self.ps, self.algorithm, self.window, self.alpha = ps, algorithm, window, alpha
+        self.staleness_bound, self.ssp, self.warmup = staleness_bound, ssp, warmup
+        self.workers = workers or getattr(ps, "job_workers", 0)
+        self.pushes = self.rejected = 0
+        self.clock = 0
+        self.waited_secs = 0.0
+        self._base: Dict[str, Tuple[np.ndarray, Any]] = {}
+        self._clocked = ssp is not None or warmup > 0
+
+    def start(self, named: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        """Creates the tensors from `named` (the first worker's values win) and returns the
+        shards' values to start from."""
+        rule = "elastic" if self.algorithm == "easgd" else "add"
+        for name, a in named.items():
+            self.ps.create_dense(name, a, rule=rule, alpha=self.alpha, staleness_bound=self.staleness_bound,
+                                 hogwild=self.algorithm == "hogwild",
+                                 scale_by_staleness=self.algorithm == "dynsgd")
+        if self._clocked:  # the start is clock 0: a late joiner learns where the others are
+            self.clock = self.ps.clock(0, self.ssp, self.warmup, self.workers).clock
+        return self._pull(named)
+
+    def _pull(self, named: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        out = {}
+        for name, a in named.items():
+            values, versions = self.ps.pull(name, shape=np.shape(a))
+            self._base[name] = (values, versions)
+            out[name] = values
+        return out
+
+    def exchange(self, named: Dict[str, np.ndarray], steps: Optional[int] = None) -> Dict[str, np.ndarray]:
+        """Pushes what `named` (the worker's weights now) changed over `steps` local steps
+        (default `window`), ticks the clock (SSP/BSP), and returns the weights to continue
+        from."""
+        out = {}
+        for name, a in named.items():
+            local = np.asarray(a, dtype=np.float32)
+            base, versions = self._base[name]
+            if self.algorithm == "easgd":
+                result = self.ps.push(name, local, versions)
+                moved = local - np.asarray(result.reply, dtype=np.float32).reshape(local.shape)
+                self._base[name] = (moved, result.versions)
+                out[name] = moved
+            else:
+                delta = local - base
+                if self.algorithm == "adag":
+                    delta /= steps or self.window
+                result = self.ps.push(name, delta, versions)
+            self.pushes += 1
+            self.rejected += result.rejected
+        if self._clocked:
+            r = self.ps.clock(self.clock + 1, self.ssp, self.warmup, self.workers)
+            self.clock = r.clock
+            self.waited_secs += r.waited_us / 1e6
+        return out if self.algorithm == "easgd" else self._pull(named)
+
+    def pull(self, named: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        """The shards' values now (every algorithm but easgd continues from them)."""
+        return self._pull(named)
+
+    def finish(self) -> None:
+        """This worker is done: the others stop waiting for it at their clocks."""
+        if self._clocked:
+            self.ps.leave()
+
 
 def serve(ctx, block: bool = True, port: int = 0, checkpoint_dir: Optional[str] = None,
           checkpoint_secs: float = 60.0) -> Server:
@@ -252,5 +370,7 @@ def connect(ctx, timeout: float = 600.0, call_timeout: float = 60.0) -> Client:
             raise ember.errors.DeadlineExceeded(
                 f"ember.ps.connect: ps node ps:{i} ({ctx.cluster_spec['ps'][i]}) did not serve its shard "
                 f"within {timeout:.0f} s: does main_fun call ember.ps.serve(ctx) on ps nodes?") from e
-    return Client.connect(addresses, secret, name=f"{ctx.job_name}:{ctx.task_index}", timeout=call_timeout,
-                          connect_timeout=timeout)
+    ps = Client.connect(addresses, secret, name=f"{ctx.job_name}:{ctx.task_index}", timeout=call_timeout,
+                        connect_timeout=timeout)
+    ps.job_workers = sum(len(ctx.cluster_spec.get(role, [])) for role in WORKER_ROLES)
+    return ps

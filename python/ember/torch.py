@@ -714,12 +714,13 @@ def load_latest(directory_or_manager, model, optimizer=None, resolve=None):
 
 class AsyncParameters:
     """Asynchronous training of a PyTorch module through parameter-server shards (``ember.ps``):
-    the seeds' DOWNPOUR and Elephas's asynchronous mode, or EASGD with ``elastic=True``; the
-    twin of ``ember.keras.AsyncCallback``.  Call ``step()`` after each ``optimizer.step()``:
-    every `every` steps it pushes what training changed and pulls the shards' weights
-    (``elastic=True``: pushes the weights and moves back by the elastic difference).  The first
-    node creates the shards' tensors from its parameters and buffers (floating point ones,
-    named by ``state_dict`` keys under `prefix`); every node starts from the shards' weights.
+    the twin of ``ember.keras.AsyncCallback``, with the same algorithms (``"downpour"``,
+    ``"adag"``, ``"dynsgd"``, ``"hogwild"``, ``"easgd"``; ``elastic=True`` is ``"easgd"``) and
+    consistency knobs (``staleness_bound``, ``ssp``, ``warmup``; ``ember.ps.Exchange``).  Call
+    ``step()`` after each ``optimizer.step()``: every `every` steps it exchanges the module's
+    weights with the shards.  The first node creates the shards' tensors from its parameters
+    and buffers (floating point ones, named by ``state_dict`` keys under `prefix`); every node
+    starts from the shards' weights.
 
         ps = ember.ps.connect(ctx)
         sync = ember.torch.AsyncParameters(model, ps, every=1)
@@ -730,62 +731,59 @@ class AsyncParameters:
     """
 
     def __init__(self, module, ps, every: int = 1, prefix: str = "model/", staleness_bound=None,
-                 elastic: bool = False, alpha: float = 0.1):
+                 elastic: bool = False, alpha: float = 0.1, algorithm: Optional[str] = None,
+                 ssp: Optional[int] = None, warmup: int = 0, workers: int = 0):
+        from ember import ps as _ps
+
         if not (isinstance(every, int) and every > 0):
             raise ValueError(f"AsyncParameters: every must be a positive int, got {every!r}")
+        if algorithm is None:
+            algorithm = "easgd" if elastic else "downpour"
+        elif elastic and algorithm != "easgd":
+            raise ValueError(f"AsyncParameters: algorithm={algorithm!r} contradicts elastic=True")
         self.module, self.ps, self.every, self.prefix = module, ps, every, prefix
-        self.elastic, self.pushes, self.rejected = elastic, 0, 0
-        self._since, self._base = 0, {}
-        rule = "elastic" if elastic else "add"
-        for name, t in self._tensors():
-            ps.create_dense(name, t.detach().cpu().numpy().astype(np.float32), rule=rule, alpha=alpha,
-                            staleness_bound=staleness_bound)
-        self._pull()
+        self.exchange = _ps.Exchange(ps, algorithm, window=every, alpha=alpha, staleness_bound=staleness_bound,
+                                     ssp=ssp, warmup=warmup, workers=workers)
+        self._since = 0
+        self._load(self.exchange.start(self._numpy()))
+
+    @property
+    def pushes(self) -> int:
+        return self.exchange.pushes
+
+    @property
+    def rejected(self) -> int:
+        return self.exchange.rejected
 
     def _tensors(self):
-        return [(self.prefix + k, t) for k, t in self.module.state_dict(keep_vars=True).items()
-                if t.is_floating_point()]
+        return {self.prefix + k: t for k, t in self.module.state_dict(keep_vars=True).items()
+                if t.is_floating_point()}
 
-    def _pull(self) -> None:
+    def _numpy(self):
+        return {name: t.detach().float().cpu().numpy() for name, t in self._tensors().items()}
+
+    def _load(self, values) -> None:
         import torch
 
+        tensors = self._tensors()
         with torch.no_grad():
-            for name, t in self._tensors():
-                values, versions = self.ps.pull(name, shape=tuple(t.shape))
-                t.copy_(torch.from_numpy(values).to(t.device, t.dtype))
-                self._base[name] = (values, versions)
-
-    def _push(self) -> None:
-        import torch
-
-        with torch.no_grad():
-            for name, t in self._tensors():
-                base, versions = self._base[name]
-                local = t.detach().float().cpu().numpy()
-                if self.elastic:
-                    result = self.ps.push(name, local, versions)
-                    moved = local - np.asarray(result.reply, np.float32).reshape(local.shape)
-                    t.copy_(torch.from_numpy(moved).to(t.device, t.dtype))
-                    _, new_versions = self.ps.pull(name, shape=tuple(t.shape))
-                    self._base[name] = (moved, new_versions)
-                else:
-                    result = self.ps.push(name, local - base, versions)
-                self.pushes += 1
-                self.rejected += result.rejected
-        if not self.elastic:
-            self._pull()
+            for name, a in values.items():
+                t = tensors[name]
+                t.copy_(torch.from_numpy(a).to(t.device, t.dtype))
 
     def step(self) -> None:
-        """After ``optimizer.step()``: pushes and pulls every `every` calls."""
+        """After ``optimizer.step()``: exchanges with the shards every `every` calls."""
         self._since += 1
         if self._since >= self.every:
             self._since = 0
-            self._push()
+            self._load(self.exchange.exchange(self._numpy()))
 
     def finish(self) -> None:
-        """Pushes what is left since the last push; the module ends with the shards' weights."""
+        """Pushes what is left since the last exchange (the module ends with the shards'
+        weights; easgd: its own) and leaves the clocks."""
         if self._since:
-            self._since = 0
-            self._push()
-        elif not self.elastic:
-            self._pull()
+            steps, self._since = self._since, 0
+            self._load(self.exchange.exchange(self._numpy(), steps=steps))
+        elif self.exchange.algorithm != "easgd":
+            self._load(self.exchange.pull(self._numpy()))
+        self.exchange.finish()

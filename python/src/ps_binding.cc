@@ -3,6 +3,7 @@
 // read and filled in place; the GIL is released around every call that talks to a shard.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
@@ -65,6 +66,11 @@ void BindPs(nb::module_& m) {
       .def_ro("staleness_histogram", &ps::ShardStats::staleness_histogram)
       .def_ro("rows", &ps::ShardStats::rows);
 
+  nb::class_<ps::ClockResult>(m, "PsClockResult")
+      .def_ro("clock", &ps::ClockResult::clock)
+      .def_ro("min_clock", &ps::ClockResult::min_clock)
+      .def_ro("waited_us", &ps::ClockResult::waited_us);
+
   nb::class_<ps::Server>(m, "PsServer", "Serves one parameter-server shard over the job's transport.")
       .def_static(
           "start",
@@ -80,6 +86,8 @@ void BindPs(nb::module_& m) {
           "name"_a, "secret"_a, "bind_host"_a = "0.0.0.0", "port"_a = 0)
       .def_prop_ro("port", &ps::Server::port)
       .def("stats", [](ps::Server& s) { return s.shard().Stats(); })
+      .def("clocks", [](ps::Server& s) { return s.shard().Clocks(); })
+      .def("departed", [](ps::Server& s) { return s.shard().Departed(); })
       .def(
           "snapshot",
           [](ps::Server& s) {
@@ -114,7 +122,8 @@ void BindPs(nb::module_& m) {
       .def_ro("applied", &ps::ClientPushResult::applied)
       .def_ro("rejected", &ps::ClientPushResult::rejected)
       .def_ro("max_staleness", &ps::ClientPushResult::max_staleness)
-      .def_ro("reply", &ps::ClientPushResult::reply);
+      .def_ro("reply", &ps::ClientPushResult::reply)
+      .def_ro("versions", &ps::ClientPushResult::versions);
 
   nb::class_<ps::Client>(m, "PsClient", "A worker's connections to every shard.  Thread-safe.")
       .def_static(
@@ -179,7 +188,18 @@ void BindPs(nb::module_& m) {
           [](ps::Client& c) {
             nb::gil_scoped_release release;
             return ValueOrThrow(c.Stats());
-          });
+          })
+      .def(
+          "clock",
+          [](ps::Client& c, int64_t clock, int64_t staleness, int64_t warmup, int workers) {
+            nb::gil_scoped_release release;
+            return ValueOrThrow(c.Clock(clock, staleness, warmup, workers));
+          },
+          "clock"_a, "staleness"_a, "warmup"_a, "workers"_a)
+      .def("leave", [](ps::Client& c) {
+        nb::gil_scoped_release release;
+        ThrowIfError(c.Leave());
+      });
 }
 
 }  // namespace ember::python

@@ -110,6 +110,54 @@ def test_errors_name_the_shard_the_tensor_and_the_call():
             ember.ps.Client.connect([f"127.0.0.1:{s.port}"], b"another-secret-of-16+", connect_timeout=5)
 
 
+def test_ssp_holds_fast_workers_a_dead_worker_is_dropped_and_a_replacement_joins_at_the_slowest_clock():
+    import threading
+
+    server = ember.ps.Server.start("ps:0", SECRET, bind_host="127.0.0.1")
+    shards = [f"127.0.0.1:{server.port}"]
+    gaps, errors, steps = {0: [], 1: []}, [], 30
+
+    def run(rank, delay):
+        try:
+            ps = ember.ps.Client.connect(shards, SECRET, name=f"worker:{rank}", timeout=30)
+            ex = ember.ps.Exchange(ps, "downpour", ssp=1, workers=3)
+            w = ex.start({"w": np.zeros(4, np.float32)})["w"]
+            for _ in range(steps):
+                time.sleep(delay)
+                w = ex.exchange({"w": w + 1})["w"]
+                gaps[rank].append(ex.clock - ps.clock(ex.clock, 1, 0, 3).min_clock)  # a tick again: no wait
+            ex.finish()
+        except Exception as e:  # noqa: BLE001 - reported by the assertion below
+            errors.append(e)
+
+    try:
+        # worker:2 starts (clock 0) and dies: its connection closes without leave().
+        doomed = ember.ps.Client.connect(shards, SECRET, name="worker:2", timeout=30)
+        threads = [threading.Thread(target=run, args=(0, 0.0)), threading.Thread(target=run, args=(1, 0.02))]
+        for t in threads:
+            t.start()
+        doomed.clock(0, 1, 0, 3)
+        del doomed
+        time.sleep(0.2)
+        assert "worker:2" in server._native.departed()
+        # A replacement takes the dead worker's place: it joins at the slowest live clock.
+        new = ember.ps.Client.connect(shards, SECRET, name="worker:2", timeout=30)
+        joined = ember.ps.Exchange(new, "downpour", ssp=1, workers=3)
+        joined.start({"w": np.zeros(4, np.float32)})
+        assert joined.clock >= min(server._native.clocks().get("worker:1", 0), steps) - 1
+        joined.finish()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        assert max(gaps[0]) <= 1  # the fast worker never ran more than ssp=1 clocks ahead
+        assert gaps[0] and gaps[1]
+        ps = ember.ps.Client.connect(shards, SECRET, name="checker")
+        assert ps.pull("w", shape=(4,))[0][0] == 2 * steps  # every push of both landed
+        assert server._native.clocks() == {}  # everyone left
+    finally:
+        server.close()
+
+
 def ps_job(args, ctx):
     import numpy as np
 

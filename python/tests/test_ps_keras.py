@@ -59,17 +59,20 @@ def test_a_second_worker_continues_from_the_shards_and_every_delta_lands(shards)
     assert sum(s.pushes_applied for s in ps.stats()) == 2 * 16 * 4 + 4
 
 
-def test_two_workers_train_at_once_and_converge(shards):
+@pytest.mark.parametrize("algorithm,ssp", [("downpour", None), ("adag", 0)])
+def test_two_workers_train_at_once_and_converge(shards, algorithm, ssp):
     x, y = data()
-    losses, errors = {}, []
+    losses, errors, clocks = {}, [], {}
 
     def worker(rank):
         try:
             m = model(10 + rank)
             cb = ember.keras.AsyncCallback(ember.ps.Client.connect(shards, SECRET, name=f"worker:{rank}"),
-                                           frequency=2)  # dist-keras's communication window
+                                           frequency=2,  # dist-keras's communication window
+                                           algorithm=algorithm, ssp=ssp, workers=2)
             xs, ys = x[rank::2], y[rank::2]
             losses[rank] = m.fit(xs, ys, batch_size=16, epochs=4, verbose=0, callbacks=[cb]).history["loss"]
+            clocks[rank] = cb.exchange.clock
         except BaseException as e:  # noqa: BLE001
             errors.append(e)
 
@@ -83,6 +86,9 @@ def test_two_workers_train_at_once_and_converge(shards):
         assert losses[rank][-1] < losses[rank][0] / 3, losses
     hist = [sum(h) for h in zip(*(s.staleness_histogram for s in ember.ps.Client.connect(shards, SECRET).stats()))]
     assert sum(hist) > 0
+    if ssp == 0:  # BSP: both ticked every exchange (4 epochs x 8 windows), and no push was over 1 update stale
+        assert clocks == {0: 32, 1: 32}
+        assert sum(hist[2:]) == 0, hist
 
 
 def test_elastic_averaging_moves_the_center_and_the_worker_by_the_same_amount(shards):

@@ -210,6 +210,7 @@ Result<ClientPushResult> Client::PushDense(const std::string& tensor, std::span<
     const PushResult& p = replies[i].push;
     (p.applied ? out.applied : out.rejected) += 1;
     out.max_staleness = std::max(out.max_staleness, p.staleness);
+    out.versions.per_slice.push_back(p.version);
     if (FloatCount(replies[i]) > 0) {
       if (out.reply.empty()) out.reply.assign(update.size(), 0.0f);
       if (FloatCount(replies[i]) != slices[i].end - slices[i].begin) {
@@ -328,6 +329,33 @@ Result<std::vector<ShardStats>> Client::Stats() {
   std::vector<ShardStats> out;
   for (auto& r : replies.replies) out.push_back(std::move(r.stats));
   return out;
+}
+
+Result<ClockResult> Client::Clock(int64_t clock, int64_t staleness, int64_t warmup, int workers) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Call c{0, {}};
+  c.request.kind = Kind::kClock;
+  c.request.name = impl_->options.name;
+  c.request.clock = clock;
+  c.request.bound = clock <= warmup ? 0 : staleness;
+  c.request.workers = workers;
+  // The shard answers (with the slowest worker's name) before this call's own deadline.
+  const int64_t timeout = impl_->options.timeout.count();
+  c.request.wait_ms = timeout > 4000 ? timeout - 2000 : timeout * 3 / 4;
+  std::vector<Call> calls;
+  calls.push_back(std::move(c));
+  EMBER_ASSIGN_OR_RAISE(auto replies, impl_->RoundTrip("clock", impl_->options.name, std::move(calls)));
+  return replies[0].clock;
+}
+
+Status Client::Leave() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Call c{0, {}};
+  c.request.kind = Kind::kLeave;
+  c.request.name = impl_->options.name;
+  std::vector<Call> calls;
+  calls.push_back(std::move(c));
+  return impl_->RoundTrip("leave", impl_->options.name, std::move(calls)).status();
 }
 
 }  // namespace ember::ps

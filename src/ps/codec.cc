@@ -94,6 +94,8 @@ const char* KindName(Kind kind) {
     case Kind::kPullRows: return "pull_rows";
     case Kind::kPushRows: return "push_rows";
     case Kind::kStats: return "stats";
+    case Kind::kClock: return "clock";
+    case Kind::kLeave: return "leave";
   }
   return "unknown";
 }
@@ -141,6 +143,16 @@ std::string EncodeRequestHead(const Request& r, size_t values) {
       break;
     case Kind::kStats:
       break;
+    case Kind::kClock:
+      w.PutString(r.name);
+      w.PutI64(r.clock);
+      w.PutI64(r.bound);
+      w.PutI32(r.workers);
+      w.PutI64(r.wait_ms);
+      break;
+    case Kind::kLeave:
+      w.PutString(r.name);
+      break;
   }
   return w.Release();
 }
@@ -156,7 +168,7 @@ Result<Request> DecodeRequest(std::string_view bytes) {
   Request q;
   uint8_t kind = 0;
   EMBER_RETURN_NOT_OK(r.GetU8(&kind));
-  if (kind < static_cast<uint8_t>(Kind::kCreateDense) || kind > static_cast<uint8_t>(Kind::kStats)) {
+  if (kind < static_cast<uint8_t>(Kind::kCreateDense) || kind > static_cast<uint8_t>(Kind::kLeave)) {
     return Status::Corruption("PS request: unknown kind " + std::to_string(kind) + " at offset 0");
   }
   q.kind = static_cast<Kind>(kind);
@@ -205,6 +217,13 @@ Result<Request> DecodeRequest(std::string_view bytes) {
       EMBER_RETURN_NOT_OK(GetArray(r, "rows", &q.values));
       break;
     case Kind::kStats:
+    case Kind::kLeave:
+      break;
+    case Kind::kClock:
+      EMBER_RETURN_NOT_OK(r.GetI64(&q.clock));
+      EMBER_RETURN_NOT_OK(r.GetI64(&q.bound));
+      EMBER_RETURN_NOT_OK(r.GetI32(&q.workers));
+      EMBER_RETURN_NOT_OK(r.GetI64(&q.wait_ms));
       break;
   }
   EMBER_RETURN_NOT_OK(r.ExpectEnd());
@@ -236,6 +255,11 @@ std::string EncodeReplyHead(Kind kind, const Reply& p, size_t values) {
       w.PutI64(p.stats.rows);
       w.PutU32(static_cast<uint32_t>(p.stats.staleness_histogram.size()));
       for (int64_t h : p.stats.staleness_histogram) w.PutI64(h);
+      break;
+    case Kind::kClock:
+      w.PutI64(p.clock.clock);
+      w.PutI64(p.clock.min_clock);
+      w.PutI64(p.clock.waited_us);
       break;
     default:
       break;
@@ -307,6 +331,11 @@ Result<Reply> DecodeReply(Kind kind, std::string_view bytes, bool copy_values) {
       for (auto& h : p.stats.staleness_histogram) EMBER_RETURN_NOT_OK(r.GetI64(&h));
       break;
     }
+    case Kind::kClock:
+      EMBER_RETURN_NOT_OK(r.GetI64(&p.clock.clock));
+      EMBER_RETURN_NOT_OK(r.GetI64(&p.clock.min_clock));
+      EMBER_RETURN_NOT_OK(r.GetI64(&p.clock.waited_us));
+      break;
     default:
       break;
   }
@@ -320,7 +349,7 @@ std::string Serve(Shard& shard, std::string_view request) {
   return EncodeReply(kind, p);
 }
 
-Kind Serve(Shard& shard, std::string_view request, Reply* reply) {
+Kind Serve(Shard& shard, std::string_view request, Reply* reply, uint64_t owner, std::string* worker) {
   auto q = DecodeRequest(request);
   Reply& p = *reply;
   if (!q.ok()) {
@@ -355,7 +384,17 @@ Kind Serve(Shard& shard, std::string_view request, Reply* reply) {
     case Kind::kStats:
       p.stats = shard.Stats();
       break;
+    case Kind::kClock: {
+      const Deadline deadline = q->wait_ms < 0 ? Deadline::Infinite() : Deadline::After(Duration(q->wait_ms));
+      auto got = shard.Clock(q->name, q->clock, q->bound, q->workers, deadline, owner);
+      if (got.ok()) p.clock = *got; else p.status = got.status();
+      break;
+    }
+    case Kind::kLeave:
+      shard.Leave(q->name, "left", owner);
+      break;
   }
+  if (worker != nullptr && (q->kind == Kind::kClock || q->kind == Kind::kLeave)) *worker = q->name;
   return q->kind;
 }
 

@@ -13,12 +13,15 @@
 //   kPullRows     string table | ids
 //   kPushRows     string table | ids | floats
 //   kStats        (nothing)
+//   kClock        string worker | i64 clock | i64 bound | i32 workers | i64 wait_ms (< 0: no deadline)
+//   kLeave        string worker
 //   floats: u64 n | n x f32;  ids: u64 n | n x i64
 // Reply: u8 status code | string message (empty when OK) | on OK, by the request's kind:
 //   kPullDense    i64 version | floats
 //   kPushDense    u8 applied | i64 version | i64 staleness | floats (kElastic's difference)
 //   kPullRows     floats
 //   kStats        i64 applied | i64 rejected | i64 rows | u32 k | k x i64 (staleness histogram)
+//   kClock        i64 clock | i64 min_clock | i64 waited_us
 //   the others    nothing
 #pragma once
 
@@ -55,6 +58,8 @@ enum class Kind : uint8_t {
   kPullRows = 5,
   kPushRows = 6,
   kStats = 7,
+  kClock = 8,
+  kLeave = 9,
 };
 const char* KindName(Kind kind);
 
@@ -66,6 +71,10 @@ struct Request {
   int64_t base_version = 0;     // kPushDense
   std::vector<int64_t> ids;     // kPullRows, kPushRows
   std::vector<float> values;    // kCreateDense, kPushDense, kPushRows
+  int64_t clock = 0;            // kClock
+  int64_t bound = -1;           // kClock
+  int32_t workers = 0;          // kClock
+  int64_t wait_ms = -1;         // kClock: how long the shard may wait (< 0: no deadline)
 };
 
 struct Reply {
@@ -77,6 +86,7 @@ struct Reply {
   PushResult push;              // kPushDense
   std::vector<float> rows;      // kPullRows
   ShardStats stats;             // kStats
+  ClockResult clock;            // kClock
 };
 
 std::string EncodeRequest(const Request& r);
@@ -97,7 +107,9 @@ Result<Reply> DecodeReply(Kind kind, std::string_view bytes, bool copy_values = 
 // malformed request gets a Corruption reply; nothing is applied).  The whole server logic.
 std::string Serve(Shard& shard, std::string_view request);
 // The same, leaving the reply decoded in `reply` (the server sends it as head + values, with no
-// copy of the values into one buffer); returns the kind to encode it as.
-Kind Serve(Shard& shard, std::string_view request, Reply* reply);
+// copy of the values into one buffer); returns the kind to encode it as.  `owner` names the
+// connection for the clocks (Shard::Clock); `worker` (if given) gets a kClock's or kLeave's
+// worker name.
+Kind Serve(Shard& shard, std::string_view request, Reply* reply, uint64_t owner = 0, std::string* worker = nullptr);
 
 }  // namespace ember::ps

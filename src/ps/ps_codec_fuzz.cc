@@ -21,12 +21,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       TableOptions t;
       t.dim = 4;
       (void)shard.CreateTable("emb", t);
+      // A clock wait would block the fuzzer: a stopped shard answers every wait at once.
+      if (request->kind == Kind::kClock && request->wait_ms != 0) shard.StopWaits();
       const std::string reply = Serve(shard, bytes);
       if (!DecodeReply(request->kind, reply).ok()) __builtin_trap();
     }
   }
   if (size > 0) {
-    const Kind kind = static_cast<Kind>(1 + data[0] % 7);
+    const Kind kind = static_cast<Kind>(1 + data[0] % 9);
     (void)DecodeReply(kind, bytes.substr(1));
   }
   return 0;

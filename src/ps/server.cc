@@ -1,3 +1,6 @@
+#include <atomic>
+#include <set>
+
 #include "common/logging.h"
 #include "ember/ps.h"
 #include "ps/codec.h"
@@ -11,10 +14,30 @@ struct Server::Impl {
   ServerOptions options;
   std::unique_ptr<Shard> shard;
   std::unique_ptr<tcp::Server> tcp;
+  std::atomic<uint64_t> next_owner{0};  // names each connection for the clocks
 
   // One connection: a request frame in, its reply frame out, until the peer leaves or Close().
   void ServeConnection(tcp::Connection& c) {
     const std::string peer = "worker at " + c.peer();
+    // The workers that ticked a clock over this connection and have not left: when it ends,
+    // they died (or were stopped), and the others stop waiting for them.
+    std::set<std::string> clocked;
+    const uint64_t owner = next_owner.fetch_add(1) + 1;
+    struct LeaveAll {
+      Impl& impl;
+      std::set<std::string>& clocked;
+      std::string peer;
+      uint64_t owner;
+      ~LeaveAll() {
+        for (const auto& w : clocked) {
+          if (impl.shard->Leave(w, "its connection (" + peer + ") closed without leave(): it died or was stopped",
+                                owner)) {
+            EMBER_LOG(WARN) << impl.options.name << ": " << w << " (" << peer
+                            << ") went without leaving; the other workers no longer wait for it";
+          }
+        }
+      }
+    } leave_all{*this, clocked, peer, owner};
     for (;;) {
       auto frame = tcp::ReadFrame(c.fd(), options.max_message_bytes, Deadline::Infinite(), peer);
       if (!frame.ok()) {
@@ -31,7 +54,10 @@ struct Server::Impl {
       }
       // The reply's floats go out from where they are (head + values, one sendmsg).
       Reply reply;
-      const Kind kind = Serve(*shard, frame->payload, &reply);
+      std::string worker;
+      const Kind kind = Serve(*shard, frame->payload, &reply, owner, &worker);
+      if (reply.status.ok() && kind == Kind::kClock) clocked.insert(worker);
+      if (kind == Kind::kLeave) clocked.erase(worker);
       const std::vector<float>& values = ReplyValues(kind, reply);
       const std::string head = EncodeReplyHead(kind, reply, values.size());
       const std::string_view parts[] = {head, std::string_view(reinterpret_cast<const char*>(values.data()),
@@ -66,6 +92,7 @@ int Server::port() const { return impl_->tcp->port(); }
 Shard& Server::shard() { return *impl_->shard; }
 
 void Server::Close() {
+  if (impl_->shard) impl_->shard->StopWaits();  // connection threads blocked in a clock wait return
   if (impl_->tcp) impl_->tcp->Close();
 }
 

@@ -200,6 +200,42 @@ TEST(PsServerTest, ADeadShardFailsTheNextCallNamingItAndTheOthersStayUsable) {
   ASSERT_TRUE(shards.servers[0]->shard().CreateDense("s0", std::vector<float>{3}, Add()).ok());
 }
 
+TEST(PsServerTest, SspClocksOverTheWireWarmUpSynchronouslyAndForgetAWorkerWhoseConnectionDrops) {
+  Shards shards = StartShards(2);
+  auto w0 = ConnectTo(shards, "worker:0", Duration(3000));
+  auto w1 = ConnectTo(shards, "worker:1");
+  ASSERT_TRUE(w0 && w1);
+  // Warm-up (clock <= 2): bound 0 although staleness is 5, so worker:0 cannot run ahead.
+  std::thread first([&] { EXPECT_TRUE(w1->Clock(1, 5, 2, 2).ok()); });  // waits for worker:0's tick
+  ASSERT_TRUE(w0->Clock(1, 5, 2, 2).ok());
+  first.join();
+  auto held = w0->Clock(2, 5, 2, 2);
+  EXPECT_EQ(held.status().code(), StatusCode::kDeadlineExceeded);
+  // The shard's own message (the slowest worker, named) arrives before the client's deadline.
+  EXPECT_NE(held.status().message().find("waited for worker:1 at clock 1 (staleness bound 0)"), std::string::npos)
+      << held.status().ToString();
+  // Past the warm-up the bound is 5.
+  auto w0b = ConnectTo(shards, "worker:0");
+  ASSERT_TRUE(w0b->Clock(6, 5, 2, 2).ok());
+  // worker:1's process dies (its connection closes without leave()): worker:0 goes on.
+  w1.reset();
+  for (int i = 0; i < 200 && shards.servers[0]->shard().Clocks().count("worker:1"); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(shards.servers[0]->shard().Clocks().count("worker:1"), 0u);
+  EXPECT_NE(shards.servers[0]->shard().Departed().at("worker:1").find("closed without leave()"), std::string::npos);
+  auto on = w0b->Clock(20, 0, 2, 2);
+  ASSERT_TRUE(on.ok()) << on.status().ToString();
+  EXPECT_EQ(on->min_clock, 20);
+  // A replacement took worker:0's name on a new connection: the old connection closing now
+  // does not remove it.
+  w0.reset();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(shards.servers[0]->shard().Clocks().count("worker:0"), 1u);
+  ASSERT_TRUE(w0b->Leave().ok());
+  EXPECT_TRUE(shards.servers[0]->shard().Clocks().empty());
+}
+
 TEST(PsServerTest, StrangersAndMalformedRequestsGetNothing) {
   Shards shards = StartShards(1);
   const int port = shards.servers[0]->port();

@@ -1,9 +1,12 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <map>
 #include <mutex>
+#include <set>
 #include <shared_mutex>
 #include <unordered_map>
 
@@ -72,6 +75,21 @@ struct Shard::Impl {
   std::vector<std::unique_ptr<Table>> retired_tables;
   std::atomic<int64_t> applied{0}, rejected{0}, rows{0};
   std::array<std::atomic<int64_t>, kHistogramBuckets> histogram{};
+
+  // SSP/BSP clocks (Shard::Clock).
+  mutable std::mutex clock_mu;
+  std::condition_variable clock_cv;
+  std::map<std::string, int64_t> live;        // worker -> clock
+  std::map<std::string, uint64_t> owners;     // worker -> who ticked it last
+  std::map<std::string, std::string> departed;  // worker -> why it left
+  std::set<std::string> seen;                 // every worker that ever ticked
+  bool stopping = false;
+
+  // The slowest live worker (clock_mu held); live must not be empty.
+  std::pair<std::string, int64_t> Slowest() const {
+    auto it = std::min_element(live.begin(), live.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+    return *it;
+  }
 
   Dense* FindDense(const std::string& tensor) const {
     std::shared_lock lock(mu);
@@ -175,7 +193,12 @@ Result<PushResult> Shard::PushDense(const std::string& tensor, std::span<const f
       std::copy(update.begin(), update.end(), w);
       break;
     case Rule::kAdd:
-      for (size_t i = 0; i < n; ++i) w[i] += update[i];
+      if (o.scale_by_staleness) {  // DynSGD on deltas (dist-keras)
+        const float scale = 1.0f / static_cast<float>(out.staleness + 1);
+        for (size_t i = 0; i < n; ++i) w[i] += scale * update[i];
+      } else {
+        for (size_t i = 0; i < n; ++i) w[i] += update[i];
+      }
       break;
     case Rule::kSgd: {
       const float lr = o.scale_by_staleness ? o.lr / static_cast<float>(out.staleness + 1) : o.lr;
@@ -444,6 +467,85 @@ Status Shard::Restore(const std::map<std::string, std::string>& blobs) {
   impl_->tables = std::move(tables);
   impl_->rows = rows;
   return Status::OK();
+}
+
+Result<ClockResult> Shard::Clock(const std::string& worker, int64_t clock, int64_t bound, int workers,
+                                 Deadline deadline, uint64_t owner) {
+  const auto started = std::chrono::steady_clock::now();
+  Impl& m = *impl_;
+  std::unique_lock<std::mutex> lock(m.clock_mu);
+  if (m.stopping) return Status::Unavailable(m.name + " is closing");
+  if (clock < 0) return Status::InvalidArgument(m.name + ": " + worker + " ticked to clock " + std::to_string(clock));
+  auto it = m.live.find(worker);
+  int64_t mine = clock;
+  if (it == m.live.end()) {  // joins (or comes back): never behind the slowest live worker
+    if (!m.live.empty()) mine = std::max(mine, m.Slowest().second);
+    m.departed.erase(worker);
+    m.seen.insert(worker);
+    m.live[worker] = mine;
+  } else {
+    if (clock < it->second) {
+      return Status::InvalidArgument(m.name + ": " + worker + " ticked back from clock " + std::to_string(it->second) +
+                                     " to " + std::to_string(clock));
+    }
+    it->second = clock;
+  }
+  m.owners[worker] = owner;
+  m.clock_cv.notify_all();
+  auto ready = [&] {
+    if (m.stopping) return true;
+    if (!m.live.count(worker)) return true;  // left meanwhile (another connection said so)
+    return bound < 0 || (static_cast<int>(m.seen.size()) >= workers && m.Slowest().second >= mine - bound);
+  };
+  if (deadline.infinite()) {
+    m.clock_cv.wait(lock, ready);
+  } else if (!m.clock_cv.wait_for(lock, deadline.remaining(), ready)) {
+    if (static_cast<int>(m.seen.size()) < workers) {
+      std::string names;
+      for (const auto& w : m.seen) names += (names.empty() ? "" : ", ") + w;
+      return Status::DeadlineExceeded(m.name + ": " + worker + " at clock " + std::to_string(mine) +
+                                      " waited for " + std::to_string(workers) + " workers to tick; only " +
+                                      std::to_string(m.seen.size()) + " did (" + names +
+                                      "): did every worker start, and does each tick the clock?");
+    }
+    const auto [slow, at] = m.Slowest();
+    return Status::DeadlineExceeded(m.name + ": " + worker + " at clock " + std::to_string(mine) + " waited for " +
+                                    slow + " at clock " + std::to_string(at) + " (staleness bound " +
+                                    std::to_string(bound) + "): is " + slow +
+                                    " alive? A worker that ends must leave() so the others stop waiting for it");
+  }
+  if (m.stopping) return Status::Unavailable(m.name + " is closing");
+  ClockResult out;
+  out.clock = mine;
+  out.min_clock = m.live.empty() ? mine : m.Slowest().second;
+  out.waited_us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - started).count();
+  return out;
+}
+
+bool Shard::Leave(const std::string& worker, const std::string& why, uint64_t owner) {
+  std::lock_guard<std::mutex> lock(impl_->clock_mu);
+  if (!impl_->live.count(worker) || (owner != 0 && impl_->owners[worker] != owner)) return false;
+  impl_->live.erase(worker);
+  impl_->owners.erase(worker);
+  impl_->departed[worker] = why.empty() ? "left" : why;
+  impl_->clock_cv.notify_all();
+  return true;
+}
+
+std::map<std::string, int64_t> Shard::Clocks() const {
+  std::lock_guard<std::mutex> lock(impl_->clock_mu);
+  return impl_->live;
+}
+
+std::map<std::string, std::string> Shard::Departed() const {
+  std::lock_guard<std::mutex> lock(impl_->clock_mu);
+  return impl_->departed;
+}
+
+void Shard::StopWaits() {
+  std::lock_guard<std::mutex> lock(impl_->clock_mu);
+  impl_->stopping = true;
+  impl_->clock_cv.notify_all();
 }
 
 ShardStats Shard::Stats() const {

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <thread>
 #include <vector>
@@ -82,9 +84,86 @@ TEST(ShardTest, StaleUpdatesAreRejectedPastTheBoundOrScaledByDynSgd) {
   ASSERT_TRUE(s.PushDense("d", std::vector<float>{-1}, 0).ok());  // staleness 1: w += 1/2
   EXPECT_EQ(s.PullDense("d")->values, (std::vector<float>{1.5f}));
 
+  RuleOptions dyn_add = With(Rule::kAdd);  // dist-keras's DynSGD: deltas scaled by 1/(staleness+1)
+  dyn_add.scale_by_staleness = true;
+  ASSERT_TRUE(s.CreateDense("a", std::vector<float>{0}, dyn_add).ok());
+  ASSERT_TRUE(s.PushDense("a", std::vector<float>{1}, 0).ok());  // staleness 0: w += 1
+  ASSERT_TRUE(s.PushDense("a", std::vector<float>{3}, 0).ok());  // staleness 1: w += 3/2
+  EXPECT_EQ(s.PullDense("a")->values, (std::vector<float>{2.5f}));
+
   auto future = s.PushDense("d", std::vector<float>{1}, 99);
   EXPECT_EQ(future.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(future.status().message().find("version 99"), std::string::npos) << future.status().ToString();
+}
+
+Deadline Soon(int ms = 2000) { return Deadline::After(Duration(ms)); }
+
+TEST(ShardClockTest, SspHoldsTheFastWorkerWithinTheBoundOfTheSlowest) {
+  Shard s("ps:0");
+  // Two workers, bound 1.  Worker 0 may not pass before worker 1 ticked at all.
+  auto early = s.Clock("worker:0", 1, 1, 2, Deadline::After(Duration(50)));
+  EXPECT_EQ(early.status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(early.status().message().find("only 1 did (worker:0)"), std::string::npos) << early.status().ToString();
+  ASSERT_TRUE(s.Clock("worker:1", 1, 1, 2, Soon()).ok());
+  ASSERT_TRUE(s.Clock("worker:0", 2, 1, 2, Soon()).ok());  // 2 - 1 <= 1
+  auto ahead = s.Clock("worker:0", 3, 1, 2, Deadline::After(Duration(50)));  // 3 - 1 > 1: waits
+  EXPECT_EQ(ahead.status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(ahead.status().message().find("waited for worker:1 at clock 1 (staleness bound 1)"), std::string::npos)
+      << ahead.status().ToString();
+
+  // The wait ends the moment the slow worker catches up.
+  std::thread fast([&] {
+    auto r = s.Clock("worker:0", 3, 1, 2, Soon(10000));
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    if (r.ok()) {
+      EXPECT_EQ(r->min_clock, 2);
+      EXPECT_GT(r->waited_us, 10000);
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(s.Clock("worker:1", 2, 1, 2, Soon()).ok());
+  fast.join();
+
+  auto back = s.Clock("worker:1", 1, 1, 2, Soon());
+  EXPECT_EQ(back.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(ShardClockTest, BspWaitsForEveryoneAndADepartedWorkerIsNotWaitedFor) {
+  Shard s("ps:0");
+  ASSERT_TRUE(s.Clock("worker:0", 0, 0, 3, Deadline::After(Duration(1))).status().code() ==
+              StatusCode::kDeadlineExceeded);
+  std::vector<std::thread> ts;
+  std::atomic<int> passed{0};
+  for (int w = 1; w < 3; ++w) {
+    ts.emplace_back([&, w] {
+      auto r = s.Clock("worker:" + std::to_string(w), 1, 0, 3, Soon(10000));
+      EXPECT_TRUE(r.ok()) << r.status().ToString();
+      passed += 1;
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(passed.load(), 0);  // worker:0 is still at clock 0
+  s.Leave("worker:0", "its connection closed");  // it died: the others go on
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(passed.load(), 2);
+  EXPECT_EQ(s.Departed().at("worker:0"), "its connection closed");
+
+  // A replacement (or the same name back) joins at the slowest live clock, not behind it.
+  auto joined = s.Clock("worker:0", 0, 0, 3, Soon());
+  ASSERT_TRUE(joined.ok()) << joined.status().ToString();
+  EXPECT_EQ(joined->clock, 1);
+  EXPECT_EQ(s.Clocks().size(), 3u);
+  EXPECT_EQ(s.Departed().count("worker:0"), 0u);
+
+  // Fully asynchronous (bound < 0): recorded, never waits.
+  EXPECT_TRUE(s.Clock("worker:1", 50, -1, 3, Deadline::After(Duration(0))).ok());
+  // Closing the server wakes every wait.
+  std::thread waiting([&] {
+    EXPECT_EQ(s.Clock("worker:1", 60, 0, 3, Soon(10000)).status().code(), StatusCode::kUnavailable);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  s.StopWaits();
+  waiting.join();
 }
 
 TEST(ShardTest, MistakesAreNamedAndChangeNothing) {
