@@ -94,24 +94,31 @@ class Server:
             _, saved = manager.restore(restored)
             index = json.loads(bytes(saved["index.json"]).decode())
             self.restore({name: saved[blob] for blob, name in index.items()})
-        self._checkpoint = (manager, threading.Event(), [restored or 0])
+        stop, lock, step = threading.Event(), threading.Lock(), [restored or 0]
+        self._checkpoint = (manager, stop, step)
 
-        def save() -> None:
-            step = self._checkpoint[2]
-            step[0] += 1
-            snap = self.snapshot()
-            index = {f"b{i}": name for i, name in enumerate(sorted(snap))}
-            blobs = {blob: snap[name] for blob, name in index.items()}
-            blobs["index.json"] = json.dumps(index).encode()
-            manager.save(step[0], blobs)
+        def save() -> None:  # the interval thread's, save()'s and close()'s: one at a time
+            with lock:
+                step[0] += 1
+                snap = self.snapshot()
+                index = {f"b{i}": name for i, name in enumerate(sorted(snap))}
+                blobs = {blob: snap[name] for blob, name in index.items()}
+                blobs["index.json"] = json.dumps(index).encode()
+                manager.save(step[0], blobs)
 
         def loop() -> None:
-            while not self._checkpoint[1].wait(every_secs):
+            while not stop.wait(every_secs):
                 save()
 
         self._save = save
         threading.Thread(target=loop, name="ember-ps-checkpoint", daemon=True).start()
         return restored
+
+    def save(self) -> None:
+        """Saves a checkpoint now (after :meth:`checkpoint_to`)."""
+        if getattr(self, "_checkpoint", None) is None:
+            raise RuntimeError("ember.ps.Server.save: call checkpoint_to(directory) first")
+        self._save()
 
     def close(self) -> None:
         checkpoint = getattr(self, "_checkpoint", None)

@@ -159,16 +159,39 @@ def test_ssp_holds_fast_workers_a_dead_worker_is_dropped_and_a_replacement_joins
 
 
 def ps_job(args, ctx):
+    import os
+    import signal
+    import time
+
     import numpy as np
 
     import ember.ps
 
+    restarted = ctx.job_id.endswith("-r1")
     if ctx.job_name == "ps":
-        ember.ps.serve(ctx)  # until shutdown stops the node
+        server = ember.ps.serve(ctx, block=False, checkpoint_dir=args["checkpoints"], checkpoint_secs=0.5)
+        if ctx.task_index == 0 and not restarted:
+            # The first gang's ps:0 dies once the workers' pushes are in a checkpoint of its own.
+            while server.stats().pushes_applied < 10:
+                time.sleep(0.05)
+            time.sleep(1.5)  # ps:1 saves every 0.5 s: its checkpoints hold pushes too
+            server.save()
+            os.kill(os.getpid(), signal.SIGKILL)
+        while True:
+            time.sleep(3600)  # until shutdown stops the node
     ps = ember.ps.connect(ctx, timeout=60)
     ps.create_dense("w", np.zeros(BIG, np.float32), rule="add")
     ps.create_table("emb", dim=4, seed=1, rule="add")
+    if not restarted:
+        while True:  # until ps:0 dies: this worker's next call names it, and the gang restarts
+            w, versions = ps.pull("w")
+            ps.push("w", np.ones_like(w), versions)
+            time.sleep(0.01)
     comm = ctx.communicator()
+    w, start = ps.pull("w")
+    if min(start.per_slice) < 1:
+        raise AssertionError(f"the restarted shards did not resume from their checkpoints: versions {start.per_slice}")
+    comm.barrier()  # every worker saw the restored versions before anyone pushes
     for _ in range(args["steps"]):
         w, versions = ps.pull("w")
         ps.push("w", np.ones_like(w), versions)
@@ -176,16 +199,24 @@ def ps_job(args, ctx):
     comm.barrier()
     if ctx.training_rank == 0:
         w, versions = ps.pull("w")
-        want = float(ctx.num_workers * args["steps"])
-        if not (np.all(w == want) and versions.per_slice == [int(want)] * ps.num_shards):
-            raise AssertionError(f"after every push: {w[:3]}..., versions {versions.per_slice}; want {want}")
+        halves = (w[:BIG // 2], w[BIG // 2:])
+        # each slice holds 1 per push it ever took (restored ones included): its version
+        if not all(np.all(h == v) for h, v in zip(halves, versions.per_slice)) or \
+                min(b - a for a, b in zip(start.per_slice, versions.per_slice)) < ctx.num_workers * args["steps"]:
+            raise AssertionError(f"after every push: {w[:3]}..., versions {versions.per_slice}, from {start.per_slice}")
 
 
-def test_ps_nodes_of_a_spark_job_serve_shards_and_its_workers_train_through_them(spark):
-    cluster = ember.Cluster.run(spark, ps_job, {"steps": 5}, num_executors=4, num_ps=2, reservation_timeout=60)
-    cluster.shutdown(timeout=60)  # the workers' assertion would fail the job; ps nodes are stopped
+def test_ps_nodes_serve_shards_a_killed_ps_node_restarts_from_its_checkpoint_and_training_goes_on(spark, tmp_path):
+    cluster = ember.Cluster.run(spark, ps_job, {"steps": 5, "checkpoints": str(tmp_path)}, num_executors=4, num_ps=2,
+                                reservation_timeout=60, max_restarts=1)
+    cluster.shutdown(timeout=120)  # the workers' assertion would fail the job; ps nodes are stopped
     assert sorted(cluster.cluster_spec) == ["ps", "worker"]
+    assert len(cluster.restarts) == 1
+    # The first failure is ps:0's SIGKILL, or a worker's call naming the shard that died.
+    assert cluster.restarts[0].node == "ps:0" or "ps:0" in cluster.restarts[0].reason, cluster.restarts
+    assert cluster.restarts[0].relaunch_secs is not None
     no_leftovers(cluster.job_id)
+    no_leftovers(f"{cluster.job_id}-r1")
 
 
 def test_a_shard_checkpoints_and_a_new_one_resumes_from_it(tmp_path):
