@@ -64,6 +64,8 @@ struct Event {
     kRegistered,  // a node registered
     kNodeDone,    // node exited cleanly
     kNodeFailed,  // node reported a failure or was lost; text = error
+    kNodeDeparted,  // a worker failed or was lost within tolerated_worker_losses: the job goes
+                    // on without it; text = error
     kAbort,       // the server broadcast an abort; text = reason
   } kind = Kind::kLog;
   int executor_id = -1;
@@ -82,6 +84,11 @@ struct CoordinatorOptions {
   Duration handshake_timeout{5000};     // a peer must finish the handshake within this
   Duration heartbeat_timeout{30000};    // a registered node silent this long is lost
   size_t max_message_bytes = 16 << 20;  // larger frames are rejected
+  // Asynchronous jobs (parameter servers) may go on without some workers: up to this many
+  // nodes of role "worker" may fail or be lost without aborting the job.  Each such node
+  // departs (Event kNodeDeparted): barriers and WaitForNodes stop waiting for it, nobody is
+  // told to abort.  Past the count, and for every other role, a failure aborts as usual.
+  int tolerated_worker_losses = 0;
 };
 
 // Thread-safe: every method may be called from any thread.
@@ -131,7 +138,7 @@ class CoordinatorServer {
   std::vector<Event> PollEvents(Duration timeout);
 
   // Blocks until every node whose role is in `job_names` (all nodes if empty)
-  // is kDone.  Returns the first failure (Aborted, naming node, host and
+  // is kDone (or departed: a tolerated worker loss).  Returns the first failure (Aborted, naming node, host and
   // error) as soon as any node fails (or the abort reason after Abort()),
   // or DeadlineExceeded naming the nodes still running.
   Status WaitForNodes(const std::vector<std::string>& job_names, Duration timeout);
@@ -180,7 +187,8 @@ class CoordinatorClient {
   // connection as belonging to `executor_id` without changing its state.
   Status Attach(int executor_id);
 
-  // Waits until all num_nodes nodes have entered barrier `name`.  Needs a
+  // Waits until all num_nodes nodes have entered barrier `name` (departed nodes, tolerated
+  // worker losses, are not waited for).  Needs a
   // registered or attached connection.  Each name completes once; entering a
   // completed barrier returns at once.
   Status Barrier(const std::string& name, Duration timeout);

@@ -39,7 +39,8 @@ from ember._driver.console import Console
 from ember._driver.gang import Gang, Launch, Restart  # noqa: F401 - Restart: Cluster.restarts' items
 from ember._driver import gpus as _gpus
 from ember._driver.spark_job import check_executor_python, check_slots, spark_context, task_slots
-from ember.errors import ClusterError
+from ember._names import WORKER_ROLES
+from ember.errors import ClusterError, NodeError
 from ember.input_mode import InputMode
 
 
@@ -136,7 +137,8 @@ class Cluster:
             reservation_timeout: float = 600, heartbeat_timeout: float = 30,
             slot_timeout: Optional[float] = None,
             connect_timeout: Optional[float] = None, max_restarts: int = 0,
-            driver_ps_nodes: bool = False, gpus_per_node: Optional[float] = None) -> "Cluster":
+            driver_ps_nodes: bool = False, gpus_per_node: Optional[float] = None,
+            min_workers: Optional[int] = None) -> "Cluster":
         """Starts `num_executors` nodes, each running ``main_fun(args, ctx)``, and returns
         once all of them have registered.
 
@@ -184,6 +186,17 @@ class Cluster:
                 launchers run on threads of this process (each node still a process of its
                 own, ended with the job), and the Spark barrier stage holds only the other
                 nodes, so it needs `num_executors - num_ps` task slots.
+            min_workers: asynchronous training (parameter servers, ``ember.ps``) may go on
+                without some workers: the job continues while at least `min_workers` training
+                nodes (chief/master/worker) remain.  A "worker" node that fails or is lost
+                then departs: the driver names it (``Cluster.lost_workers``), its Spark task
+                ends normally, and the others are not stopped (the ps shards drop it from
+                their clocks; its pushes so far stay).  A chief, master, ps or evaluator
+                failure, or one loss too many, stops the job as usual (or restarts it under
+                `max_restarts`).  Needs InputMode.TENSORFLOW (the nodes read their own data;
+                a fed node's data would go with it), and no collectives between the workers
+                (their groups are fixed at the start).  None (the default): every node is
+                needed.
 
         Raises:
             ClusterError: too few task slots or GPUs, two nodes given one GPU, the executors' Python cannot import this Ember
@@ -209,10 +222,12 @@ class Cluster:
         check_executor_python(sc, num_nodes - driver_nodes, config.get("executor_check_timeout", sc))
         if max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
+        tolerated = _tolerated_worker_losses(layout, num_nodes, input_mode, min_workers)
         launch = Launch(main_fun=main_fun, args=args, tensorboard=tensorboard,
                         reservation_timeout=reservation_timeout, heartbeat_timeout=heartbeat_timeout,
                         connect_timeout=config.get("connect_timeout", sc, connect_timeout),
-                        gpus_per_node=gpus, profile=profile, local_gpus=local_gpus)
+                        gpus_per_node=gpus, profile=profile, local_gpus=local_gpus,
+                        tolerated_worker_losses=tolerated)
         cluster = cls(sc, num_nodes, layout, input_mode, log_dir, launch, max_restarts=int(max_restarts),
                       driver_nodes=driver_nodes)
         try:
@@ -221,6 +236,13 @@ class Cluster:
             cluster._teardown(abort_reason=f"Cluster.run failed: {type(e).__name__}")
             raise
         return cluster
+
+    @property
+    def lost_workers(self) -> List[NodeError]:
+        """The worker nodes the job went on without (``Cluster.run(min_workers=...)``), in the
+        order they were lost, each a NodeError naming the node, its host and why."""
+        watcher = self._gang.watcher
+        return list(watcher.departed) if watcher is not None else []
 
     # -- InputMode.SPARK -----------------------------------------------------
 
@@ -395,3 +417,17 @@ class Cluster:
         """Ends the job and releases everything (the gang's close); idempotent.  Aborts it if
         `abort_reason`."""
         self._gang.close(abort_reason)
+
+
+def _tolerated_worker_losses(layout: Any, num_nodes: int, input_mode: Any, min_workers: Optional[int]) -> int:
+    """How many "worker" nodes may be lost with the job going on (Cluster.run's min_workers)."""
+    if min_workers is None:
+        return 0
+    roles = [_ember.assign_role(layout, e).job_name for e in range(num_nodes)]
+    training = sum(r in WORKER_ROLES for r in roles)
+    if not (isinstance(min_workers, int) and 1 <= min_workers <= training):
+        raise ValueError(f"min_workers must be an int from 1 to the job's {training} training nodes, got {min_workers!r}")
+    if InputMode(input_mode) == InputMode.SPARK:
+        raise ValueError("min_workers needs InputMode.TENSORFLOW: with InputMode.SPARK a lost node's fed data "
+                         "would go with it")
+    return min(training - min_workers, roles.count("worker"))

@@ -77,6 +77,7 @@ void BindValueTypes(nb::module_& m) {
       .value("REGISTERED", Event::Kind::kRegistered)
       .value("NODE_DONE", Event::Kind::kNodeDone)
       .value("NODE_FAILED", Event::Kind::kNodeFailed)
+      .value("NODE_DEPARTED", Event::Kind::kNodeDeparted)
       .value("ABORT", Event::Kind::kAbort);
   event.def_ro("kind", &Event::kind)
       .def_ro("executor_id", &Event::executor_id)
@@ -101,7 +102,7 @@ void BindServer(nb::module_& m) {
           "start",
           [](nb::bytes secret, const ClusterLayout& layout, std::optional<std::string> bind_host, int port,
              std::optional<double> handshake_timeout, std::optional<double> heartbeat_timeout,
-             std::optional<size_t> max_message_bytes) {
+             std::optional<size_t> max_message_bytes, int tolerated_worker_losses) {
             CoordinatorOptions options;  // its defaults stand where Python passes None
             if (bind_host) options.bind_host = std::move(*bind_host);
             options.port = port;
@@ -110,12 +111,13 @@ void BindServer(nb::module_& m) {
             if (handshake_timeout) options.handshake_timeout = SecondsToDuration(*handshake_timeout);
             if (heartbeat_timeout) options.heartbeat_timeout = SecondsToDuration(*heartbeat_timeout);
             if (max_message_bytes) options.max_message_bytes = *max_message_bytes;
+            options.tolerated_worker_losses = tolerated_worker_losses;
             nb::gil_scoped_release release;
             return ValueOrThrow(CoordinatorServer::Start(options));
           },
           "secret"_a, "layout"_a, "bind_host"_a = nb::none(), "port"_a = 0,
           "handshake_timeout"_a = nb::none(), "heartbeat_timeout"_a = nb::none(),
-          "max_message_bytes"_a = nb::none(),
+          "max_message_bytes"_a = nb::none(), "tolerated_worker_losses"_a = 0,
           "Starts the coordinator (port 0: any free port); None keeps ember/coordinator.h's default.")
       .def_prop_ro("port", &CoordinatorServer::port)
       .def(

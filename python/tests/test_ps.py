@@ -219,6 +219,42 @@ def test_ps_nodes_serve_shards_a_killed_ps_node_restarts_from_its_checkpoint_and
     no_leftovers(f"{cluster.job_id}-r1")
 
 
+def lossy_job(args, ctx):
+    import os
+    import signal
+
+    import numpy as np
+
+    import ember.ps
+
+    if ctx.job_name == "ps":
+        ember.ps.serve(ctx)
+    ps = ember.ps.connect(ctx, timeout=60)
+    ex = ember.ps.Exchange(ps, "downpour", ssp=2)  # every worker must start; then SSP
+    w = ex.start({"w": np.zeros(8, np.float32)})["w"]
+    for step in range(args["steps"]):
+        if ctx.task_index == 2 and step == 3:
+            os.kill(os.getpid(), signal.SIGKILL)  # a worker dies mid-training
+        w = ex.exchange({"w": w + 1})["w"]
+    ex.finish()
+    ctx._coordinator_client().kv_set(f"test/pushes/{ctx.task_index}", str(ex.pushes).encode())
+
+
+def test_a_job_with_min_workers_goes_on_without_a_worker_that_died_and_names_it(spark):
+    steps = 20
+    cluster = ember.Cluster.run(spark, lossy_job, {"steps": steps}, num_executors=4, num_ps=1,
+                                reservation_timeout=60, min_workers=2)
+    cluster.shutdown(timeout=120)  # returns: the two survivors finished; the ps node is stopped
+    lost = cluster.lost_workers
+    assert [(e.job_name, e.task_index) for e in lost] == [("worker", 2)], lost
+    assert "SIGKILL" in str(lost[0]), str(lost[0])
+    server = cluster._gang.server
+    assert [server.kv_get(f"test/pushes/{i}") for i in (0, 1)] == [str(steps).encode()] * 2
+    no_leftovers(cluster.job_id)
+    with pytest.raises(ValueError, match="min_workers must be"):
+        ember.Cluster.run(spark, lossy_job, {}, num_executors=2, num_ps=1, min_workers=2)
+
+
 def test_a_shard_checkpoints_and_a_new_one_resumes_from_it(tmp_path):
     directory = str(tmp_path / "ps-0")
     with ember.ps.Server.start("ps:0", SECRET, bind_host="127.0.0.1") as s:

@@ -317,6 +317,46 @@ TEST(CoordinatorTest, FailedNodeAbortsEveryone) {
   EXPECT_EQ(late->Register(Addr(0), kLong).status().code(), StatusCode::kAborted);
 }
 
+TEST(CoordinatorTest, ToleratedWorkerLossesDepartAndTheJobGoesOnUntilOneTooMany) {
+  CoordinatorOptions o = Options(Layout(4, 0));
+  o.tolerated_worker_losses = 1;
+  auto server = StartServer(o);
+  ASSERT_TRUE(server);
+  auto clients = RegisterAll(server->port(), 4);
+  // Three nodes wait at a barrier; the fourth (a worker) fails instead of entering it.
+  std::vector<std::thread> waiting;
+  for (int i : {0, 1, 3}) {
+    waiting.emplace_back([&, i] { EXPECT_TRUE(clients[i]->Barrier("b", kLong).ok()) << "node " << i; });
+  }
+  ASSERT_TRUE(clients[2]->Fail("Traceback: MemoryError").ok());
+  for (auto& t : waiting) t.join();  // the barrier no longer waits for the departed worker
+  EXPECT_FALSE(clients[0]->NextPush(Duration(200)).has_value());  // nobody was told to abort
+  bool departed = false;
+  for (const auto& e : server->PollEvents(Duration(0))) {
+    EXPECT_NE(e.kind, Event::Kind::kAbort);
+    EXPECT_NE(e.kind, Event::Kind::kNodeFailed);
+    if (e.kind == Event::Kind::kNodeDeparted) {
+      departed = true;
+      EXPECT_EQ(e.executor_id, 2);
+      EXPECT_EQ(e.job_name, "worker");
+      EXPECT_TRUE(Contains(e.text, "MemoryError")) << e.text;
+    }
+  }
+  EXPECT_TRUE(departed);
+  EXPECT_EQ(server->Nodes()[2].state, NodeInfo::State::kFailed);
+  ASSERT_TRUE(clients[0]->Done().ok());
+  ASSERT_TRUE(clients[1]->Done().ok());
+  // WaitForNodes waits for the live ones only.
+  Status st = server->WaitForNodes({}, Duration(200));
+  EXPECT_EQ(st.code(), StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(Contains(st.message(), "1 of 4 nodes still running")) << st.message();
+  // A second loss is one too many: the job aborts, naming it.
+  clients[3].reset();
+  st = server->WaitForNodes({}, kLong);
+  EXPECT_EQ(st.code(), StatusCode::kAborted);
+  EXPECT_TRUE(Contains(st.message(), "executor 3")) << st.message();
+}
+
 TEST(CoordinatorTest, DisconnectWithoutExitReportIsLost) {
   auto server = StartServer(Options(Layout(2, 0)));
   ASSERT_TRUE(server);

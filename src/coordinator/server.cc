@@ -211,6 +211,18 @@ void CoordinatorServer::Impl::NodeFailedLocked(int executor_id, NodeInfo::State 
   e.job_name = node.role.job_name;
   e.task_index = node.role.task_index;
   e.text = what;
+  if (node.role.job_name == "worker" && static_cast<int>(departed.size()) < options.tolerated_worker_losses &&
+      first_failure.empty() && !aborted) {
+    // A tolerated loss: the job goes on without this worker.
+    departed.insert(executor_id);
+    EMBER_LOG(WARN) << what << "; the job goes on without it (" << departed.size() << " of "
+                    << options.tolerated_worker_losses << " tolerated worker losses)";
+    e.kind = Event::Kind::kNodeDeparted;
+    AddEvent(std::move(e));
+    ReleaseBarriersLocked(out);
+    state_cv.SignalAll();
+    return;
+  }
   AddEvent(std::move(e));
   if (first_failure.empty()) first_failure = what;
   AbortLocked("Ember job aborted: " + what, out);
@@ -324,6 +336,7 @@ Status CoordinatorServer::WaitForNodes(const std::vector<std::string>& job_names
       ++total;
       auto it = impl.nodes.find(id);
       if (it != impl.nodes.end() && it->second.state == NodeInfo::State::kDone) continue;
+      if (impl.departed.count(id)) continue;  // a tolerated worker loss
       ++running;
       if (!still_running.empty()) still_running += ", ";
       still_running += it != impl.nodes.end()

@@ -83,6 +83,7 @@ struct CoordinatorServer::Impl {
   std::string abort_reason GUARDED_BY(mu);
   std::string first_failure GUARDED_BY(mu);  // message of the first kFailed/kLost node
   std::map<std::string, std::set<int>> barriers GUARDED_BY(mu);
+  std::set<int> departed GUARDED_BY(mu);  // tolerated worker losses (options.tolerated_worker_losses)
   std::map<std::string, std::string> kv GUARDED_BY(mu);
   std::list<Waiter> waiters GUARDED_BY(mu);
   std::deque<Event> events GUARDED_BY(mu);
@@ -96,6 +97,10 @@ struct CoordinatorServer::Impl {
   void NodeFailedLocked(int executor_id, NodeInfo::State state, const std::string& error,
                         Outbox& out) EXCLUSIVE_LOCKS_REQUIRED(mu);
   void AddEvent(Event e) EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Whether barrier `name` has every node (those that entered, and the departed).
+  bool BarrierCompleteLocked(const std::string& name) EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Replies OK to the waiters of every barrier that is complete now.
+  void ReleaseBarriersLocked(Outbox& out) EXCLUSIVE_LOCKS_REQUIRED(mu);
   std::string MissingNodesLocked(const std::set<int>& present) const EXCLUSIVE_LOCKS_REQUIRED(mu);
   std::string RegisteredSummaryLocked() const EXCLUSIVE_LOCKS_REQUIRED(mu);
   Registration RegistrationFor(int executor_id) const EXCLUSIVE_LOCKS_REQUIRED(mu);

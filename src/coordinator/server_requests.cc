@@ -203,16 +203,25 @@ void CoordinatorServer::Impl::On(const std::shared_ptr<Conn>& conn, coord::Barri
   if (conn->executor_id < 0) {
     return Reply(conn, m.request_id, NeedIdentity(*conn, "Barrier '" + m.name + "'"), {}, out);
   }
-  std::set<int>& arrived = barriers[m.name];
-  arrived.insert(conn->executor_id);
-  if (static_cast<int>(arrived.size()) < options.layout.num_nodes) {
+  barriers[m.name].insert(conn->executor_id);
+  if (!BarrierCompleteLocked(m.name)) {
     waiters.push_back({Waiter::Kind::kBarrier, conn, m.request_id, now + ClampTimeout(m.timeout),
                        m.name, ClampTimeout(m.timeout)});
     return;
   }
   Reply(conn, m.request_id, Status::OK(), {}, out);
+  ReleaseBarriersLocked(out);
+}
+
+bool CoordinatorServer::Impl::BarrierCompleteLocked(const std::string& name) {
+  std::set<int> present = barriers[name];
+  present.insert(departed.begin(), departed.end());
+  return static_cast<int>(present.size()) >= options.layout.num_nodes;
+}
+
+void CoordinatorServer::Impl::ReleaseBarriersLocked(Outbox& out) {
   for (auto it = waiters.begin(); it != waiters.end();) {
-    if (it->kind == Waiter::Kind::kBarrier && it->name == m.name) {
+    if (it->kind == Waiter::Kind::kBarrier && BarrierCompleteLocked(it->name)) {
       Reply(it->conn, it->request_id, Status::OK(), {}, out);
       it = waiters.erase(it);
     } else {

@@ -82,6 +82,7 @@ class Launch:
         gpus_per_node: GPUs each node of the barrier stage asks (0: none; 1/k: shared).
         profile: the barrier stage's pyspark ResourceProfile, or None (ember._driver.gpus).
         local_gpus: local mode: the driver's GPUs the nodes share out, or None.
+        tolerated_worker_losses: "worker" nodes the job may lose and go on (min_workers).
     """
     main_fun: Any
     args: Any
@@ -92,6 +93,7 @@ class Launch:
     gpus_per_node: float = 0.0
     profile: Any = None
     local_gpus: Optional[List[str]] = None
+    tolerated_worker_losses: int = 0
 
 
 def _failure_reason(failure: NodeError) -> str:
@@ -175,7 +177,8 @@ class Gang:
         bind = config.get("coordinator_bind", sc) or sc.getConf().get("spark.driver.bindAddress", None) or host
         self.server = _ember.CoordinatorServer.start(
             self.secret, self.layout, bind_host=bind, port=config.get("coordinator_port", sc),
-            heartbeat_timeout=float(launch.heartbeat_timeout))
+            heartbeat_timeout=float(launch.heartbeat_timeout),
+            tolerated_worker_losses=int(launch.tolerated_worker_losses))
         self.coordinator_address = f"{host}:{self.server.port}"
         default_fs, hdfs_http_address = _hadoop.spark_fs_conf(sc)
         spec = NodeSpec(
@@ -189,6 +192,7 @@ class Gang:
             feed_ring_bytes=int(config.get("feed_ring_bytes", sc)),
             node_bind=config.get("node_bind", sc) or "",
             gpus_per_node=float(launch.gpus_per_node), local_gpus=launch.local_gpus,
+            tolerated_worker_losses=int(launch.tolerated_worker_losses),
             echo_logs=not sc.master.startswith("local"), argv=argv)
 
         self.watcher = Watcher(self.server, self._console, self.node_job_id, self._on_node_failure)

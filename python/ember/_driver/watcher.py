@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 from ember import _ember
 from ember._driver.console import Console
@@ -45,6 +45,7 @@ class Watcher:
         self._held_label = ""
         self._held_until = 0.0
         self._failure: Optional[NodeError] = None
+        self.departed: List[NodeError] = []  # workers lost within Cluster.run's min_workers
         self._failure_cond = threading.Condition()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._pump, daemon=True, name=f"{job_id}-events")
@@ -121,6 +122,13 @@ class Watcher:
         elif ev.kind == kind.NODE_FAILED:
             if self._record(ev):
                 self._on_first_failure(label)
+        elif ev.kind == kind.NODE_DEPARTED:  # a tolerated worker loss (Cluster.run(min_workers=...))
+            error = self.node_error(ev.job_name, ev.task_index, ev.executor_id, ev.text)
+            with self._failure_cond:
+                self.departed.append(error)
+            first = [line for line in ev.text.strip().splitlines() if line.strip()]
+            self._console.info(f"{first[-1].strip()[:300] if first else label + ' failed'}; the job goes on "
+                               f"without it ({len(self.departed)} worker(s) lost so far, Cluster.run's min_workers)")
         elif ev.kind == kind.ABORT:
             failure = self._failure
             if failure is not None:
