@@ -88,6 +88,9 @@ struct CoordinatorOptions {
   // nodes of role "worker" may fail or be lost without aborting the job.  Each such node
   // departs (Event kNodeDeparted): barriers and WaitForNodes stop waiting for it, nobody is
   // told to abort.  Past the count, and for every other role, a failure aborts as usual.
+  // A node registering under a departed worker's executor id replaces it (Event kRegistered,
+  // text "replaces <the old node>"): the job is whole again, the cluster spec holds the new
+  // address, and the old node's connections are ignored from then on.
   int tolerated_worker_losses = 0;
 };
 

@@ -138,7 +138,7 @@ class Cluster:
             slot_timeout: Optional[float] = None,
             connect_timeout: Optional[float] = None, max_restarts: int = 0,
             driver_ps_nodes: bool = False, gpus_per_node: Optional[float] = None,
-            min_workers: Optional[int] = None) -> "Cluster":
+            min_workers: Optional[int] = None, replace_lost_workers: int = 0) -> "Cluster":
         """Starts `num_executors` nodes, each running ``main_fun(args, ctx)``, and returns
         once all of them have registered.
 
@@ -197,6 +197,11 @@ class Cluster:
                 a fed node's data would go with it), and no collectives between the workers
                 (their groups are fixed at the start).  None (the default): every node is
                 needed.
+            replace_lost_workers: with `min_workers`, how many replacement nodes the driver may
+                start for lost workers: each runs in a one-task Spark job (a free task slot),
+                registers under the lost worker's role and index, runs ``main_fun`` from its
+                start and joins the running job (``ember.ps`` clocks: at the slowest worker's
+                clock).  ``Cluster.replaced`` counts those that joined.  Not with GPUs.
 
         Raises:
             ClusterError: too few task slots or GPUs, two nodes given one GPU, the executors' Python cannot import this Ember
@@ -223,11 +228,14 @@ class Cluster:
         if max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
         tolerated = _tolerated_worker_losses(layout, num_nodes, input_mode, min_workers)
+        if replace_lost_workers and (not tolerated or gpus):
+            raise ValueError("replace_lost_workers needs min_workers below the training nodes (a job that may lose "
+                             "workers), and no GPUs")
         launch = Launch(main_fun=main_fun, args=args, tensorboard=tensorboard,
                         reservation_timeout=reservation_timeout, heartbeat_timeout=heartbeat_timeout,
                         connect_timeout=config.get("connect_timeout", sc, connect_timeout),
                         gpus_per_node=gpus, profile=profile, local_gpus=local_gpus,
-                        tolerated_worker_losses=tolerated)
+                        tolerated_worker_losses=tolerated, replace_lost_workers=int(replace_lost_workers))
         cluster = cls(sc, num_nodes, layout, input_mode, log_dir, launch, max_restarts=int(max_restarts),
                       driver_nodes=driver_nodes)
         try:
@@ -243,6 +251,12 @@ class Cluster:
         order they were lost, each a NodeError naming the node, its host and why."""
         watcher = self._gang.watcher
         return list(watcher.departed) if watcher is not None else []
+
+    @property
+    def replaced(self) -> int:
+        """Replacement nodes that joined the job (``Cluster.run(replace_lost_workers=...)``)."""
+        watcher = self._gang.watcher
+        return watcher.replaced if watcher is not None else 0
 
     # -- InputMode.SPARK -----------------------------------------------------
 

@@ -229,27 +229,44 @@ def lossy_job(args, ctx):
 
     if ctx.job_name == "ps":
         ember.ps.serve(ctx)
+    import ember.errors
+
+    coordinator = ctx._coordinator_client()
+    try:
+        replacement = coordinator.kv_get("test/killed", 0.0) is not None
+    except ember.errors.DeadlineExceeded:
+        replacement = False
     ps = ember.ps.connect(ctx, timeout=60)
     ex = ember.ps.Exchange(ps, "downpour", ssp=2)  # every worker must start; then SSP
     w = ex.start({"w": np.zeros(8, np.float32)})["w"]
+    if replacement:
+        coordinator.kv_set("test/replacement_clock", str(ex.clock).encode())
     for step in range(args["steps"]):
-        if ctx.task_index == 2 and step == 3:
+        if ctx.task_index == 2 and step == 3 and not replacement:
+            coordinator.kv_set("test/killed", b"1")
             os.kill(os.getpid(), signal.SIGKILL)  # a worker dies mid-training
         w = ex.exchange({"w": w + 1})["w"]
+    if args["replace"] and not replacement:
+        coordinator.kv_get("test/replacement_clock", 120.0)  # the job ends once the replacement joined
     ex.finish()
-    ctx._coordinator_client().kv_set(f"test/pushes/{ctx.task_index}", str(ex.pushes).encode())
+    coordinator.kv_set(f"test/pushes/{ctx.task_index}", str(ex.pushes).encode())
 
 
-def test_a_job_with_min_workers_goes_on_without_a_worker_that_died_and_names_it(spark):
+@pytest.mark.parametrize("replace", [0, 1])
+def test_a_job_with_min_workers_goes_on_without_a_worker_that_died_names_it_and_can_replace_it(spark, replace):
     steps = 20
-    cluster = ember.Cluster.run(spark, lossy_job, {"steps": steps}, num_executors=4, num_ps=1,
-                                reservation_timeout=60, min_workers=2)
-    cluster.shutdown(timeout=120)  # returns: the two survivors finished; the ps node is stopped
+    cluster = ember.Cluster.run(spark, lossy_job, {"steps": steps, "replace": replace}, num_executors=4, num_ps=1,
+                                reservation_timeout=60, min_workers=2, replace_lost_workers=replace)
+    cluster.shutdown(timeout=120)  # returns: the survivors (and the replacement) finished; ps stopped
     lost = cluster.lost_workers
     assert [(e.job_name, e.task_index) for e in lost] == [("worker", 2)], lost
     assert "SIGKILL" in str(lost[0]), str(lost[0])
     server = cluster._gang.server
     assert [server.kv_get(f"test/pushes/{i}") for i in (0, 1)] == [str(steps).encode()] * 2
+    assert cluster.replaced == replace
+    if replace:  # the replacement ran main_fun whole, joining the clocks where the others were
+        assert server.kv_get("test/pushes/2") == str(steps).encode()
+        assert int(server.kv_get("test/replacement_clock")) >= 1
     no_leftovers(cluster.job_id)
     with pytest.raises(ValueError, match="min_workers must be"):
         ember.Cluster.run(spark, lossy_job, {}, num_executors=2, num_ps=1, min_workers=2)

@@ -357,6 +357,47 @@ TEST(CoordinatorTest, ToleratedWorkerLossesDepartAndTheJobGoesOnUntilOneTooMany)
   EXPECT_TRUE(Contains(st.message(), "executor 3")) << st.message();
 }
 
+TEST(CoordinatorTest, AReplacementTakesADepartedWorkersPlaceAndTheOldConnectionNoLongerCounts) {
+  CoordinatorOptions o = Options(Layout(3, 0));
+  o.tolerated_worker_losses = 1;
+  auto server = StartServer(o);
+  ASSERT_TRUE(server);
+  auto clients = RegisterAll(server->port(), 3);
+  ASSERT_TRUE(clients[2]->Fail("Traceback: MemoryError").ok());
+  ASSERT_TRUE(server->WaitForNodeEnd(2, kLong).ok());
+  // A taken slot that did not depart is still refused.
+  auto intruder = ConnectClient(server->port());
+  ASSERT_TRUE(intruder);
+  EXPECT_EQ(intruder->Register(Addr(1), kLong).status().code(), StatusCode::kInvalidArgument);
+  // The replacement registers under the departed worker's executor id: at once, job whole again.
+  auto fresh = ConnectClient(server->port());
+  ASSERT_TRUE(fresh);
+  NodeAddress a = Addr(2);
+  a.port = 31000;
+  a.pid = 4242;
+  auto reg = fresh->Register(a, kLong);
+  ASSERT_TRUE(reg.ok()) << reg.status().ToString();
+  EXPECT_EQ(reg->role.job_name, "worker");
+  EXPECT_TRUE(Contains(reg->cluster_spec_json, "127.0.0.1:31000")) << reg->cluster_spec_json;
+  EXPECT_EQ(server->Nodes()[2].state, NodeInfo::State::kRunning);
+  EXPECT_EQ(server->Nodes()[2].address.pid, 4242);
+  bool replaced = false;
+  for (const auto& e : server->PollEvents(Duration(0))) {
+    replaced |= e.kind == Event::Kind::kRegistered && e.executor_id == 2 && Contains(e.text, "replaces worker");
+  }
+  EXPECT_TRUE(replaced);
+  // The dead node's connection closing now changes nothing; barriers wait for the new node again.
+  clients[2].reset();
+  EXPECT_FALSE(clients[0]->NextPush(Duration(200)).has_value());
+  std::vector<std::thread> ts;
+  for (auto* c : {clients[0].get(), clients[1].get(), fresh.get()}) {
+    ts.emplace_back([c] { EXPECT_TRUE(c->Barrier("after", kLong).ok()); });
+  }
+  for (auto& t : ts) t.join();
+  for (auto* c : {clients[0].get(), clients[1].get(), fresh.get()}) ASSERT_TRUE(c->Done().ok());
+  EXPECT_TRUE(server->WaitForNodes({}, kLong).ok());
+}
+
 TEST(CoordinatorTest, DisconnectWithoutExitReportIsLost) {
   auto server = StartServer(Options(Layout(2, 0)));
   ASSERT_TRUE(server);

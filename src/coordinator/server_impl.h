@@ -43,6 +43,7 @@ struct Conn {
   // Guarded by Impl::mu:
   int executor_id = -1;   // set by Register or Attach
   bool lifeline = false;  // this connection registered the node
+  bool stale = false;     // its node departed and a replacement registered: ignored from then on
 
   int fd() const { return link->fd(); }
   void Shutdown() { link->Shutdown(); }  // wakes the handler; safe from any thread

@@ -75,7 +75,7 @@ void CoordinatorServer::Impl::Reply(const std::shared_ptr<Conn>& conn, uint32_t 
 
 void CoordinatorServer::Impl::OnDisconnect(const std::shared_ptr<Conn>& conn, Outbox& out) {
   waiters.remove_if([&](const Waiter& w) { return w.conn == conn; });
-  if (closed || !conn->lifeline) return;
+  if (closed || !conn->lifeline || conn->stale) return;
   const NodeInfo& node = nodes.at(conn->executor_id);
   if (node.state == NodeInfo::State::kRegistered || node.state == NodeInfo::State::kRunning) {
     NodeFailedLocked(conn->executor_id, NodeInfo::State::kLost,
@@ -109,7 +109,7 @@ Status CoordinatorServer::Impl::Handle(const std::shared_ptr<Conn>& conn, Result
                                        Outbox& out) {
   if (!request.ok()) return request.status();
   const auto now = Clock::now();
-  if (conn->lifeline) last_seen[conn->executor_id] = now;  // any traffic proves liveness
+  if (conn->lifeline && !conn->stale) last_seen[conn->executor_id] = now;  // any traffic proves liveness
   On(conn, *request, now, out);
   return Status::OK();
 }
@@ -137,6 +137,30 @@ void CoordinatorServer::Impl::On(const std::shared_ptr<Conn>& conn, coord::Regis
   }
   Result<RoleAssignment> role = AssignRole(options.layout, eid);
   if (!role.ok()) return Reply(conn, m.request_id, role.status(), {}, out);
+  if (auto it = nodes.find(eid); it != nodes.end() && departed.count(eid) && all_registered) {
+    // A replacement for a departed worker (a tolerated loss) joins the running job.
+    NodeInfo& node = it->second;
+    const std::string was = coord::DescribeNode(node);
+    for (const auto& c : conns) {
+      if (c->executor_id == eid) c->stale = true;  // the dead node's connections speak no more
+    }
+    node.address = m.self;
+    node.state = NodeInfo::State::kRunning;
+    node.error.clear();
+    departed.erase(eid);
+    conn->executor_id = eid;
+    conn->lifeline = true;
+    last_seen[eid] = now;
+    std::vector<NodeInfo> all;
+    for (const auto& [id, n] : nodes) all.push_back(n);
+    cluster_spec = coord::ClusterSpecJson(all);
+    Event e = NodeEvent(*conn, Event::Kind::kRegistered);
+    e.text = "replaces " + was;
+    AddEvent(std::move(e));
+    EMBER_LOG(INFO) << "registered " << coord::DescribeNode(node) << ", replacing " << was;
+    state_cv.SignalAll();
+    return Reply(conn, m.request_id, Status::OK(), coord::EncodeRegisterReply(RegistrationFor(eid)), out);
+  }
   if (auto it = nodes.find(eid); it != nodes.end()) {
     return Reply(conn, m.request_id,
                  Status::InvalidArgument("executor " + std::to_string(eid) +
@@ -278,6 +302,7 @@ void CoordinatorServer::Impl::On(const std::shared_ptr<Conn>&, coord::HeartbeatM
 void CoordinatorServer::Impl::On(const std::shared_ptr<Conn>& conn, coord::DoneRequest& m,
                                  Clock::time_point, Outbox& out) {
   if (conn->executor_id < 0) return Reply(conn, m.request_id, NeedIdentity(*conn, "Done"), {}, out);
+  if (conn->stale) return Reply(conn, m.request_id, Status::OK(), {}, out);  // a replaced node's
   NodeInfo& node = nodes.at(conn->executor_id);
   if (node.state == NodeInfo::State::kRegistered || node.state == NodeInfo::State::kRunning) {
     node.state = NodeInfo::State::kDone;
@@ -291,6 +316,7 @@ void CoordinatorServer::Impl::On(const std::shared_ptr<Conn>& conn, coord::DoneR
 void CoordinatorServer::Impl::On(const std::shared_ptr<Conn>& conn, coord::FailRequest& m,
                                  Clock::time_point, Outbox& out) {
   if (conn->executor_id < 0) return Reply(conn, m.request_id, NeedIdentity(*conn, "Fail"), {}, out);
+  if (conn->stale) return Reply(conn, m.request_id, Status::OK(), {}, out);  // a replaced node's
   Reply(conn, m.request_id, Status::OK(), {}, out);  // before the abort push it triggers
   NodeFailedLocked(conn->executor_id, NodeInfo::State::kFailed, m.error, out);
 }

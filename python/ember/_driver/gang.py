@@ -83,6 +83,7 @@ class Launch:
         profile: the barrier stage's pyspark ResourceProfile, or None (ember._driver.gpus).
         local_gpus: local mode: the driver's GPUs the nodes share out, or None.
         tolerated_worker_losses: "worker" nodes the job may lose and go on (min_workers).
+        replace_lost_workers: how many replacement nodes the driver may start for lost workers.
     """
     main_fun: Any
     args: Any
@@ -94,6 +95,7 @@ class Launch:
     profile: Any = None
     local_gpus: Optional[List[str]] = None
     tolerated_worker_losses: int = 0
+    replace_lost_workers: int = 0
 
 
 def _failure_reason(failure: NodeError) -> str:
@@ -151,6 +153,8 @@ class Gang:
         self.watcher: Optional[Watcher] = None  # node events and failures
         self.job: Optional[NodesJob] = None      # the Spark job hosting the nodes
         self.restarts: List[Restart] = []
+        self._replacements = 0  # replacement nodes started (Launch.replace_lost_workers)
+        self._spec: Optional[NodeSpec] = None
         self.closed = False
         self._lock = threading.Lock()
         _open_gangs.add(self)
@@ -195,7 +199,9 @@ class Gang:
             tolerated_worker_losses=int(launch.tolerated_worker_losses),
             echo_logs=not sc.master.startswith("local"), argv=argv)
 
-        self.watcher = Watcher(self.server, self._console, self.node_job_id, self._on_node_failure)
+        self._spec = spec
+        self.watcher = Watcher(self.server, self._console, self.node_job_id, self._on_node_failure,
+                               on_departed=self._on_worker_departed)
         self.watcher.start()
         self.job = NodesJob(sc, self.node_job_id, self.num_nodes, self._wake_waits_after_spark,
                             driver_nodes=self._driver_nodes, profile=launch.profile)
@@ -287,6 +293,21 @@ class Gang:
             self._on_abort()
             if self.job is not None:
                 self.job.cancel()
+
+    def _on_worker_departed(self, executor_id: int, label: str) -> None:
+        """A worker the job goes on without (min_workers): start a replacement node for it while
+        Cluster.run's replace_lost_workers allows (each replacement counts, so a node that keeps
+        failing is not replaced for ever)."""
+        if self.closed or self.job is None or self._replacements >= self._launch.replace_lost_workers:
+            return
+        self._replacements += 1
+        job, k, n = self.job, self._replacements, self._launch.replace_lost_workers
+
+        def on_error(e: BaseException) -> None:
+            self._console.info(f"the replacement for {label} did not run: {spark_failure_reason(e) or e}")
+
+        self._console.info(f"starting a replacement for {label} (replacement {k} of {n})")
+        job.replace(self._spec, executor_id, on_error)
 
     def raise_if_failed(self, spark_must_run: bool) -> None:
         """Raises the first node failure, or the Spark job's, if there is one."""

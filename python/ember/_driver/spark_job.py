@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any, Callable, List, Optional
 
-from ember._launcher.task import NodeLauncher, NodeSpec, run_partition
+from ember._launcher.task import NodeLauncher, NodeSpec, run_partition, run_replacement
 from ember.errors import ClusterError, DeadlineExceeded
 
 
@@ -300,6 +300,7 @@ class NodesJob:
         self._on_end = on_end
         self._thread: Optional[threading.Thread] = None
         self._driver_threads: List[threading.Thread] = []
+        self._replacements: List[threading.Thread] = []  # one-task Spark jobs replacing lost workers
         self._spark_done = threading.Event()
         self.error: Optional[BaseException] = None
         self._driver_error: Optional[str] = None
@@ -311,7 +312,28 @@ class NodesJob:
 
     @property
     def done(self) -> bool:
-        return self._spark_done.is_set() and not any(t.is_alive() for t in self._driver_threads)
+        return self._spark_done.is_set() and not any(t.is_alive() for t in self._driver_threads + self._replacements)
+
+    def replace(self, spec: NodeSpec, executor_id: int, on_error: Callable[[BaseException], None]) -> None:
+        """Starts a one-task Spark job (in this job's group, so cancel() ends it too) whose
+        task runs a new node under `executor_id`, a worker the job went on without; the
+        coordinator lets it take the lost node's place.  `on_error` gets the Spark job's
+        failure (the node's own failure reaches the coordinator as any node's does)."""
+        from pyspark import InheritableThread
+
+        def main() -> None:
+            try:
+                self._sc.setJobGroup(self.job_id, f"Ember job {self.job_id}: a replacement for executor "
+                                                  f"{executor_id}", interruptOnCancel=True)
+                self._sc.parallelize([executor_id], 1).mapPartitions(
+                    functools.partial(run_replacement, spec)).collect()
+            except BaseException as e:  # noqa: BLE001 - reported through on_error
+                if not self.cancelled:
+                    on_error(e)
+
+        t = InheritableThread(main, daemon=True, name=f"{self.job_id}-replace-{executor_id}")
+        self._replacements.append(t)
+        t.start()
 
     def start(self, spec: NodeSpec) -> None:
         from pyspark import InheritableThread
@@ -376,7 +398,7 @@ class NodesJob:
         deadline = time.monotonic() + timeout
         if not self._spark_done.wait(timeout):
             return False
-        for t in self._driver_threads:
+        for t in self._driver_threads + self._replacements:
             t.join(max(0.0, deadline - time.monotonic()))
         return self.done
 

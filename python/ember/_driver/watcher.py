@@ -36,16 +36,18 @@ class Watcher:
     """
 
     def __init__(self, server, console: Console, job_id: str, on_first_failure: Callable[[str], None],
-                 root_cause_wait: float = 2.0):
+                 root_cause_wait: float = 2.0, on_departed: Optional[Callable[[int, str], None]] = None):
         self._server = server
         self._console = console
         self._on_first_failure = on_first_failure
+        self._on_departed = on_departed  # (executor id, "role:index") of a worker the job goes on without
         self._root_cause_wait = root_cause_wait
         self._held: Optional[NodeError] = None  # a consequence, waiting for its cause
         self._held_label = ""
         self._held_until = 0.0
         self._failure: Optional[NodeError] = None
         self.departed: List[NodeError] = []  # workers lost within Cluster.run's min_workers
+        self.replaced = 0  # replacement nodes that registered (Cluster.run's replace_lost_workers)
         self._failure_cond = threading.Condition()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._pump, daemon=True, name=f"{job_id}-events")
@@ -117,6 +119,9 @@ class Watcher:
             self._console.progress(label, dict(ev.metrics))
         elif ev.kind == kind.REGISTERED:
             self._console.info(f"{label} registered (executor {ev.executor_id})" + (f": {ev.text}" if ev.text else ""))
+            if ev.text.startswith("replaces "):
+                with self._failure_cond:
+                    self.replaced += 1
         elif ev.kind == kind.NODE_DONE:
             self._console.info(f"{label} done")
         elif ev.kind == kind.NODE_FAILED:
@@ -129,6 +134,8 @@ class Watcher:
             first = [line for line in ev.text.strip().splitlines() if line.strip()]
             self._console.info(f"{first[-1].strip()[:300] if first else label + ' failed'}; the job goes on "
                                f"without it ({len(self.departed)} worker(s) lost so far, Cluster.run's min_workers)")
+            if self._on_departed is not None:
+                self._on_departed(ev.executor_id, label)
         elif ev.kind == kind.ABORT:
             failure = self._failure
             if failure is not None:

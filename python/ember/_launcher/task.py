@@ -91,6 +91,14 @@ def run_partition(spec: NodeSpec, first_executor_id: int, _rows: Iterable) -> It
     yield first_executor_id + partition
 
 
+def run_replacement(spec: NodeSpec, rows: Iterable) -> Iterator[int]:
+    """mapPartitions function of a one-task Spark job that replaces a lost worker: runs the node
+    of the executor id in its one row (Cluster.run's replace_lost_workers)."""
+    executor_id = int(next(iter(rows)))
+    NodeLauncher(spec, executor_id).run()
+    yield executor_id
+
+
 def routable_address(peer_host: str, peer_port: int) -> str:
     """This host's address on the route to `peer_host`, which peers can therefore reach."""
     try:
