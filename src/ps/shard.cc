@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -8,7 +9,6 @@
 #include <mutex>
 #include <set>
 #include <shared_mutex>
-#include <unordered_map>
 
 #include <cstring>
 
@@ -41,10 +41,59 @@ struct Dense {
   std::atomic<int64_t> version{0};
 };
 
+// A sparse table: its rows in one block (`dim` floats each, in creation order) and an
+// open-addressing index from id to row (power-of-two slots, linear probing, at most half full):
+// one cache miss per lookup, no per-row allocation.
 struct Table {
   TableOptions options;
   std::mutex mu;
-  std::unordered_map<int64_t, std::vector<float>> rows;
+  std::vector<float> data;     // row r at data[r * dim]
+  std::vector<int64_t> ids;    // row r's id
+  std::vector<int64_t> slots;  // row + 1 per slot (0: empty)
+  int shift = 64;              // slot of id = SplitMix64(id) >> shift (the high bits: the shard
+                               // placement uses the low ones, RowShard)
+
+  size_t size() const { return ids.size(); }
+  size_t dim() const { return static_cast<size_t>(options.dim); }
+
+  // The row of `id`, or -1.
+  int64_t Find(int64_t id) const {
+    if (slots.empty()) return -1;
+    const size_t mask = slots.size() - 1;
+    for (size_t s = static_cast<size_t>(SplitMix64(static_cast<uint64_t>(id)) >> shift);; s = (s + 1) & mask) {
+      const int64_t r = slots[s];
+      if (r == 0) return -1;
+      if (ids[static_cast<size_t>(r - 1)] == id) return r - 1;
+    }
+  }
+
+  void Index(int64_t row) {
+    const size_t mask = slots.size() - 1;
+    size_t s = static_cast<size_t>(SplitMix64(static_cast<uint64_t>(ids[static_cast<size_t>(row)])) >> shift);
+    while (slots[s] != 0) s = (s + 1) & mask;
+    slots[s] = row + 1;
+  }
+
+  // Appends a row for `id` (not present) with `values` (dim floats), or its initial values.
+  int64_t Add(int64_t id, const void* values) {
+    if (2 * (size() + 1) > slots.size()) {  // grow: double the slots, re-index every row
+      const size_t n = std::max<size_t>(64, 2 * slots.size());
+      slots.assign(n, 0);
+      shift = 64 - std::countr_zero(n);
+      for (size_t r = 0; r < size(); ++r) Index(static_cast<int64_t>(r));
+    }
+    const int64_t row = static_cast<int64_t>(size());
+    ids.push_back(id);
+    data.resize(data.size() + dim());
+    float* out = data.data() + static_cast<size_t>(row) * dim();
+    if (values != nullptr) {
+      std::memcpy(out, values, dim() * sizeof(float));
+    } else {
+      for (int j = 0; j < options.dim; ++j) out[j] = InitialRowValue(options.seed, id, j, options.init_scale);
+    }
+    Index(row);
+    return row;
+  }
 };
 
 }  // namespace
@@ -266,16 +315,15 @@ Status Shard::CreateTable(const std::string& table, const TableOptions& options)
 }
 
 namespace {
-std::vector<float>& Row(Table& t, int64_t id, std::atomic<int64_t>& created) {
-  auto [it, fresh] = t.rows.try_emplace(id);
-  if (fresh) {
-    it->second.resize(static_cast<size_t>(t.options.dim));
-    for (int j = 0; j < t.options.dim; ++j) {
-      it->second[static_cast<size_t>(j)] = InitialRowValue(t.options.seed, id, j, t.options.init_scale);
-    }
+// Row `id` of `t` (t.mu held), created from the initializer on first touch.  Valid until the
+// next row is created.
+float* Row(Table& t, int64_t id, std::atomic<int64_t>& created) {
+  int64_t r = t.Find(id);
+  if (r < 0) {
+    r = t.Add(id, nullptr);
     created.fetch_add(1);
   }
-  return it->second;
+  return t.data.data() + static_cast<size_t>(r) * t.dim();
 }
 }  // namespace
 
@@ -291,8 +339,7 @@ Result<std::vector<float>> Shard::PullRows(const std::string& table, std::span<c
   std::vector<float> out(ids.size() * dim);
   std::lock_guard<std::mutex> lock(t->mu);
   for (size_t k = 0; k < ids.size(); ++k) {
-    const auto& row = Row(*t, ids[k], impl_->rows);
-    std::copy(row.begin(), row.end(), out.begin() + static_cast<std::ptrdiff_t>(k * dim));
+    std::memcpy(out.data() + k * dim, Row(*t, ids[k], impl_->rows), dim * sizeof(float));
   }
   return out;
 }
@@ -309,8 +356,9 @@ Status Shard::PushRows(const std::string& table, std::span<const int64_t> ids, s
   const float scale = t->options.rule == Rule::kSgd ? -t->options.lr : 1.0f;
   std::lock_guard<std::mutex> lock(t->mu);
   for (size_t k = 0; k < ids.size(); ++k) {
-    auto& row = Row(*t, ids[k], impl_->rows);
-    for (size_t j = 0; j < dim; ++j) row[j] += scale * update[k * dim + j];
+    float* row = Row(*t, ids[k], impl_->rows);
+    const float* u = update.data() + k * dim;
+    for (size_t j = 0; j < dim; ++j) row[j] += scale * u[j];
   }
   impl_->applied.fetch_add(1);
   return Status::OK();
@@ -378,10 +426,10 @@ std::string EncodeTable(const Table& t) {
   PutF32(w, o.init_scale);
   w.PutU32(static_cast<uint32_t>(o.rule));
   PutF32(w, o.lr);
-  w.PutI64(static_cast<int64_t>(t.rows.size()));
-  for (const auto& [id, row] : t.rows) {
-    w.PutI64(id);
-    w.PutRaw(std::string_view(reinterpret_cast<const char*>(row.data()), row.size() * sizeof(float)));
+  w.PutI64(static_cast<int64_t>(t.size()));
+  for (size_t r = 0; r < t.size(); ++r) {
+    w.PutI64(t.ids[r]);
+    w.PutRaw(std::string_view(reinterpret_cast<const char*>(t.data.data() + r * t.dim()), t.dim() * sizeof(float)));
   }
   return w.Release();
 }
@@ -404,14 +452,15 @@ Status DecodeTable(std::string_view bytes, Table* t) {
   if (rows < 0 || static_cast<uint64_t>(rows) > r.remaining() / row_bytes) {
     return Status::Corruption("row count " + std::to_string(rows) + " does not fit the bytes left");
   }
+  t->data.reserve(static_cast<size_t>(rows) * t->dim());
+  t->ids.reserve(static_cast<size_t>(rows));
   for (int64_t k = 0; k < rows; ++k) {
     int64_t id = 0;
     std::string_view row;
     EMBER_RETURN_NOT_OK(r.GetI64(&id));
     EMBER_RETURN_NOT_OK(r.GetBytes(static_cast<size_t>(o.dim) * sizeof(float), "row", &row));
-    auto& out = t->rows[id];
-    out.resize(static_cast<size_t>(o.dim));
-    std::memcpy(out.data(), row.data(), row.size());
+    if (t->Find(id) >= 0) return Status::Corruption("row " + std::to_string(id) + " appears twice");
+    t->Add(id, row.data());
   }
   return r.ExpectEnd();
 }
@@ -447,7 +496,7 @@ Status Shard::Restore(const std::map<std::string, std::string>& blobs) {
       auto t = std::make_unique<Table>();
       s = DecodeTable(bytes, t.get());
       if (s.ok()) {
-        rows += static_cast<int64_t>(t->rows.size());
+        rows += static_cast<int64_t>(t->size());
         tables.emplace(key.substr(6), std::move(t));
       }
     } else {
