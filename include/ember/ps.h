@@ -121,6 +121,8 @@ class Shard {
   Status CreateDense(const std::string& tensor, std::span<const float> initial, const RuleOptions& options);
   // The values and version.  NotFound names the tensor and the shard.
   Result<PullResult> PullDense(const std::string& tensor) const;
+  // The tensor's element count.  NotFound names the tensor and the shard.
+  Result<size_t> DenseCount(const std::string& tensor) const;
   // Applies `update` by the tensor's rule, based on `base_version` (what the pusher pulled).
   // InvalidArgument: a count that is not the tensor's (both named), a base version from the
   // future.  NotFound: no such tensor.
@@ -251,6 +253,14 @@ class Client {
   Result<Versions> PullDense(const std::string& tensor, std::span<float> out);
   Result<ClientPushResult> PushDense(const std::string& tensor, std::span<const float> update,
                                      const Versions& base);
+  // The same for several tensors in one round trip: one request per shard holding every slice
+  // it has (a Keras model's variables in one exchange, not two round trips per variable).  A
+  // push checks every tensor's name and size on a shard before applying any there.
+  Result<std::vector<Versions>> PullDenseMany(const std::vector<std::string>& tensors,
+                                              const std::vector<std::span<float>>& outs);
+  Result<std::vector<ClientPushResult>> PushDenseMany(const std::vector<std::string>& tensors,
+                                                      const std::vector<std::span<const float>>& updates,
+                                                      const std::vector<Versions>& bases);
   // Tables live on every shard; row `id` on shard (splitmix64(id) % shards).
   Status CreateTable(const std::string& table, const TableOptions& options);
   // Fills `out` (ids.size() * dim floats, in ids' order).

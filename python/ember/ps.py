@@ -180,6 +180,22 @@ class Client:
         ``result.reply`` holds the elastic difference for the elastic rule."""
         return self._native.push_dense(name, _floats(update), versions)
 
+    def pull_many(self, names: Sequence[str], shapes: Optional[Sequence[Tuple[int, ...]]] = None):
+        """Several tensors in one round trip (one request per shard): ([values], [versions]) in
+        `names`' order, each in its shape (given at create, or `shapes`)."""
+        shapes = list(shapes) if shapes is not None else [self._shapes.get(n) for n in names]
+        for name, shape in zip(names, shapes):
+            if shape is None:
+                raise ValueError(f"pull_many({name!r}): give its shape (this client did not create it)")
+        outs = [np.empty(shape, dtype=np.float32) for shape in shapes]
+        versions = self._native.pull_dense_many(list(names), [o.reshape(-1) for o in outs])
+        return outs, versions
+
+    def push_many(self, names: Sequence[str], updates: Sequence[Any], versions: Sequence[Any]):
+        """Several pushes in one round trip: one result per tensor, in order (a shard checks
+        every tensor's name and size before it applies any)."""
+        return self._native.push_dense_many(list(names), [_floats(u) for u in updates], list(versions))
+
     def create_table(self, name: str, dim: int, seed: int = 0, init_scale: float = 0.05, rule: str = "sgd",
                      lr: float = 0.01) -> None:
         """Creates the sparse table `name` of `dim`-float rows on every shard."""
@@ -287,11 +303,12 @@ class Exchange:
         return self._pull(named)
 
     def _pull(self, named: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        names = list(named)
+        values, versions = self.ps.pull_many(names, [np.shape(named[n]) for n in names])  # one round trip
         out = {}
-        for name, a in named.items():
-            values, versions = self.ps.pull(name, shape=np.shape(a))
-            self._base[name] = (values, versions)
-            out[name] = values
+        for name, v, ver in zip(names, values, versions):
+            self._base[name] = (v, ver)
+            out[name] = v
         return out
 
     def exchange(self, named: Dict[str, np.ndarray], steps: Optional[int] = None) -> Dict[str, np.ndarray]:
@@ -299,19 +316,21 @@ class Exchange:
         (default `window`), ticks the clock (SSP/BSP), and returns the weights to continue
         from."""
         out = {}
-        for name, a in named.items():
-            local = np.asarray(a, dtype=np.float32)
-            base, versions = self._base[name]
+        names = list(named)
+        locals_ = [np.asarray(named[n], dtype=np.float32) for n in names]
+        if self.algorithm == "easgd":
+            updates = locals_
+        else:
+            updates = [local - self._base[n][0] for n, local in zip(names, locals_)]
+            if self.algorithm == "adag":
+                for u in updates:
+                    u /= steps or self.window
+        results = self.ps.push_many(names, updates, [self._base[n][1] for n in names])  # one round trip
+        for name, local, result in zip(names, locals_, results):
             if self.algorithm == "easgd":
-                result = self.ps.push(name, local, versions)
                 moved = local - np.asarray(result.reply, dtype=np.float32).reshape(local.shape)
                 self._base[name] = (moved, result.versions)
                 out[name] = moved
-            else:
-                delta = local - base
-                if self.algorithm == "adag":
-                    delta /= steps or self.window
-                result = self.ps.push(name, delta, versions)
             self.pushes += 1
             self.rejected += result.rejected
         if self._clocked:

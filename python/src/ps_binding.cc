@@ -163,6 +163,25 @@ void BindPs(nb::module_& m) {
           },
           "tensor"_a, "update"_a, "base"_a)
       .def(
+          "pull_dense_many",
+          [](ps::Client& c, const std::vector<std::string>& tensors, std::vector<Floats> outs) {
+            std::vector<std::span<float>> spans;
+            for (auto& o : outs) spans.push_back(Span(o));
+            nb::gil_scoped_release release;
+            return ValueOrThrow(c.PullDenseMany(tensors, spans));
+          },
+          "tensors"_a, "outs"_a)
+      .def(
+          "push_dense_many",
+          [](ps::Client& c, const std::vector<std::string>& tensors, std::vector<Floats> updates,
+             const std::vector<ps::Versions>& bases) {
+            std::vector<std::span<const float>> spans;
+            for (auto& u : updates) spans.push_back(Span(u));
+            nb::gil_scoped_release release;
+            return ValueOrThrow(c.PushDenseMany(tensors, spans, bases));
+          },
+          "tensors"_a, "updates"_a, "bases"_a)
+      .def(
           "create_table",
           [](ps::Client& c, const std::string& table, const ps::TableOptions& options) {
             nb::gil_scoped_release release;

@@ -41,6 +41,7 @@ struct Call {
   int shard = 0;
   Request request;
   std::span<const float> values;  // sent after the request's head, from where they are (else request.values)
+  std::vector<std::span<const float>> parts;  // kPushMany: the updates, each from where it is
 };
 
 // The replies of a round trip, decoded as views of their frames (kept here).
@@ -82,10 +83,13 @@ struct Client::Impl {
       return shards[s].broken;
     };
     for (const Call& c : calls) {
-      const std::span<const float> values = c.values.empty() ? std::span<const float>(c.request.values) : c.values;
-      const std::string head = EncodeRequestHead(c.request, values.size());
-      const std::string_view parts[] = {head, std::string_view(reinterpret_cast<const char*>(values.data()),
-                                                               values.size() * sizeof(float))};
+      std::vector<std::span<const float>> floats = c.parts;
+      if (floats.empty()) floats.push_back(c.values.empty() ? std::span<const float>(c.request.values) : c.values);
+      size_t count = 0;
+      for (auto f : floats) count += f.size();
+      const std::string head = EncodeRequestHead(c.request, count);
+      std::vector<std::string_view> parts{head};
+      for (auto f : floats) parts.emplace_back(reinterpret_cast<const char*>(f.data()), f.size() * sizeof(float));
       Status st = tcp::WriteFrameParts(shards[c.shard].fd.get(), kRequestFrame, parts, deadline, Who(c.shard));
       if (!st.ok()) return breaks(c.shard, st);
     }
@@ -356,6 +360,155 @@ Status Client::Leave() {
   std::vector<Call> calls;
   calls.push_back(std::move(c));
   return impl_->RoundTrip("leave", impl_->options.name, std::move(calls)).status();
+}
+
+namespace {
+// Where the slices of several tensors go: per shard, the (tensor, slice) pairs it holds, in order.
+struct ManyPlan {
+  std::vector<std::vector<Slice>> slices;                    // per tensor, Place's
+  std::vector<std::vector<std::pair<size_t, size_t>>> at;    // per shard: (tensor, slice index)
+};
+
+ManyPlan PlanMany(const std::vector<std::string>& tensors, const std::vector<size_t>& counts, int shards) {
+  ManyPlan plan;
+  plan.at.resize(static_cast<size_t>(shards));
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    plan.slices.push_back(Place(tensors[t], counts[t], shards));
+    for (size_t i = 0; i < plan.slices[t].size(); ++i) {
+      plan.at[static_cast<size_t>(plan.slices[t][i].shard)].emplace_back(t, i);
+    }
+  }
+  return plan;
+}
+
+std::string ManyName(const std::vector<std::string>& tensors) {
+  return tensors.size() == 1 ? tensors[0] : std::to_string(tensors.size()) + " tensors";
+}
+}  // namespace
+
+Result<std::vector<Versions>> Client::PullDenseMany(const std::vector<std::string>& tensors,
+                                                    const std::vector<std::span<float>>& outs) {
+  if (tensors.size() != outs.size() || tensors.size() > kMaxManyTensors) {
+    return Status::InvalidArgument("pull of " + std::to_string(tensors.size()) + " tensors into " +
+                                   std::to_string(outs.size()) + " buffers (at most " +
+                                   std::to_string(kMaxManyTensors) + " at once)");
+  }
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::vector<size_t> counts;
+  for (const auto& o : outs) counts.push_back(o.size());
+  const ManyPlan plan = PlanMany(tensors, counts, num_shards());
+  std::vector<Call> calls;
+  std::vector<int> shard_of_call;
+  for (int s = 0; s < num_shards(); ++s) {
+    if (plan.at[static_cast<size_t>(s)].empty()) continue;
+    Call c{s, {}, {}};
+    c.request.kind = Kind::kPullMany;
+    for (auto [t, i] : plan.at[static_cast<size_t>(s)]) c.request.names.push_back(tensors[t]);
+    calls.push_back(std::move(c));
+    shard_of_call.push_back(s);
+  }
+  const std::string what = ManyName(tensors);
+  EMBER_ASSIGN_OR_RAISE(auto replies, impl_->RoundTrip("pull", what, std::move(calls)));
+  std::vector<Versions> versions(tensors.size());
+  for (size_t t = 0; t < tensors.size(); ++t) versions[t].per_slice.resize(plan.slices[t].size());
+  for (size_t k = 0; k < shard_of_call.size(); ++k) {
+    const int s = shard_of_call[k];
+    const Reply& r = replies[k];
+    const auto& entries = plan.at[static_cast<size_t>(s)];
+    if (r.pulls.size() != entries.size()) {
+      return Status::Internal("pull of " + what + " from " + impl_->Who(s) + ": " + std::to_string(r.pulls.size()) +
+                              " replies for " + std::to_string(entries.size()) + " tensors");
+    }
+    size_t at = 0;
+    for (size_t e = 0; e < entries.size(); ++e) {
+      const auto [t, i] = entries[e];
+      const Slice& slice = plan.slices[t][i];
+      if (static_cast<size_t>(r.counts[e]) != slice.end - slice.begin) {
+        return Status::InvalidArgument("pull of '" + tensors[t] + "' (" + std::to_string(counts[t]) +
+                                       " elements) from " + impl_->Who(s) + ": the shard holds " +
+                                       std::to_string(r.counts[e]) + " of its elements, expected " +
+                                       std::to_string(slice.end - slice.begin) +
+                                       " (the workers disagree on the tensor's size)");
+      }
+      std::memcpy(outs[t].data() + slice.begin, r.values_bytes.data() + at * sizeof(float),
+                  (slice.end - slice.begin) * sizeof(float));
+      at += slice.end - slice.begin;
+      versions[t].per_slice[i] = r.pulls[e].version;
+    }
+  }
+  return versions;
+}
+
+Result<std::vector<ClientPushResult>> Client::PushDenseMany(const std::vector<std::string>& tensors,
+                                                            const std::vector<std::span<const float>>& updates,
+                                                            const std::vector<Versions>& bases) {
+  if (tensors.size() != updates.size() || tensors.size() != bases.size() || tensors.size() > kMaxManyTensors) {
+    return Status::InvalidArgument("push of " + std::to_string(tensors.size()) + " tensors with " +
+                                   std::to_string(updates.size()) + " updates and " + std::to_string(bases.size()) +
+                                   " base versions (one each; at most " + std::to_string(kMaxManyTensors) + ")");
+  }
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  std::vector<size_t> counts;
+  for (const auto& u : updates) counts.push_back(u.size());
+  const ManyPlan plan = PlanMany(tensors, counts, num_shards());
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    if (bases[t].per_slice.size() != plan.slices[t].size()) {
+      return Status::InvalidArgument("push to '" + tensors[t] + "': " + std::to_string(bases[t].per_slice.size()) +
+                                     " base versions for " + std::to_string(plan.slices[t].size()) +
+                                     " slices (pass the Versions its pull returned)");
+    }
+  }
+  std::vector<Call> calls;
+  std::vector<int> shard_of_call;
+  for (int s = 0; s < num_shards(); ++s) {
+    if (plan.at[static_cast<size_t>(s)].empty()) continue;
+    Call c{s, {}, {}};
+    c.request.kind = Kind::kPushMany;
+    for (auto [t, i] : plan.at[static_cast<size_t>(s)]) {
+      const Slice& slice = plan.slices[t][i];
+      c.request.names.push_back(tensors[t]);
+      c.request.bases.push_back(bases[t].per_slice[i]);
+      c.request.counts.push_back(static_cast<int64_t>(slice.end - slice.begin));
+      c.parts.push_back(updates[t].subspan(slice.begin, slice.end - slice.begin));
+    }
+    calls.push_back(std::move(c));
+    shard_of_call.push_back(s);
+  }
+  const std::string what = ManyName(tensors);
+  EMBER_ASSIGN_OR_RAISE(auto replies, impl_->RoundTrip("push", what, std::move(calls)));
+  std::vector<ClientPushResult> out(tensors.size());
+  for (size_t t = 0; t < tensors.size(); ++t) out[t].versions.per_slice.resize(plan.slices[t].size());
+  for (size_t k = 0; k < shard_of_call.size(); ++k) {
+    const int s = shard_of_call[k];
+    const Reply& r = replies[k];
+    const auto& entries = plan.at[static_cast<size_t>(s)];
+    if (r.pushes.size() != entries.size()) {
+      return Status::Internal("push of " + what + " to " + impl_->Who(s) + ": " + std::to_string(r.pushes.size()) +
+                              " replies for " + std::to_string(entries.size()) + " tensors");
+    }
+    size_t at = 0;
+    for (size_t e = 0; e < entries.size(); ++e) {
+      const auto [t, i] = entries[e];
+      const Slice& slice = plan.slices[t][i];
+      const PushResult& p = r.pushes[e];
+      ClientPushResult& o = out[t];
+      (p.applied ? o.applied : o.rejected) += 1;
+      o.max_staleness = std::max(o.max_staleness, p.staleness);
+      o.versions.per_slice[i] = p.version;
+      const size_t n = static_cast<size_t>(r.counts[e]);
+      if (n > 0) {
+        if (n != slice.end - slice.begin) {
+          return Status::Internal("push to '" + tensors[t] + "': " + impl_->Who(s) + " replied with " +
+                                  std::to_string(n) + " elements for a slice of " +
+                                  std::to_string(slice.end - slice.begin));
+        }
+        if (o.reply.empty()) o.reply.assign(counts[t], 0.0f);
+        std::memcpy(o.reply.data() + slice.begin, r.values_bytes.data() + at * sizeof(float), n * sizeof(float));
+      }
+      at += n;
+    }
+  }
+  return out;
 }
 
 }  // namespace ember::ps

@@ -96,6 +96,8 @@ const char* KindName(Kind kind) {
     case Kind::kStats: return "stats";
     case Kind::kClock: return "clock";
     case Kind::kLeave: return "leave";
+    case Kind::kPullMany: return "pull_many";
+    case Kind::kPushMany: return "push_many";
   }
   return "unknown";
 }
@@ -153,9 +155,50 @@ std::string EncodeRequestHead(const Request& r, size_t values) {
     case Kind::kLeave:
       w.PutString(r.name);
       break;
+    case Kind::kPullMany:
+      w.PutU32(static_cast<uint32_t>(r.names.size()));
+      for (const auto& n : r.names) w.PutString(n);
+      break;
+    case Kind::kPushMany:
+      w.PutU32(static_cast<uint32_t>(r.names.size()));
+      for (size_t i = 0; i < r.names.size(); ++i) {
+        w.PutString(r.names[i]);
+        w.PutI64(r.bases[i]);
+        w.PutI64(r.counts[i]);
+      }
+      w.PutI64(static_cast<int64_t>(values));
+      break;
   }
   return w.Release();
 }
+
+namespace {
+// A "many" message's u32 entry count, each entry at least `min_entry_bytes`.
+Status GetManyCount(codec::Reader& r, size_t min_entry_bytes, uint32_t* n) {
+  EMBER_RETURN_NOT_OK(r.GetU32(n));
+  if (*n > kMaxManyTensors || *n > r.remaining() / min_entry_bytes) {
+    return Status::Corruption("PS message: " + std::to_string(*n) + " tensors at offset " +
+                              std::to_string(r.offset() - 4) + " (at most " + std::to_string(kMaxManyTensors) +
+                              ", and they must fit the " + std::to_string(r.remaining()) + " bytes left)");
+  }
+  return Status::OK();
+}
+
+// The per-entry counts of a "many" message against its floats.
+Status CheckCounts(const std::vector<int64_t>& counts, size_t floats) {
+  uint64_t sum = 0;
+  for (int64_t c : counts) {
+    if (c < 0) return Status::Corruption("PS message: a negative count");
+    sum += static_cast<uint64_t>(c);
+    if (sum > floats) break;
+  }
+  if (sum != floats) {
+    return Status::Corruption("PS message: the counts add up to " + std::to_string(sum) + " floats, not the " +
+                              std::to_string(floats) + " sent");
+  }
+  return Status::OK();
+}
+}  // namespace
 
 std::string EncodeRequest(const Request& r) {
   std::string out = EncodeRequestHead(r, r.values.size());
@@ -168,11 +211,13 @@ Result<Request> DecodeRequest(std::string_view bytes) {
   Request q;
   uint8_t kind = 0;
   EMBER_RETURN_NOT_OK(r.GetU8(&kind));
-  if (kind < static_cast<uint8_t>(Kind::kCreateDense) || kind > static_cast<uint8_t>(Kind::kLeave)) {
+  if (kind < static_cast<uint8_t>(Kind::kCreateDense) || kind > static_cast<uint8_t>(Kind::kPushMany)) {
     return Status::Corruption("PS request: unknown kind " + std::to_string(kind) + " at offset 0");
   }
   q.kind = static_cast<Kind>(kind);
-  if (q.kind != Kind::kStats) EMBER_RETURN_NOT_OK(r.GetString(&q.name));
+  if (q.kind != Kind::kStats && q.kind != Kind::kPullMany && q.kind != Kind::kPushMany) {
+    EMBER_RETURN_NOT_OK(r.GetString(&q.name));
+  }
   switch (q.kind) {
     case Kind::kCreateDense: {
       EMBER_RETURN_NOT_OK(GetRule(r, &q.rule.rule));
@@ -225,6 +270,28 @@ Result<Request> DecodeRequest(std::string_view bytes) {
       EMBER_RETURN_NOT_OK(r.GetI32(&q.workers));
       EMBER_RETURN_NOT_OK(r.GetI64(&q.wait_ms));
       break;
+    case Kind::kPullMany: {
+      uint32_t n = 0;
+      EMBER_RETURN_NOT_OK(GetManyCount(r, 4, &n));
+      q.names.resize(n);
+      for (auto& name : q.names) EMBER_RETURN_NOT_OK(r.GetString(&name));
+      break;
+    }
+    case Kind::kPushMany: {
+      uint32_t n = 0;
+      EMBER_RETURN_NOT_OK(GetManyCount(r, 20, &n));
+      q.names.resize(n);
+      q.bases.resize(n);
+      q.counts.resize(n);
+      for (uint32_t i = 0; i < n; ++i) {
+        EMBER_RETURN_NOT_OK(r.GetString(&q.names[i]));
+        EMBER_RETURN_NOT_OK(r.GetI64(&q.bases[i]));
+        EMBER_RETURN_NOT_OK(r.GetI64(&q.counts[i]));
+      }
+      EMBER_RETURN_NOT_OK(GetArray(r, "updates", &q.values));
+      EMBER_RETURN_NOT_OK(CheckCounts(q.counts, q.values.size()));
+      break;
+    }
   }
   EMBER_RETURN_NOT_OK(r.ExpectEnd());
   return q;
@@ -261,6 +328,24 @@ std::string EncodeReplyHead(Kind kind, const Reply& p, size_t values) {
       w.PutI64(p.clock.min_clock);
       w.PutI64(p.clock.waited_us);
       break;
+    case Kind::kPullMany:
+      w.PutU32(static_cast<uint32_t>(p.pulls.size()));
+      for (const auto& pull : p.pulls) {
+        w.PutI64(pull.version);
+        w.PutI64(static_cast<int64_t>(pull.values.size()));
+      }
+      w.PutI64(static_cast<int64_t>(values));
+      break;
+    case Kind::kPushMany:
+      w.PutU32(static_cast<uint32_t>(p.pushes.size()));
+      for (const auto& push : p.pushes) {
+        w.PutU8(push.applied ? 1 : 0);
+        w.PutI64(push.version);
+        w.PutI64(push.staleness);
+        w.PutI64(static_cast<int64_t>(push.reply.size()));
+      }
+      w.PutI64(static_cast<int64_t>(values));
+      break;
     default:
       break;
   }
@@ -278,10 +363,25 @@ const std::vector<float>& ReplyValues(Kind kind, const Reply& p) {
   }
 }
 
+std::vector<std::string_view> ReplyParts(Kind kind, const Reply& p) {
+  std::vector<std::string_view> parts;
+  if (!p.status.ok()) return parts;
+  if (kind == Kind::kPullMany) {
+    for (const auto& pull : p.pulls) parts.push_back(FloatBytes(pull.values));
+  } else if (kind == Kind::kPushMany) {
+    for (const auto& push : p.pushes) parts.push_back(FloatBytes(push.reply));
+  } else {
+    parts.push_back(FloatBytes(ReplyValues(kind, p)));
+  }
+  return parts;
+}
+
 std::string EncodeReply(Kind kind, const Reply& p) {
-  const auto& values = ReplyValues(kind, p);
-  std::string out = EncodeReplyHead(kind, p, values.size());
-  out.append(FloatBytes(values));
+  size_t bytes = 0;
+  const auto parts = ReplyParts(kind, p);
+  for (auto part : parts) bytes += part.size();
+  std::string out = EncodeReplyHead(kind, p, bytes / sizeof(float));
+  for (auto part : parts) out.append(part);
   return out;
 }
 
@@ -336,6 +436,39 @@ Result<Reply> DecodeReply(Kind kind, std::string_view bytes, bool copy_values) {
       EMBER_RETURN_NOT_OK(r.GetI64(&p.clock.min_clock));
       EMBER_RETURN_NOT_OK(r.GetI64(&p.clock.waited_us));
       break;
+    case Kind::kPullMany:
+    case Kind::kPushMany: {
+      const bool pulls = kind == Kind::kPullMany;
+      uint32_t n = 0;
+      EMBER_RETURN_NOT_OK(GetManyCount(r, pulls ? 16 : 25, &n));
+      p.counts.resize(n);
+      if (pulls) p.pulls.resize(n); else p.pushes.resize(n);
+      for (uint32_t i = 0; i < n; ++i) {
+        if (pulls) {
+          EMBER_RETURN_NOT_OK(r.GetI64(&p.pulls[i].version));
+        } else {
+          uint8_t applied = 0;
+          EMBER_RETURN_NOT_OK(r.GetU8(&applied));
+          p.pushes[i].applied = applied != 0;
+          EMBER_RETURN_NOT_OK(r.GetI64(&p.pushes[i].version));
+          EMBER_RETURN_NOT_OK(r.GetI64(&p.pushes[i].staleness));
+        }
+        EMBER_RETURN_NOT_OK(r.GetI64(&p.counts[i]));
+      }
+      std::vector<float> all;
+      EMBER_RETURN_NOT_OK(GetFloats(r, "values", /*copy=*/false, &all, &p.values_bytes));
+      EMBER_RETURN_NOT_OK(CheckCounts(p.counts, p.values_bytes.size() / sizeof(float)));
+      if (copy_values) {
+        size_t at = 0;
+        for (uint32_t i = 0; i < n; ++i) {
+          auto& out = pulls ? p.pulls[i].values : p.pushes[i].reply;
+          out.resize(static_cast<size_t>(p.counts[i]));
+          if (!out.empty()) std::memcpy(out.data(), p.values_bytes.data() + at * sizeof(float), out.size() * sizeof(float));
+          at += out.size();
+        }
+      }
+      break;
+    }
     default:
       break;
   }
@@ -393,6 +526,39 @@ Kind Serve(Shard& shard, std::string_view request, Reply* reply, uint64_t owner,
     case Kind::kLeave:
       shard.Leave(q->name, "left", owner);
       break;
+    case Kind::kPullMany:
+      for (const auto& name : q->names) {
+        auto got = shard.PullDense(name);
+        if (!got.ok()) {
+          p.status = got.status();
+          p.pulls.clear();
+          break;
+        }
+        p.pulls.push_back(std::move(*got));
+      }
+      break;
+    case Kind::kPushMany: {
+      // Every name and size is checked before anything is applied.
+      for (size_t i = 0; i < q->names.size() && p.status.ok(); ++i) {
+        auto count = shard.DenseCount(q->names[i]);
+        if (!count.ok()) {
+          p.status = count.status();
+        } else if (static_cast<int64_t>(*count) != q->counts[i]) {
+          p.status = Status::InvalidArgument(shard.name() + ": push to tensor '" + q->names[i] + "' of " +
+                                             std::to_string(q->counts[i]) + " elements; it holds " +
+                                             std::to_string(*count));
+        }
+      }
+      size_t at = 0;
+      for (size_t i = 0; i < q->names.size() && p.status.ok(); ++i) {
+        const auto n = static_cast<size_t>(q->counts[i]);
+        auto got = shard.PushDense(q->names[i], std::span<const float>(q->values).subspan(at, n), q->bases[i]);
+        at += n;
+        if (got.ok()) p.pushes.push_back(std::move(*got)); else p.status = got.status();
+      }
+      if (!p.status.ok()) p.pushes.clear();
+      break;
+    }
   }
   if (worker != nullptr && (q->kind == Kind::kClock || q->kind == Kind::kLeave)) *worker = q->name;
   return q->kind;

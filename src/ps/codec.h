@@ -15,6 +15,9 @@
 //   kStats        (nothing)
 //   kClock        string worker | i64 clock | i64 bound | i32 workers | i64 wait_ms (< 0: no deadline)
 //   kLeave        string worker
+//   kPullMany     u32 n | n x string tensor
+//   kPushMany     u32 n | n x (string tensor | i64 base_version | i64 count) | floats (the n
+//                 updates, concatenated; the counts sum to their number)
 //   floats: u64 n | n x f32;  ids: u64 n | n x i64
 // Reply: u8 status code | string message (empty when OK) | on OK, by the request's kind:
 //   kPullDense    i64 version | floats
@@ -22,6 +25,9 @@
 //   kPullRows     floats
 //   kStats        i64 applied | i64 rejected | i64 rows | u32 k | k x i64 (staleness histogram)
 //   kClock        i64 clock | i64 min_clock | i64 waited_us
+//   kPullMany     u32 n | n x (i64 version | i64 count) | floats (the n tensors' values, concatenated)
+//   kPushMany     u32 n | n x (u8 applied | i64 version | i64 staleness | i64 count) | floats (the
+//                 kElastic differences, concatenated; count 0 for the other rules)
 //   the others    nothing
 #pragma once
 
@@ -60,7 +66,10 @@ enum class Kind : uint8_t {
   kStats = 7,
   kClock = 8,
   kLeave = 9,
+  kPullMany = 10,
+  kPushMany = 11,
 };
+inline constexpr uint32_t kMaxManyTensors = 1 << 16;  // tensors in one kPullMany / kPushMany
 const char* KindName(Kind kind);
 
 struct Request {
@@ -75,6 +84,9 @@ struct Request {
   int64_t bound = -1;           // kClock
   int32_t workers = 0;          // kClock
   int64_t wait_ms = -1;         // kClock: how long the shard may wait (< 0: no deadline)
+  std::vector<std::string> names;  // kPullMany, kPushMany
+  std::vector<int64_t> bases;      // kPushMany: each update's base version
+  std::vector<int64_t> counts;     // kPushMany: each update's floats (in `values`, in order)
 };
 
 struct Reply {
@@ -87,6 +99,10 @@ struct Reply {
   std::vector<float> rows;      // kPullRows
   ShardStats stats;             // kStats
   ClockResult clock;            // kClock
+  std::vector<PullResult> pulls;   // kPullMany (DecodeReply without copy_values: values empty,
+                                   // counts[i] floats of values_bytes each, in order)
+  std::vector<PushResult> pushes;  // kPushMany (likewise for the elastic differences)
+  std::vector<int64_t> counts;     // DecodeReply of kPullMany / kPushMany: floats per entry
 };
 
 std::string EncodeRequest(const Request& r);
@@ -95,6 +111,9 @@ std::string EncodeRequest(const Request& r);
 std::string EncodeRequestHead(const Request& r, size_t values);
 Result<Request> DecodeRequest(std::string_view bytes);
 std::string EncodeReply(Kind kind, const Reply& r);
+// The floats that follow a reply's head, as byte views of where they are (one per tensor for the
+// "many" kinds, else at most one): the server sends head + these.
+std::vector<std::string_view> ReplyParts(Kind kind, const Reply& r);
 // The same split for replies: head, then the bytes of ReplyValues(kind, r).
 std::string EncodeReplyHead(Kind kind, const Reply& r, size_t values);
 const std::vector<float>& ReplyValues(Kind kind, const Reply& r);

@@ -58,10 +58,11 @@ struct Server::Impl {
       const Kind kind = Serve(*shard, frame->payload, &reply, owner, &worker);
       if (reply.status.ok() && kind == Kind::kClock) clocked.insert(worker);
       if (kind == Kind::kLeave) clocked.erase(worker);
-      const std::vector<float>& values = ReplyValues(kind, reply);
-      const std::string head = EncodeReplyHead(kind, reply, values.size());
-      const std::string_view parts[] = {head, std::string_view(reinterpret_cast<const char*>(values.data()),
-                                                               values.size() * sizeof(float))};
+      std::vector<std::string_view> parts = ReplyParts(kind, reply);
+      size_t bytes = 0;
+      for (auto part : parts) bytes += part.size();
+      const std::string head = EncodeReplyHead(kind, reply, bytes / sizeof(float));
+      parts.insert(parts.begin(), head);
       // A reply that cannot be written within a minute: the worker stopped reading; drop it.
       if (!tcp::WriteFrameParts(c.fd(), kReplyFrame, parts, Deadline::After(Duration(60000)), peer).ok()) return;
     }

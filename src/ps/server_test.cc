@@ -236,6 +236,63 @@ TEST(PsServerTest, SspClocksOverTheWireWarmUpSynchronouslyAndForgetAWorkerWhoseC
   EXPECT_TRUE(shards.servers[0]->shard().Clocks().empty());
 }
 
+TEST(PsServerTest, ManyTensorsGoInOneRequestPerShardAndComeBackWhole) {
+  Shards shards = StartShards(2);
+  auto c = ConnectTo(shards);
+  ASSERT_TRUE(c);
+  // A large tensor cut over both shards, and small ones living whole on one or the other.
+  std::vector<std::string> names = {"big", "a", "b", "c", "d"};
+  std::vector<std::vector<float>> init = {std::vector<float>(100001, 1.0f), {1, 2}, {3}, {4, 5, 6}, {7}};
+  for (size_t t = 0; t < names.size(); ++t) ASSERT_TRUE(c->CreateDense(names[t], init[t], Add()).ok());
+  std::vector<std::vector<float>> got(names.size());
+  std::vector<std::span<float>> outs;
+  for (size_t t = 0; t < names.size(); ++t) {
+    got[t].assign(init[t].size(), -1.0f);
+    outs.emplace_back(got[t]);
+  }
+  auto versions = c->PullDenseMany(names, outs);
+  ASSERT_TRUE(versions.ok()) << versions.status().ToString();
+  EXPECT_EQ(got, init);
+  EXPECT_EQ((*versions)[0].per_slice.size(), 2u);
+  // Push 1 to every element of every tensor at once; each lands once.
+  std::vector<std::vector<float>> ones;
+  std::vector<std::span<const float>> updates;
+  for (const auto& v : init) ones.emplace_back(v.size(), 1.0f);
+  for (const auto& v : ones) updates.emplace_back(v);
+  auto pushed = c->PushDenseMany(names, updates, *versions);
+  ASSERT_TRUE(pushed.ok()) << pushed.status().ToString();
+  EXPECT_EQ((*pushed)[0].applied, 2);
+  EXPECT_EQ((*pushed)[0].versions.per_slice, (std::vector<int64_t>{1, 1}));
+  for (size_t t = 0; t < names.size(); ++t) {
+    std::vector<float> one(init[t].size());
+    ASSERT_TRUE(c->PullDense(names[t], one).ok());
+    for (size_t i = 0; i < one.size(); ++i) ASSERT_EQ(one[i], init[t][i] + 1.0f) << names[t] << "[" << i << "]";
+  }
+  // A wrong size on one tensor: named, and nothing on that shard is applied.
+  std::vector<float> wrong(7, 1.0f);
+  updates[3] = wrong;
+  auto bad = c->PushDenseMany(names, updates, *versions);
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("tensor 'c'"), std::string::npos) << bad.status().ToString();
+  auto missing = c->PullDenseMany({"a", "nope"}, {outs[1], outs[2]});
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("'nope'"), std::string::npos) << missing.status().ToString();
+  // Elastic differences come back per tensor.
+  RuleOptions elastic;
+  elastic.rule = Rule::kElastic;
+  elastic.alpha = 0.5f;
+  ASSERT_TRUE(c->CreateDense("e1", std::vector<float>{0, 0}, elastic).ok());
+  ASSERT_TRUE(c->CreateDense("e2", std::vector<float>{10}, elastic).ok());
+  std::vector<float> e1(2), e2(1);
+  auto ev = c->PullDenseMany({"e1", "e2"}, {e1, e2});
+  ASSERT_TRUE(ev.ok());
+  std::vector<float> x1{2, 4}, x2{0};
+  auto moved = c->PushDenseMany({"e1", "e2"}, {x1, x2}, *ev);
+  ASSERT_TRUE(moved.ok()) << moved.status().ToString();
+  EXPECT_EQ((*moved)[0].reply, (std::vector<float>{1, 2}));
+  EXPECT_EQ((*moved)[1].reply, (std::vector<float>{-5}));
+}
+
 TEST(PsServerTest, StrangersAndMalformedRequestsGetNothing) {
   Shards shards = StartShards(1);
   const int port = shards.servers[0]->port();

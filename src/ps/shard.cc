@@ -196,6 +196,12 @@ Status Shard::CreateDense(const std::string& tensor, std::span<const float> init
   return Status::OK();
 }
 
+Result<size_t> Shard::DenseCount(const std::string& tensor) const {
+  Dense* d = impl_->FindDense(tensor);
+  if (d == nullptr) return impl_->NoTensor("tensor", tensor);
+  return d->w.size();  // fixed at creation
+}
+
 Result<PullResult> Shard::PullDense(const std::string& tensor) const {
   Dense* d = impl_->FindDense(tensor);
   if (d == nullptr) return impl_->NoTensor("tensor", tensor);

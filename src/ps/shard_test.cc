@@ -379,5 +379,43 @@ TEST(PsCodecTest, MalformedBytesAreCorruptionNamingTheFieldAndApplyNothing) {
   EXPECT_EQ(s.PullDense("w").status().code(), StatusCode::kNotFound);  // nothing was created
 }
 
+TEST(PsCodecTest, ManyTensorMessagesRoundTripAndCountsMustAddUp) {
+  Shard s("ps:0");
+  ASSERT_TRUE(s.CreateDense("a", std::vector<float>{1, 2}, With(Rule::kAdd)).ok());
+  ASSERT_TRUE(s.CreateDense("b", std::vector<float>{3}, With(Rule::kAdd)).ok());
+  Request push;
+  push.kind = Kind::kPushMany;
+  push.names = {"a", "b"};
+  push.bases = {0, 0};
+  push.counts = {2, 1};
+  push.values = {10, 20, 30};
+  const std::string bytes = EncodeRequest(push);
+  auto decoded = DecodeRequest(bytes);
+  ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+  EXPECT_EQ(decoded->names, push.names);
+  EXPECT_EQ(decoded->counts, push.counts);
+  EXPECT_EQ(EncodeRequest(*decoded), bytes);
+  auto applied = DecodeReply(Kind::kPushMany, Serve(s, bytes));
+  ASSERT_TRUE(applied.ok() && applied->status.ok());
+  EXPECT_EQ(applied->pushes.size(), 2u);
+  Request pull;
+  pull.kind = Kind::kPullMany;
+  pull.names = {"b", "a"};
+  auto pulled = DecodeReply(Kind::kPullMany, Serve(s, EncodeRequest(pull)));
+  ASSERT_TRUE(pulled.ok() && pulled->status.ok());
+  EXPECT_EQ(pulled->pulls[0].values, (std::vector<float>{33}));
+  EXPECT_EQ(pulled->pulls[1].values, (std::vector<float>{11, 22}));
+  EXPECT_EQ(pulled->pulls[1].version, 1);
+
+  push.counts = {2, 2};  // says 4 floats, sends 3
+  auto lying = DecodeRequest(EncodeRequest(push));
+  EXPECT_EQ(lying.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(lying.status().message().find("add up to 4 floats, not the 3"), std::string::npos)
+      << lying.status().ToString();
+  push.counts = {2, -1};
+  EXPECT_EQ(DecodeRequest(EncodeRequest(push)).status().code(), StatusCode::kCorruption);
+  EXPECT_EQ(s.PullDense("b")->values, (std::vector<float>{33}));  // nothing more applied
+}
+
 }  // namespace
 }  // namespace ember::ps
