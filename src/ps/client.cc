@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <unordered_map>
 
 #include "common/fd.h"
 #include "ember/ps.h"
@@ -243,18 +244,28 @@ Status Client::CreateTable(const std::string& table, const TableOptions& options
 
 namespace {
 // ids grouped by their shard, with each id's position in the caller's order.
+// A call's row ids by shard, each distinct id once (a skewed batch repeats its hot ids: at
+// Zipf 1.2, 4096 ids hold about 1,360 distinct ones): a pull fetches each once and copies it to
+// every position that asked; a push sends each once with the sum of its updates (the same
+// result for the add and sgd rules, which apply a repeated id's updates in turn).
 struct Grouped {
-  std::vector<std::vector<int64_t>> ids;
-  std::vector<std::vector<size_t>> where;
+  std::vector<std::vector<int64_t>> ids;       // per shard: distinct ids, in first-seen order
+  std::vector<std::pair<int, size_t>> slot;    // per caller position: (shard, index in ids[shard])
 };
 Grouped GroupRows(std::span<const int64_t> ids, int shards) {
   Grouped g;
   g.ids.resize(static_cast<size_t>(shards));
-  g.where.resize(static_cast<size_t>(shards));
+  g.slot.resize(ids.size());
+  std::unordered_map<int64_t, std::pair<int, size_t>> seen;
+  seen.reserve(ids.size());
   for (size_t k = 0; k < ids.size(); ++k) {
-    const int s = RowShard(ids[k], shards);
-    g.ids[s].push_back(ids[k]);
-    g.where[s].push_back(k);
+    auto [it, fresh] = seen.try_emplace(ids[k]);
+    if (fresh) {
+      const int s = RowShard(ids[k], shards);
+      it->second = {s, g.ids[static_cast<size_t>(s)].size()};
+      g.ids[static_cast<size_t>(s)].push_back(ids[k]);
+    }
+    g.slot[k] = it->second;
   }
   return g;
 }
@@ -280,6 +291,7 @@ Status Client::PullRows(const std::string& table, std::span<const int64_t> ids, 
   for (const Call& c : calls) order.push_back(c.shard);
   EMBER_ASSIGN_OR_RAISE(auto replies, impl_->RoundTrip("pull rows", table, std::move(calls)));
   const size_t d = static_cast<size_t>(dim);
+  std::vector<const char*> rows(static_cast<size_t>(num_shards()), nullptr);
   for (size_t i = 0; i < order.size(); ++i) {
     const int s = order[i];
     const size_t got = FloatCount(replies[i]);
@@ -288,10 +300,11 @@ Status Client::PullRows(const std::string& table, std::span<const int64_t> ids, 
                                      std::to_string(g.ids[s].empty() ? 0 : got / g.ids[s].size()) +
                                      " floats, not dim " + std::to_string(dim));
     }
-    const char* rows = replies[i].values_bytes.data();
-    for (size_t k = 0; k < g.where[s].size(); ++k) {
-      std::memcpy(out.data() + g.where[s][k] * d, rows + k * d * sizeof(float), d * sizeof(float));
-    }
+    rows[static_cast<size_t>(s)] = replies[i].values_bytes.data();
+  }
+  for (size_t k = 0; k < ids.size(); ++k) {
+    const auto [s, j] = g.slot[k];
+    std::memcpy(out.data() + k * d, rows[static_cast<size_t>(s)] + j * d * sizeof(float), d * sizeof(float));
   }
   return Status::OK();
 }
@@ -305,17 +318,22 @@ Status Client::PushRows(const std::string& table, std::span<const int64_t> ids, 
   std::lock_guard<std::mutex> lock(impl_->mu);
   Grouped g = GroupRows(ids, num_shards());
   const size_t d = static_cast<size_t>(dim);
+  std::vector<std::vector<float>> sums(static_cast<size_t>(num_shards()));
+  for (int s = 0; s < num_shards(); ++s) sums[static_cast<size_t>(s)].assign(g.ids[s].size() * d, 0.0f);
+  for (size_t k = 0; k < ids.size(); ++k) {
+    const auto [s, j] = g.slot[k];
+    float* to = sums[static_cast<size_t>(s)].data() + j * d;
+    const float* from = update.data() + k * d;
+    for (size_t i = 0; i < d; ++i) to[i] += from[i];
+  }
   std::vector<Call> calls;
   for (int s = 0; s < num_shards(); ++s) {
     if (g.ids[s].empty()) continue;
     Call c{s, {}};
     c.request.kind = Kind::kPushRows;
     c.request.name = table;
-    c.request.ids = g.ids[s];
-    c.request.values.resize(g.ids[s].size() * d);
-    for (size_t k = 0; k < g.where[s].size(); ++k) {
-      std::memcpy(c.request.values.data() + k * d, update.data() + g.where[s][k] * d, d * sizeof(float));
-    }
+    c.request.ids = std::move(g.ids[s]);
+    c.request.values = std::move(sums[static_cast<size_t>(s)]);
     calls.push_back(std::move(c));
   }
   return impl_->RoundTrip("push rows", table, std::move(calls)).status();
