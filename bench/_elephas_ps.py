@@ -30,38 +30,49 @@ def model_dict(floats: int):
     return model_to_dict(model)
 
 
-def server(args) -> None:
+def serve(spec, mode: str, port: int) -> None:
+    """Serves the model `spec` (model_to_dict) with Elephas's HttpServer or SocketServer in
+    asynchronous mode; prints "ready" and serves until the bench closes our stdin (also for
+    bench/_elephas_sparse.py)."""
     from elephas.enums.modes import Mode
 
-    if args.mode == "http":
+    if mode == "http":
         from elephas.parameter.server import HttpServer
-        s = HttpServer(model_dict(args.floats), args.port, Mode.ASYNCHRONOUS, debug=False)
+        s = HttpServer(spec, port, Mode.ASYNCHRONOUS, debug=False)
     else:
         from elephas.parameter.server import SocketServer
-        s = SocketServer(model_dict(args.floats), args.port, Mode.ASYNCHRONOUS)
+        s = SocketServer(spec, port, Mode.ASYNCHRONOUS)
     s.start()
     print("ready", flush=True)
     try:
-        sys.stdin.read()  # until the bench closes our stdin
+        sys.stdin.read()
     finally:
         s.stop()
+
+
+def client(mode: str, port: int):
+    """Elephas's HttpClient or SocketClient on `port`."""
+    if mode == "http":
+        from elephas.parameter.client import HttpClient
+        return HttpClient(port=port)
+    from elephas.parameter.client import SocketClient
+    return SocketClient(port=port)
+
+
+def server(args) -> None:
+    serve(model_dict(args.floats), args.mode, args.port)
 
 
 def worker(args) -> None:
     import numpy as np
 
-    if args.mode == "http":
-        from elephas.parameter.client import HttpClient
-        client = HttpClient(port=args.port)
-    else:
-        from elephas.parameter.client import SocketClient
-        client = SocketClient(port=args.port)
-    weights = client.get_parameters()  # warm-up
+    ps = client(args.mode, args.port)
+    weights = ps.get_parameters()  # warm-up
     delta = [np.full_like(np.asarray(w), 1e-7) for w in weights]
     n, start, cpu = 0, time.perf_counter(), time.process_time()
     while time.perf_counter() - start < args.seconds:
-        client.get_parameters()
-        client.update_parameters(delta)
+        ps.get_parameters()
+        ps.update_parameters(delta)
         n += 1
     print(json.dumps({"updates": n, "secs": time.perf_counter() - start, "cpu": time.process_time() - cpu}),
           flush=True)

@@ -26,6 +26,8 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # Elephas's determine_master: this host's loopback
 
+from _elephas_ps import client as elephas_client, serve  # noqa: E402  (this directory, run as a script)
+
 SCRAMBLE = 2654435761  # a prime: rank -> id is a bijection of [0, V) (ps_sparse.py uses the same)
 
 
@@ -40,34 +42,16 @@ def skewed_ids(rng, n: int, vocab: int, a: float):
 
 def server(args) -> None:
     import keras
-    from elephas.enums.modes import Mode
     from elephas.utils.serialization import model_to_dict
 
     model = keras.Sequential([keras.Input((1,), dtype="int32"), keras.layers.Embedding(args.vocab, args.dim)])
-    spec = model_to_dict(model)
-    if args.mode == "http":
-        from elephas.parameter.server import HttpServer
-        s = HttpServer(spec, args.port, Mode.ASYNCHRONOUS, debug=False)
-    else:
-        from elephas.parameter.server import SocketServer
-        s = SocketServer(spec, args.port, Mode.ASYNCHRONOUS)
-    s.start()
-    print("ready", flush=True)
-    try:
-        sys.stdin.read()  # until the bench closes our stdin
-    finally:
-        s.stop()
+    serve(model_to_dict(model), args.mode, args.port)
 
 
 def worker(args) -> None:
     import numpy as np
 
-    if args.mode == "http":
-        from elephas.parameter.client import HttpClient
-        client = HttpClient(port=args.port)
-    else:
-        from elephas.parameter.client import SocketClient
-        client = SocketClient(port=args.port)
+    client = elephas_client(args.mode, args.port)
     rng = np.random.default_rng(args.seed)
     batches = skewed_ids(rng, args.pool * args.batch, args.vocab, args.zipf).reshape(args.pool, args.batch)
     grad = rng.standard_normal((args.batch, args.dim)).astype(np.float32) * 1e-4
