@@ -1,6 +1,8 @@
 #include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <system_error>
+#include <thread>
 #include <unordered_map>
 
 #include "common/fd.h"
@@ -83,7 +85,17 @@ struct Client::Impl {
                                            "cannot use it again)");
       return shards[s].broken;
     };
-    for (const Call& c : calls) {
+    // Each shard's request and reply on a thread of its own (this one for the first), so the
+    // shards' links carry their halves at once rather than in turn; every shard that got its
+    // request has its reply read, whatever another shard did, so no connection is left holding
+    // a reply nobody read.
+    const size_t n = calls.size();
+    Replies replies;
+    replies.frames.resize(n);  // the replies' views point into these: never reallocated
+    replies.replies.resize(n);
+    std::vector<Status> broke(n);  // transport failures: that shard's connection is unusable
+    auto exchange = [&](size_t i) {
+      const Call& c = calls[i];
       std::vector<std::span<const float>> floats = c.parts;
       if (floats.empty()) floats.push_back(c.values.empty() ? std::span<const float>(c.request.values) : c.values);
       size_t count = 0;
@@ -91,25 +103,49 @@ struct Client::Impl {
       const std::string head = EncodeRequestHead(c.request, count);
       std::vector<std::string_view> parts{head};
       for (auto f : floats) parts.emplace_back(reinterpret_cast<const char*>(f.data()), f.size() * sizeof(float));
-      Status st = tcp::WriteFrameParts(shards[c.shard].fd.get(), kRequestFrame, parts, deadline, Who(c.shard));
-      if (!st.ok()) return breaks(c.shard, st);
-    }
-    Replies replies;
-    replies.frames.reserve(calls.size());  // the replies' views point into these: never reallocated
-    Status first_error;
-    for (const Call& c : calls) {
-      auto frame = tcp::ReadFrame(shards[c.shard].fd.get(), options.max_message_bytes, deadline, Who(c.shard));
-      if (!frame.ok()) return breaks(c.shard, frame.status());
-      if (frame->type != kReplyFrame) {
-        return breaks(c.shard, Status::Corruption("frame type " + std::to_string(frame->type) + " is not a reply"));
+      const int fd = shards[c.shard].fd.get();
+      Status st = tcp::WriteFrameParts(fd, kRequestFrame, parts, deadline, Who(c.shard));
+      if (!st.ok()) {
+        broke[i] = st;
+        return;
       }
-      replies.frames.push_back(std::move(frame->payload));
-      auto reply = DecodeReply(c.request.kind, replies.frames.back(), /*copy_values=*/false);
-      if (!reply.ok()) return breaks(c.shard, reply.status());
-      if (!reply->status.ok() && first_error.ok()) first_error = reply->status.WithContext(where(c.shard));
-      replies.replies.push_back(std::move(*reply));
+      auto frame = tcp::ReadFrame(fd, options.max_message_bytes, deadline, Who(c.shard));
+      if (!frame.ok()) {
+        broke[i] = frame.status();
+        return;
+      }
+      if (frame->type != kReplyFrame) {
+        broke[i] = Status::Corruption("frame type " + std::to_string(frame->type) + " is not a reply");
+        return;
+      }
+      replies.frames[i] = std::move(frame->payload);
+      auto reply = DecodeReply(c.request.kind, replies.frames[i], /*copy_values=*/false);
+      if (!reply.ok()) {
+        broke[i] = reply.status();
+        return;
+      }
+      replies.replies[i] = std::move(*reply);
+    };
+    std::vector<std::thread> threads;
+    for (size_t i = 1; i < n; ++i) {
+      try {
+        threads.emplace_back(exchange, i);
+      } catch (const std::system_error&) {
+        exchange(i);  // no thread to be had: this one does it
+      }
     }
-    if (!first_error.ok()) return first_error;
+    if (n > 0) exchange(0);
+    for (auto& t : threads) t.join();
+    Status first;
+    for (size_t i = 0; i < n; ++i) {
+      if (broke[i].ok()) continue;
+      Status b = breaks(calls[i].shard, broke[i]);
+      if (first.ok()) first = b;
+    }
+    if (!first.ok()) return first;
+    for (size_t i = 0; i < n; ++i) {
+      if (!replies.replies[i].status.ok()) return replies.replies[i].status.WithContext(where(calls[i].shard));
+    }
     return replies;
   }
 };
