@@ -28,7 +28,10 @@ optimizer and one callback (Horovod's recipe, on Ember's collectives)::
 
 Every node must run the same number of steps per epoch (InputMode.SPARK's
 ``epoch_batches`` / ``to_tf_dataset`` guarantee it; in InputMode.TENSORFLOW shard the
-data and give ``steps_per_epoch``).  Works with Keras 3's TensorFlow backend.
+data equally, e.g. ``tf.data.Dataset.from_tensor_slices((x[rank::n], y[rank::n]))
+.shuffle(...).batch(b, drop_remainder=True)`` cut to the smallest shard's batch count: Keras
+3.15's ``fit`` on numpy arrays with ``steps_per_epoch`` does not restart the arrays each epoch
+and stops with "Your input ran out of data").  Works with Keras 3's TensorFlow backend.
 
 Importing this module imports Keras; ``import ember`` alone does not.
 """
