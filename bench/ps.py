@@ -110,12 +110,18 @@ def start_server(contender: str, floats: int):
                                 text=True, env=env, start_new_session=True)
         port = int(proc.stdout.readline())
         return proc, port
+    return start_elephas_server("_elephas_ps.py", contender, ["--floats", str(floats)])
+
+
+def start_elephas_server(script: str, contender: str, extra: list, stderr=None, why=lambda: ""):
+    """Starts `script`'s Elephas server (in the Elephas venv) on a free port and waits up to
+    300 s for its "ready"; returns (process, port).  `why()` adds to the error if it does not
+    start (e.g. the tail of its stderr)."""
     port = free_port()
-    mode = contender.split("-")[1]
-    proc = subprocess.Popen([str(ELEPHAS_PY), str(BENCH / "_elephas_ps.py"), "server", "--mode", mode, "--port",
-                             str(port), "--floats", str(floats)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    seen = []
+    proc = subprocess.Popen([str(ELEPHAS_PY), str(BENCH / script), "server", "--mode", contender.split("-")[1],
+                             "--port", str(port), *extra], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=stderr, text=True, start_new_session=True)
+    seen, line = [], ""
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:  # Flask prints its banner on stdout first
         line = proc.stdout.readline()
@@ -124,7 +130,7 @@ def start_server(contender: str, floats: int):
         seen.append(line)
     if line.strip() != "ready":
         stop_server(proc)
-        raise RuntimeError(f"{contender}: the server did not start (printed {''.join(seen)[-500:]!r})")
+        raise RuntimeError(f"{contender}: the server did not start (printed {''.join(seen)[-500:]!r}){why()}")
     return proc, port
 
 

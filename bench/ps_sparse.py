@@ -142,23 +142,9 @@ def group_cpu(pgid: int) -> float:
 
 
 def start_elephas(mode: str, vocab: int, dim: int, stderr):
-    port = free_port()
-    proc = subprocess.Popen([str(dense_bench.ELEPHAS_PY), str(BENCH / "_elephas_sparse.py"), "server", "--mode",
-                             mode, "--port", str(port), "--vocab", str(vocab), "--dim", str(dim)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True,
-                            start_new_session=True)
-    seen, line = [], ""
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:  # Flask prints its banner on stdout first
-        line = proc.stdout.readline()
-        if not line or line.strip() == "ready":
-            break
-        seen.append(line)
-    if line.strip() != "ready":
-        dense_bench.stop_server(proc)
-        raise RuntimeError(f"elephas-{mode}: the server did not start (printed {''.join(seen)[-500:]!r}; "
-                           f"its stderr: {_tail(stderr)!r})")
-    return proc, port
+    return dense_bench.start_elephas_server("_elephas_sparse.py", f"elephas-{mode}",
+                                            ["--vocab", str(vocab), "--dim", str(dim)], stderr=stderr,
+                                            why=lambda: f"; its stderr: {_tail(stderr)!r}")
 
 
 def run_round(contender: str, workers: int, batch: int, args, perf_out: str = "") -> dict:
