@@ -47,12 +47,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
-from _common import free_port, log  # noqa: E402
+from _common import log  # noqa: E402
 import ps as dense_bench  # noqa: E402  (bench/ps.py: the Ember server, the Elephas venv, stop_server)
 
 REPO = BENCH.parent
