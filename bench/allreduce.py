@@ -24,6 +24,14 @@ The last line: ``allreduce_busbw_64MiB: ember=<GB/s> gloo=<GB/s> ratio=<v>`` (2 
 ember_shm vs the best Gloo variant).  --netns adds 2 ranks in two network namespaces joined by
 a veth pair (created and removed here; needs root): ember_tcp vs Gloo over real TCP.
 
+Without Debian's libgloo (a GPU image, say) the Gloo harness is not built and torch's gloo is
+the peer; the last line is then ``allreduce_busbw_64MiB: ranks=<first --ranks> ember=<GB/s>
+torch=<GB/s> ratio=<v>`` (``--gloo-variants ""`` does the same where Gloo is built).  Every run
+with torch checks the big-host goals (issue 20): ember_shm >= 1.5x torch's gloo at every size
+from 64 KiB, busbw >= 0.5 of memcpy at the largest size.  --one-thread adds ember_shm_1t (one
+thread per rank; the default splits copies and reductions of 1 MiB and more over the host's cores
+divided by its ranks, at most 8) and prints the gain.
+
 --dtype bfloat16|float16: the same, over 16-bit elements (the same bytes, half the elements).
 Debian's Gloo harness is float32 only, so its variants are left out and torch's gloo (which
 reduces bfloat16 and float16) is the peer; the last line is then
@@ -445,6 +453,32 @@ def goals(res: dict, ranks: int, sizes: List[int], variants: List[str]) -> List[
     return [f"   [{ranks} ranks] {x}" for x in out]
 
 
+def goals_vs_torch(res: dict, ranks: int, sizes: List[int], memcpy: float) -> List[str]:
+    """Issue 20's big-host goals: ember_shm >= 1.5x torch's gloo at every size from 64 KiB, and a
+    busbw of at least half this host's memcpy bandwidth at the largest size."""
+    def ratio(n):
+        et, tt = median(res.get("ember_shm", {}).get(n, [])), median(res.get("torch", {}).get(n, []))
+        return tt / et if et == et and tt == tt else float("nan")
+
+    out = []
+    bw = [n for n in sizes if n >= 64 * KiB and ratio(n) == ratio(n)]
+    if bw:
+        worst = min(bw, key=ratio)
+        out.append(f"goal ember_shm >= 1.5x torch gloo at every size from 64 KiB: lowest {ratio(worst):.2f}x at "
+                   f"{fmt_size(worst)} -> {'met' if ratio(worst) >= 1.5 else 'NOT met'}")
+    n = max(sizes)
+    frac = busbw(n, median(res.get("ember_shm", {}).get(n, [])), ranks) / memcpy if memcpy == memcpy else float("nan")
+    if frac == frac:
+        out.append(f"goal ember_shm busbw >= 0.5 of memcpy at {fmt_size(n)}: {frac:.2f} -> "
+                   f"{'met' if frac >= 0.5 else 'NOT met'}")
+    if "ember_shm_1t" in res:
+        gains = [f"{fmt_size(n)} {median(res['ember_shm_1t'].get(n, [])) / median(res['ember_shm'].get(n, [])):.2f}x"
+                 for n in sizes if n >= 1 * MiB]
+        if gains:
+            out.append(f"threads per rank (ember_shm) vs one (ember_shm_1t): {', '.join(gains)}")
+    return [f"   [{ranks} ranks] {x}" for x in out]
+
+
 # ----------------------------------------------------------------------------- main
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -456,6 +490,9 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help=f"sizes {','.join(fmt_size(s) for s in QUICK_SIZES)}, 1 repeat")
     p.add_argument("--gloo-variants", default="allreduce,ring_chunked,ring")
     p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--no-tcp", action="store_true", help="leave out ember_tcp")
+    p.add_argument("--one-thread", action="store_true",
+                   help="also ember_shm_1t: one thread per rank (the default splits big copies over the cores)")
     p.add_argument("--netns", action="store_true", help="also 2 ranks in two network namespaces (veth; root)")
     p.add_argument("--json", help="write every measurement here")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
@@ -479,10 +516,13 @@ def main() -> int:
     for target, why in built.items():
         if why:
             log(f"{target}: {why}")
-    if built["gloo_allreduce"]:
-        return 1
     tenv, tdesc = (None, "--no-torch") if args.no_torch else torch_env()
     log(f"torch contender: {tdesc}" if tenv else f"torch contender SKIPPED: {tdesc}")
+    if built["gloo_allreduce"]:
+        if not tenv or built["ember_allreduce"]:
+            return 1
+        log("the Gloo harness is not built (Debian: libgloo-dev): torch.distributed's gloo is the peer")
+        variants = []
     ember_bin, gloo_bin = str(BUILD / "ember_allreduce"), str(BUILD / "gloo_allreduce")
 
     all_res: Dict[str, dict] = {}
@@ -491,12 +531,16 @@ def main() -> int:
     for ranks in rank_counts:
         specs = []
         if not built["ember_allreduce"]:
-            specs += [("ember_shm", [ember_bin, "--ranks", str(ranks), *dt], None),
-                      ("ember_tcp", [ember_bin, "--ranks", str(ranks), "--tcp", *dt], None)]
+            specs += [("ember_shm", [ember_bin, "--ranks", str(ranks), *dt], None)]
+            if args.one_thread:
+                specs.append(("ember_shm_1t", [ember_bin, "--ranks", str(ranks), "--threads", "1", *dt], None))
+            if not args.no_tcp:
+                specs.append(("ember_tcp", [ember_bin, "--ranks", str(ranks), "--tcp", *dt], None))
         specs += [(f"gloo_{v}", [gloo_bin, "--ranks", str(ranks), "--variant", v], None) for v in variants]
         if tenv:
             specs.append(("torch", [sys.executable, __file__, "--torch-harness", str(ranks), *dt], tenv))
-        memcpy = Harness("memcpy", [gloo_bin, "--ranks", "1", "--variant", "allreduce"])
+        memcpy = Harness("memcpy", [gloo_bin, "--ranks", "1", "--variant", "allreduce"] if variants
+                         else [ember_bin, "--ranks", "1"])
         hs = start(specs)
         memcpy.wait_ready()
         idle = idle_cpu(hs)
@@ -513,8 +557,11 @@ def main() -> int:
         report += table(res, ranks, sizes, cols, variants, median(res.get("memcpy_gbps", [])), args.dtype)
         report += [f"   {s[0]} failed: {h.error}" for s in specs for h in hs if h.name == s[0] and h.error]
         report += [f"   {s[0]} did not start" for s in specs if s[0] not in [h.name for h in hs]]
+        if tenv:
+            report += goals_vs_torch(res, ranks, sizes, median(res.get("memcpy_gbps", [])))
         if args.dtype == "float32":
-            report += goals(res, ranks, sizes, variants)
+            if variants:
+                report += goals(res, ranks, sizes, variants)
         else:  # Debian's Gloo harness is float32 only: 16-bit goals are against torch's gloo
             report.append(f"   [{ranks} ranks] {args.dtype}: Gloo's C++ harness is float32 only; "
                           f"the goals above are float32's, the ratio below is against torch gloo")
@@ -561,6 +608,15 @@ def main() -> int:
                                                "gloo_variants": variants, "dtype": args.dtype}, indent=1,
                                               default=str))
     r2 = all_res.get("2", {})
+    if not variants and args.dtype == "float32":  # no Gloo harness: the line against torch's gloo
+        first = rank_counts[0]
+        rf = all_res.get(str(first), {})
+        n = 64 * MiB if 64 * MiB in sizes else max(sizes)
+        et, tt = median(rf.get("ember_shm", {}).get(n, [])), median(rf.get("torch", {}).get(n, []))
+        eb, tb = busbw(n, et, first), busbw(n, tt, first)
+        print(f"allreduce_busbw_{fmt_size(n).replace(' ', '')}: ranks={first} ember={eb:.3f} torch={tb:.3f} "
+              f"ratio={eb / tb if tb == tb else float('nan'):.2f}")
+        return 0
     if args.dtype != "float32":
         et, tt = median(r2.get("ember_shm", {}).get(64 * MiB, [])), median(r2.get("torch", {}).get(64 * MiB, []))
         eb, tb = busbw(64 * MiB, et, 2), busbw(64 * MiB, tt, 2)

@@ -20,11 +20,15 @@
 #                on one GPU, the CNN and ResNet-50)
 #   bench_feed   bench/gpu_feed.py (batches to the GPU through pinned memory vs the bare pinned
 #                copy; the CNN fed from host memory vs on batches already on the GPU)
+#   bench_cpu    bench/allreduce.py on the host's cores: Ember's shared-memory allreduce of CPU
+#                buffers (threads per rank, and one thread) vs torch.distributed gloo, 2/4/8 ranks
+#                (the big-host goal); builds bench/collective's harness (cmake, ninja)
 # Each step says OK, FAILED or NOT RUN with the reason and how to bring what is missing.
 #
 # Options: --no-build  checks the build's needs but builds nothing (a dev machine: the core is not
 #                      built there; the module must then already import, e.g. PYTHONPATH=python)
 #          --quick     the benchmark's --quick sizes
+#          --steps a,b  only these of tests_gpu,bench,bench_feed,bench_training,bench_cpu (default all)
 # Environment: PYTHON (the interpreter; default: the first of /opt/torch/.venv/bin/python3 and
 #              python3 that imports torch), OUT (where the summary and logs go), JOBS (build jobs).
 set -uo pipefail
@@ -32,14 +36,17 @@ cd "$(dirname "$0")/.." || exit 2
 REPO=$(pwd)
 START=$(date +%s)
 DEADLINE=$((START + ${GPU_CHECK_SECS:-560}))
-NO_BUILD=0; QUICK=0
-for a in "$@"; do
-  case "$a" in
+NO_BUILD=0; QUICK=0; STEPS=tests_gpu,bench,bench_feed,bench_training,bench_cpu
+while (($#)); do
+  case "$1" in
     --no-build) NO_BUILD=1 ;;
     --quick) QUICK=1 ;;
-    *) echo "gpu_check: unknown option $a (--no-build, --quick)" >&2; exit 2 ;;
+    --steps) STEPS=${2:-}; shift ;;
+    *) echo "gpu_check: unknown option $1 (--no-build, --quick, --steps a,b)" >&2; exit 2 ;;
   esac
+  shift
 done
+wanted() { [[ ",$STEPS," == *",$1,"* ]]; }
 LOGS=${OUT:-/tmp/gpu-check-logs}
 mkdir -p "$LOGS"
 SUMMARY=()
@@ -248,6 +255,7 @@ elif ((!EMBER_OK)); then
   note bench_feed "NOT RUN" "ember._ember does not import"
   note bench_training "NOT RUN" "ember._ember does not import"
 else
+  if wanted tests_gpu; then
   echo "== tests_gpu"
   timeout -k 10 "$(step_timeout 150)" "$PY" -m pytest python/tests_gpu -q -p no:cacheprovider --timeout 120 \
     2>&1 | tee "$LOGS/tests_gpu.log"
@@ -255,6 +263,8 @@ else
   last=$(grep -E "passed|failed|error" "$LOGS/tests_gpu.log" | tail -1)
   if ((rc == 0)); then note tests_gpu OK "$last"
   else note tests_gpu FAILED "rc $rc (124: timed out): ${last:-no summary}; log in $LOGS/tests_gpu.log"; fi
+  fi
+  if wanted bench; then
   echo "== bench"
   T=$(step_timeout 150)
   timeout -k 10 "$T" "$PY" bench/gpu_allreduce.py --device cuda --timeout $((T - 15)) \
@@ -263,6 +273,8 @@ else
   last=$(grep "^gpu_allreduce_min_ratio" "$LOGS/bench.log" | tail -1)
   if ((rc == 0)) && [ -n "$last" ]; then note bench OK "$last; $(grep '^goal' "$LOGS/bench.log")"
   else note bench FAILED "rc $rc (124: timed out): $(tail -1 "$LOGS/bench.log")"; fi
+  fi
+  if wanted bench_feed; then
   echo "== bench_feed"
   timeout -k 10 "$(step_timeout 90)" "$PY" bench/gpu_feed.py --device cuda $( ((QUICK)) && echo --quick) \
     --json "$LOGS/gpu_feed.json" 2>&1 | tee "$LOGS/bench_feed.log"
@@ -270,6 +282,8 @@ else
   last=$(grep "^gpu_feed_ratio" "$LOGS/bench_feed.log" | tail -1)
   if ((rc == 0)) && [ -n "$last" ]; then note bench_feed OK "$last; $(grep '^goal' "$LOGS/bench_feed.log")"
   else note bench_feed FAILED "rc $rc (124: timed out): $(tail -1 "$LOGS/bench_feed.log")"; fi
+  fi
+  if wanted bench_training; then
   echo "== bench_training"
   T=$(step_timeout 150)
   timeout -k 10 "$T" "$PY" bench/gpu_training.py --device cuda --timeout $((T - 15)) $( ((QUICK)) && echo --quick) \
@@ -278,6 +292,26 @@ else
   last=$(grep "^gpu_training" "$LOGS/bench_training.log" | tail -1)
   if ((rc == 0)) && [ -n "$last" ]; then note bench_training OK "$last"
   else note bench_training FAILED "rc $rc (124: timed out): $(tail -1 "$LOGS/bench_training.log")"; fi
+  fi
+fi
+
+# ----------------------------------------------------------------------------- bench_cpu
+# CPU buffers only: runs with or without a GPU, but needs the build's needs and torch.
+if wanted bench_cpu; then
+  if ((${#MISSING[@]})); then
+    note bench_cpu "NOT RUN" "build needs missing (above)"
+  else
+    echo "== bench_cpu (bench/allreduce.py, $(nproc) cores)"
+    T=$(step_timeout 240)
+    timeout -k 10 "$T" "$PY" bench/allreduce.py --ranks "${CPU_RANKS:-2,4,8}" --sizes "${CPU_SIZES:-64K,1M,16M,64M}" \
+      --repeats "${CPU_REPEATS:-3}" --gloo-variants "" --no-tcp --one-thread --json "$LOGS/allreduce_cpu.json" \
+      2>&1 | tee "$LOGS/bench_cpu.log"
+    rc=${PIPESTATUS[0]}
+    last=$(grep "^allreduce_busbw" "$LOGS/bench_cpu.log" | tail -1)
+    if ((rc == 0)) && [ -n "$last" ]; then
+      note bench_cpu OK "$last; $(grep -E '^ +\[[0-9] ranks\] (goal|threads)' "$LOGS/bench_cpu.log" | sed 's/^ *//' | tr '\n' ';')"
+    else note bench_cpu FAILED "rc $rc (124: timed out): $(tail -1 "$LOGS/bench_cpu.log")"; fi
+  fi
 fi
 
 # ----------------------------------------------------------------------------- summary

@@ -136,6 +136,7 @@ int main(int argc, char** argv) {
     o.secret = "ember-allreduce-bench-secret";
     o.prefix = "ember-bench-" + env.run_id;
     o.transport = env.tcp ? ec::Transport::kTcp : ec::Transport::kAuto;
+    o.shm_threads = env.threads;
     o.timeout = std::chrono::milliseconds(120000);
     auto comm = ec::Communicator::Create(o, store);
     if (!comm.ok()) {

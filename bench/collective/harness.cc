@@ -257,6 +257,7 @@ int HarnessMain(int argc, char** argv, const char* name, ContenderFactory factor
     else if (a == "--netns") netns = Split(next(), ',');
     else if (a == "--tcp") proto.tcp = true;
     else if (a == "--variant") proto.variant = next();
+    else if (a == "--threads") proto.threads = std::stoi(next());
     else if (a == "--dtype") {
       const std::string d = next();
       if (d == "float32") proto.dtype = Dtype::kFloat32;
@@ -265,7 +266,7 @@ int HarnessMain(int argc, char** argv, const char* name, ContenderFactory factor
       else { std::fprintf(stderr, "%s: --dtype float32|bfloat16|float16, not %s\n", name, d.c_str()); return 2; }
     } else {
       std::fprintf(stderr, "usage: %s [--ranks N] [--hosts a,b,..] [--netns ns0,ns1,..] [--tcp] [--variant V]\n"
-                           "       [--dtype float32|bfloat16|float16]\n"
+                           "       [--dtype float32|bfloat16|float16] [--threads N]\n"
                            "then commands on stdin (see bench/collective/harness.h)\n", name);
       return 2;
     }

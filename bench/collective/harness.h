@@ -41,6 +41,7 @@ struct RankEnv {
   bool tcp = false;                // --tcp: a contender's TCP-only variant
   std::string variant;             // --variant VALUE, contender specific
   Dtype dtype = Dtype::kFloat32;   // --dtype float32|bfloat16|float16
+  int threads = 0;                 // --threads N: threads per rank, where a contender has them (0: its default)
 };
 
 // One rank's end of a contender.  Methods return "" on success, else an error message.

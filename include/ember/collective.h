@@ -146,6 +146,10 @@ struct CommunicatorOptions {
   // Per-rank shared-memory buffer, bytes (rounded to 4 KiB); calls larger
   // than this run in chunks.
   size_t shm_buffer_bytes = 8 << 20;
+  // Threads per rank for the shared-memory copies and reductions of calls of
+  // 1 MiB and more (the calling thread counts): 0 = the cores this process
+  // may use divided by the ranks on its host, at most 8; 1 = none.
+  int shm_threads = 0;
   // TCP ring: bytes per pipelined chunk.
   size_t tcp_chunk_bytes = 256 << 10;
   // Calls on accelerator memory (the *On calls) stage the buffer through two

@@ -298,6 +298,7 @@ Status CommunicatorImpl::Setup(std::shared_ptr<Store> store, Deadline deadline) 
     so.size = static_cast<int>(mine.size());
     so.rank_names = names(mine);
     so.buffer_bytes = options_.shm_buffer_bytes;
+    so.threads = options_.shm_threads;
     const std::string ready_key = kv::CollectiveShmKey(options_.prefix, mine.front());
     if (local_rank_ == 0) {
       auto group = ShmGroup::Create(so);

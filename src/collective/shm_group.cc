@@ -45,6 +45,14 @@ void Copy(void* dst, const void* src, size_t n) {
   if (n != 0) std::memcpy(dst, src, n);
 }
 
+// The cores this process may run on (its CPU affinity: a container's or
+// taskset's limit, not the machine's).
+unsigned UsableCores() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return static_cast<unsigned>(std::max(1, CPU_COUNT(&set)));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
 bool Reached(uint32_t counter, uint32_t target) { return static_cast<int32_t>(counter - target) >= 0; }
 
 // FNV-1a over allgather's per-rank counts: ranks passing different counts
@@ -132,13 +140,61 @@ ShmGroup::ShmGroup(const ShmGroupOptions& o, SharedMemory shm, Mapping mapping, 
       spin_(static_cast<unsigned>(o.size) <= std::max(1u, std::thread::hardware_concurrency()) ? 4000 : 50),
       shm_(std::move(shm)),
       mapping_(std::move(mapping)),
-      srcs_(static_cast<size_t>(o.size)) {
+      srcs_(static_cast<size_t>(o.size)),
+      slice_srcs_(static_cast<size_t>(o.size)),
+      workers_(o.threads > 0 ? std::min(o.threads, kMaxThreads) : AutoThreads(o.size, UsableCores())) {
   static_assert(sizeof(Header) <= kPage && sizeof(Slot) == 128);
   static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free);
   char* base = static_cast<char*>(mapping_.data());
   header_ = reinterpret_cast<Header*>(base);
   slots_ = reinterpret_cast<Slot*>(base + HeaderBytes());
   data_ = base + HeaderBytes() + SlotsBytes(size_);
+}
+
+int ShmGroup::AutoThreads(int size, unsigned cores) {
+  if (size <= 0) return 1;
+  return std::clamp(static_cast<int>(cores) / size, 1, kMaxThreads);
+}
+
+void ShmGroup::ParallelCopy(char* dst, const char* src, size_t bytes) {
+  const int t = workers_.threads();
+  if (t <= 1 || bytes < kParallelBytes) return Copy(dst, src, bytes);
+  workers_.Run(t, [&](int i) {
+    const Workers::Range r = Workers::Split(bytes, t, i, 64);
+    Copy(dst + r.begin, src + r.begin, r.end - r.begin);
+  });
+}
+
+void ShmGroup::ParallelReduce(DataType dtype, ReduceOp op, char* dst, const char* const* srcs, size_t count) {
+  const size_t es = SizeOf(dtype);
+  const int t = workers_.threads();
+  if (t <= 1 || count * es < kParallelBytes) {
+    for (int k = 0; k < size_; ++k) srcs_[k] = srcs[k];
+    return ReduceN(dtype, op, dst, srcs_.data(), size_, count);
+  }
+  workers_.Run(t, [&](int i) {
+    const Workers::Range r = Workers::Split(count, t, i, 64 / es);
+    if (r.end == r.begin) return;
+    std::vector<const void*> piece(static_cast<size_t>(size_));
+    for (int k = 0; k < size_; ++k) piece[k] = srcs[k] + r.begin * es;
+    ReduceN(dtype, op, dst + r.begin * es, piece.data(), size_, r.end - r.begin);
+  });
+}
+
+template <typename Begin>
+void ShmGroup::ParallelGatherSlices(char* dst, uint32_t parity, size_t es, size_t count, Begin begin) {
+  auto gather = [&](size_t lo, size_t hi) {  // elements [lo, hi), from each slice's owner
+    for (int k = 0; k < size_; ++k) {
+      const size_t kb = std::max(lo, begin(k)), ke = std::min(hi, begin(k + 1));
+      if (kb < ke) Copy(dst + kb * es, Buffer(k, parity) + kb * es, (ke - kb) * es);
+    }
+  };
+  const int t = workers_.threads();
+  if (t <= 1 || count * es < kParallelBytes) return gather(0, count);
+  workers_.Run(t, [&](int i) {
+    const Workers::Range r = Workers::Split(count, t, i, 64 / es);
+    gather(r.begin, r.end);
+  });
 }
 
 ShmGroup::~ShmGroup() {
@@ -403,7 +459,7 @@ Status ShmGroup::Allreduce(const CallDesc& desc, void* data, Deadline deadline) 
       const size_t len = std::min(buffer_bytes_, total - off);
       const size_t n = len / es;
       const uint32_t p = NextParity();
-      Copy(Buffer(rank_, p), out + off, len);
+      ParallelCopy(Buffer(rank_, p), out + off, len);
       EMBER_RETURN_NOT_OK(Step(call));
       if (len <= kSmallAllreduceBytes) {
         for (int k = 0; k < size_; ++k) srcs_[k] = Buffer(k, p);
@@ -414,13 +470,11 @@ Status ShmGroup::Allreduce(const CallDesc& desc, void* data, Deadline deadline) 
         const size_t slice = RoundUp((n + size_ - 1) / size_, line);
         auto begin = [&](int r) { return std::min(n, static_cast<size_t>(r) * slice); };
         const size_t b = begin(rank_), e = begin(rank_ + 1);
-        for (int k = 0; k < size_; ++k) srcs_[k] = Buffer(k, p) + b * es;
-        ReduceN(desc.dtype, desc.op, Buffer(rank_, p ^ 1u) + b * es, srcs_.data(), size_, e - b);
+        std::vector<const char*>& srcs = slice_srcs_;
+        for (int k = 0; k < size_; ++k) srcs[k] = Buffer(k, p) + b * es;
+        ParallelReduce(desc.dtype, desc.op, Buffer(rank_, p ^ 1u) + b * es, srcs.data(), e - b);
         EMBER_RETURN_NOT_OK(Step(call));
-        for (int k = 0; k < size_; ++k) {
-          const size_t kb = begin(k), ke = begin(k + 1);
-          Copy(out + off + kb * es, Buffer(k, p ^ 1u) + kb * es, (ke - kb) * es);
-        }
+        ParallelGatherSlices(out + off, p ^ 1u, es, n, begin);
       }
       off += len;
     } while (off < total);
@@ -441,9 +495,9 @@ Status ShmGroup::Broadcast(const CallDesc& desc, void* data, Deadline deadline) 
     do {
       const size_t len = std::min(buffer_bytes_, total - off);
       const uint32_t p = NextParity();
-      if (rank_ == desc.root) Copy(Buffer(rank_, p), buf + off, len);
+      if (rank_ == desc.root) ParallelCopy(Buffer(rank_, p), buf + off, len);
       EMBER_RETURN_NOT_OK(Step(call));
-      if (rank_ != desc.root) Copy(buf + off, Buffer(desc.root, p), len);
+      if (rank_ != desc.root) ParallelCopy(buf + off, Buffer(desc.root, p), len);
       off += len;
     } while (off < total);
     return Status::OK();

@@ -68,6 +68,7 @@
 
 #include "collective/backend.h"
 #include "common/mutex.h"
+#include "common/workers.h"
 #include "common/shm.h"
 #include "ember/result.h"
 
@@ -81,6 +82,12 @@ struct ShmGroupOptions {
   // Per-rank data buffer (two of them per rank), rounded up to 4 KiB; larger
   // calls run in chunks.  Only the creator's value counts.
   size_t buffer_bytes = 8 << 20;
+  // Threads per rank for the copies and reductions of calls of at least
+  // kParallelBytes (the caller's thread counts): 0 picks the host's cores
+  // divided by the ranks on it, at most kMaxThreads; 1 runs them on the
+  // calling thread alone.  A big host's memory bandwidth needs several cores
+  // per rank when the ranks are few.
+  int threads = 0;
 };
 
 class ShmGroup : public Backend {
@@ -121,6 +128,12 @@ class ShmGroup : public Backend {
   // Allreduce chunks up to this many bytes take the one-step path (every
   // rank reduces everything); larger ones reduce-scatter + allgather.
   static constexpr size_t kSmallAllreduceBytes = 256 << 10;
+  // Copies and reductions of fewer bytes run on the calling thread alone.
+  static constexpr size_t kParallelBytes = 1 << 20;
+  static constexpr int kMaxThreads = 8;
+  // What options.threads == 0 picks for `size` ranks on a host of `cores`.
+  static int AutoThreads(int size, unsigned cores);
+  int threads() const { return workers_.threads(); }
 
  private:
   struct Header;
@@ -141,6 +154,13 @@ class ShmGroup : public Backend {
   // publishes and checks the descriptors.
   Status Step(Call* call);
   Status WaitFor(int k, uint32_t target, const Call* call);
+  // Copy and ReduceN over the workers when large.
+  void ParallelCopy(char* dst, const char* src, size_t bytes);
+  void ParallelReduce(DataType dtype, ReduceOp op, char* dst, const char* const* srcs, size_t count);
+  // dst[x] = Buffer(owner of x, parity)[x] for x in [0, count) elements, where
+  // `begin(k)` is where rank k's slice starts (allreduce's allgather half).
+  template <typename Begin>
+  void ParallelGatherSlices(char* dst, uint32_t parity, size_t es, size_t count, Begin begin);
   Status CheckDescriptors(const Call& call, uint32_t parity) const;
   Status AbortedByPeer() const;
   // Records `s` as the group's error unless one is recorded; marks this rank
@@ -165,6 +185,8 @@ class ShmGroup : public Backend {
   uint32_t step_ = 0;  // last step this rank published
   bool connected_ = false;
   std::vector<const void*> srcs_;  // size_ source pointers for the reductions
+  std::vector<const char*> slice_srcs_;  // size_ slice pointers (allreduce)
+  Workers workers_;
 
   Mutex mu_;
   Status error_ GUARDED_BY(mu_);  // the first failure; sticky

@@ -74,12 +74,13 @@ void RunRanks(int n, const std::function<void(int)>& fn) {
 }
 
 // A connected group of n ranks (rank 0 creates, the others open, all connect).
-std::vector<std::unique_ptr<ShmGroup>> MakeGroup(int n, size_t buffer_bytes = 1 << 20) {
+std::vector<std::unique_ptr<ShmGroup>> MakeGroup(int n, size_t buffer_bytes = 1 << 20, int threads = 1) {
   ShmGroupOptions o;
   o.name = UniqueName();
   o.size = n;
   o.rank_names = Names(n);
   o.buffer_bytes = buffer_bytes;
+  o.threads = threads;
   std::vector<std::unique_ptr<ShmGroup>> group(n);
   auto created = ShmGroup::Create(o);
   EXPECT_TRUE(created.ok()) << created.status().ToString();
@@ -217,6 +218,43 @@ TEST_F(ShmGroupTest, AllreduceLarge) {
     CheckAllreduce(group, 1, DataType::kFloat32, ReduceOp::kSum, kBig / 16 + 5);
     CheckAllreduce(group, 2, DataType::kFloat16, ReduceOp::kMin, (1 << 20) + 7);
   }
+}
+
+// Several threads per rank (the copies and reductions of calls of 1 MiB and
+// more split over them): the same bits as one thread, odd lengths whose
+// pieces end mid cache line, and chunks both over and under kParallelBytes.
+TEST_F(ShmGroupTest, AllreduceAndBroadcastWithThreadsPerRank) {
+  for (int threads : {2, 3}) {
+    for (int n : {2, 3}) {
+      auto group = MakeGroup(n, 4 << 20, threads);
+      ASSERT_EQ(group.size(), static_cast<size_t>(n));
+      EXPECT_EQ(group[0]->threads(), threads);
+      uint64_t seq = 0;
+      CheckAllreduce(group, ++seq, DataType::kFloat32, ReduceOp::kSum, (9 << 20) / 4 + 5);
+      CheckAllreduce(group, ++seq, DataType::kBFloat16, ReduceOp::kSum, (3 << 20) / 2 + 1);
+      CheckAllreduce(group, ++seq, DataType::kFloat64, ReduceOp::kMax, (1 << 20) / 8 + 3);
+      CheckAllreduce(group, ++seq, DataType::kInt32, ReduceOp::kMin, (512 << 10) / 4);
+      const size_t count = (5 << 20) / 4 + 7;
+      std::vector<Bytes> data(n);
+      for (int r = 0; r < n; ++r) data[r] = Input(DataType::kInt32, count, 31 * r + threads);
+      const Bytes want = data[n - 1];
+      ++seq;
+      RunRanks(n, [&](int r) {
+        EXPECT_TRUE(group[r]->Broadcast(Desc(seq, Kind::kBroadcast, DataType::kInt32, count, ReduceOp::kSum, n - 1),
+                                        data[r].data(), Soon()).ok());
+      });
+      for (int r = 0; r < n; ++r) ASSERT_TRUE(data[r] == want) << "rank " << r << ", " << threads << " threads";
+    }
+  }
+}
+
+TEST_F(ShmGroupTest, AutoThreadsShareTheCoresAmongTheRanks) {
+  EXPECT_EQ(ShmGroup::AutoThreads(2, 2), 1);
+  EXPECT_EQ(ShmGroup::AutoThreads(4, 2), 1);
+  EXPECT_EQ(ShmGroup::AutoThreads(2, 16), 8);
+  EXPECT_EQ(ShmGroup::AutoThreads(4, 16), 4);
+  EXPECT_EQ(ShmGroup::AutoThreads(8, 16), 2);
+  EXPECT_EQ(ShmGroup::AutoThreads(2, 64), ShmGroup::kMaxThreads);
 }
 
 TEST_F(ShmGroupTest, BroadcastFromEveryRoot) {
