@@ -52,6 +52,13 @@ class Runtime {
   // Page-locked host memory (fast, asynchronous copies); freed with FreeHost.
   virtual Result<void*> AllocHost(size_t bytes) = 0;
   virtual void FreeHost(void* p) = 0;
+  // Page-locks `bytes` of existing host memory at `p` (a shared-memory
+  // mapping, say) for every device, so copies from it run as fast and as
+  // asynchronously as from AllocHost memory; UnregisterHost(p) undoes it and
+  // must come before the memory is unmapped or its pages are replaced, and
+  // after every copy from it finished.
+  virtual Status RegisterHost(void* p, size_t bytes) = 0;
+  virtual Status UnregisterHost(void* p) = 0;
   // A stream of the current device that does not wait on the default stream.
   virtual Result<Stream> NewStream() = 0;
   virtual void FreeStream(Stream s) = 0;

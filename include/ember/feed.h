@@ -52,6 +52,9 @@
 #include "ember/deadline.h"
 #include "ember/result.h"
 
+namespace ember::device {
+class Runtime;
+}  // namespace ember::device
 
 namespace ember::feed {
 
@@ -454,6 +457,17 @@ class Consumer {
   void Terminate();
   // Releases the ring and result rings.  Idempotent.
   void Close();
+
+  // Page-locks, with `runtime` (CUDA's cudaHostRegister), the memory that
+  // handed-out rows point into, so copies of them to a GPU run straight at
+  // the bus's speed, asynchronously, with no staging copy (the rows were
+  // written there by Spark's tasks: they land in page-locked memory).  Stays
+  // in force for later reads until UnlockRows.  The caller's promise: every
+  // copy from those rows has finished before its next read (a read may give
+  // leased pages back to producers) and before UnlockRows.  Where the runtime
+  // refuses, the rows stay pageable (logged once).  The reading thread.
+  Status PageLockRows(std::shared_ptr<device::Runtime> runtime);
+  void UnlockRows();
 
   class Impl;
 

@@ -21,9 +21,12 @@ def feed_dataset(feed, batch_size: int, drop_remainder: bool = True, transform=N
     feed's read-only Arrow memory (no copy): do not write into them in place.
 
     With ``device="cuda"`` (or ``"cuda:0"``, a ``torch.device``) the batches land on that
-    GPU: each is copied into reused page-locked host buffers and then to the GPU on a
-    stream of its own, `prefetch` batches ahead, so the copies overlap the model's work
-    (see :func:`device_batches`).
+    GPU, `prefetch` batches ahead on a stream of their own, so the copies overlap the
+    model's work (see :func:`device_batches`).  While such a pass runs, the feed's own
+    memory, where Spark's tasks write the rows, is page-locked (``cudaHostRegister``): a
+    batch of plain columns goes from there to the GPU in one straight copy at the bus's
+    speed, with no staging copy on the host.  (Batches a `transform` makes, and batches
+    joined from several fed messages, are staged through reused page-locked buffers.)
     """
     import warnings
 
@@ -40,12 +43,45 @@ def feed_dataset(feed, batch_size: int, drop_remainder: bool = True, transform=N
             read = feed.validation_batches if validation else feed.epoch_batches
             batches = (transform(cols) if transform is not None else to_tensors(cols)
                        for cols in read(batch_size, drop_remainder))
-            return iter(device_batches(batches, device, prefetch))
+            if not _is_cuda(device):
+                return iter(device_batches(batches, device, prefetch))
+            return _page_locked_pass(feed, batches, device, prefetch)
 
     return _FeedDataset()
 
 
-def device_batches(batches, device=None, prefetch: int = 2):
+def _is_cuda(device) -> bool:
+    if device is None:
+        return False
+    import torch
+    return torch.device(device).type == "cuda"
+
+
+def _page_locked_pass(feed, batches, device, prefetch: int):
+    """device_batches over a feed's batches with the feed's memory page-locked for the pass:
+    each batch's copies finish before the staging thread reads on (a read may hand leased
+    pages back to Spark's tasks), and the memory is unlocked once the pass ends."""
+    import logging
+
+    import torch
+
+    locked = False
+    if torch.cuda.is_available():
+        torch.cuda.init()  # the runtime Ember loads is torch's, with its context made
+        try:
+            feed._consumer.page_lock_rows()
+            locked = True
+        except Exception as e:  # noqa: BLE001 - the staging copy still works, only slower
+            logging.getLogger("ember").warning("feed memory not page-locked (%s); batches are staged through "
+                                               "page-locked buffers instead", e)
+    try:
+        yield from device_batches(batches, device, prefetch, _finish_copies=locked)
+    finally:
+        if locked:
+            feed._consumer.unlock_rows()
+
+
+def device_batches(batches, device=None, prefetch: int = 2, _finish_copies: bool = False):
     """The batches of `batches` (dicts, tuples or lists of CPU tensors, or single tensors) on
     `device`, in order.  For a CUDA device a staging thread takes each batch from `batches`,
     copies its tensors into page-locked host buffers (reused: the set of a batch whose copy to
@@ -113,6 +149,8 @@ def device_batches(batches, device=None, prefetch: int = 2):
             event = torch.cuda.Event()
             event.record(stream)
         slot_done[slot] = event
+        if _finish_copies:  # the source's memory may be given back by the next read
+            event.synchronize()
         return out, event
 
     def put(item) -> bool:

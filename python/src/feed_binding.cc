@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "bindings.h"
+#include "ember/device.h"
 #include "ember/feed.h"
 
 namespace ember::python {
@@ -498,6 +499,18 @@ void BindFeedContract(nb::module_& m) {
           },
           "ipc"_a, "rows"_a)
       .def("terminate", &Consumer::Terminate, Release())
+      .def(
+          "page_lock_rows",
+          [](Consumer& self) {
+            std::shared_ptr<device::Runtime> runtime = ValueOrThrow(device::LoadCuda());
+            ThrowIfError(self.PageLockRows(runtime));
+            return runtime->Describe();
+          },
+          Release(),
+          "Page-locks (CUDA) the memory rows are handed out in, for straight copies to a GPU; "
+          "every copy from them must finish before the next read and before unlock_rows().  "
+          "Returns the runtime used; NotFoundError without a CUDA runtime.")
+      .def("unlock_rows", &Consumer::UnlockRows, Release())
       .def("close", &Consumer::Close, Release());
 }
 

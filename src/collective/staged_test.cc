@@ -55,6 +55,8 @@ class FakeRuntime : public device::Runtime {
     --host_allocs;
     delete[] static_cast<std::byte*>(p);
   }
+  Status RegisterHost(void*, size_t) override { return Status::OK(); }
+  Status UnregisterHost(void*) override { return Status::OK(); }
   Result<device::Stream> NewStream() override { return static_cast<device::Stream>(this); }
   void FreeStream(device::Stream) override {}
   Result<device::Event> NewEvent() override { return static_cast<device::Event>(new uint64_t(0)); }

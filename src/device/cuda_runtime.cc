@@ -13,6 +13,7 @@ namespace {
 
 using CudaError = int;  // cudaError_t; 0 is cudaSuccess
 constexpr unsigned kHostAllocDefault = 0;
+constexpr unsigned kHostRegisterPortable = 1;  // pinned for every CUDA context
 constexpr unsigned kStreamNonBlocking = 1;
 constexpr unsigned kEventDisableTiming = 2;
 constexpr int kMemcpyHostToDevice = 1;
@@ -23,6 +24,8 @@ struct Api {
   CudaError (*SetDevice)(int);
   CudaError (*HostAlloc)(void**, size_t, unsigned);
   CudaError (*FreeHost)(void*);
+  CudaError (*HostRegister)(void*, size_t, unsigned);
+  CudaError (*HostUnregister)(void*);
   CudaError (*StreamCreateWithFlags)(void**, unsigned);
   CudaError (*StreamDestroy)(void*);
   CudaError (*EventCreateWithFlags)(void**, unsigned);
@@ -60,6 +63,11 @@ class CudaRuntime : public Runtime {
     return p;
   }
   void FreeHost(void* p) override { api_.FreeHost(p); }
+  Status RegisterHost(void* p, size_t bytes) override {
+    return Check(api_.HostRegister(p, bytes, kHostRegisterPortable),
+                 "cudaHostRegister(" + std::to_string(bytes) + " bytes)");
+  }
+  Status UnregisterHost(void* p) override { return Check(api_.HostUnregister(p), "cudaHostUnregister"); }
   Result<Stream> NewStream() override {
     void* s = nullptr;
     if (auto st = Check(api_.StreamCreateWithFlags(&s, kStreamNonBlocking), "cudaStreamCreateWithFlags"); !st.ok()) {
@@ -141,6 +149,8 @@ Result<std::shared_ptr<Runtime>> LoadCuda(const CudaOptions& options) {
       Api api{};
       bool ok = Resolve(handle, "cudaSetDevice", &api.SetDevice) && Resolve(handle, "cudaHostAlloc", &api.HostAlloc) &&
                 Resolve(handle, "cudaFreeHost", &api.FreeHost) &&
+                Resolve(handle, "cudaHostRegister", &api.HostRegister) &&
+                Resolve(handle, "cudaHostUnregister", &api.HostUnregister) &&
                 Resolve(handle, "cudaStreamCreateWithFlags", &api.StreamCreateWithFlags) &&
                 Resolve(handle, "cudaStreamDestroy", &api.StreamDestroy) &&
                 Resolve(handle, "cudaEventCreateWithFlags", &api.EventCreateWithFlags) &&

@@ -7,9 +7,11 @@
 #include <set>
 
 #include "ember/deadline.h"
+#include "common/logging.h"
 #include "common/mutex.h"
 #include "common/shm.h"
 #include "common/thread_annotations.h"
+#include "ember/device.h"
 #include "ember/feed.h"
 #include "feed/codec.h"
 #include "feed/epoch.h"
@@ -522,6 +524,21 @@ void Consumer::Terminate() {
   impl_->terminate_requested.store(true, std::memory_order_release);
   impl_->ring->Terminate();  // producers stop; a read blocked on the empty ring ends (Cancelled)
 }
+
+Status Consumer::PageLockRows(std::shared_ptr<device::Runtime> runtime) {
+  if (!runtime) return Status::InvalidArgument(impl_->Node() + ": PageLockRows needs a device runtime");
+  shm::Ring::ViewHooks hooks;
+  hooks.on_map = [runtime](void* base, size_t bytes) { return runtime->RegisterHost(base, bytes); };
+  hooks.on_unmap = [runtime, node = impl_->Node()](void* base) {
+    Status st = runtime->UnregisterHost(base);
+    if (!st.ok()) {
+      EMBER_LOG(WARN) << node << ": giving back page-locked feed memory: " << st.ToString();
+    }
+  };
+  return impl_->ring->SetViewHooks(std::move(hooks)).WithContext(impl_->Node());
+}
+
+void Consumer::UnlockRows() { impl_->ring->ClearViewHooks(); }
 
 void Consumer::Close() {
   Impl& s = *impl_;

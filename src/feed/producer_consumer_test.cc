@@ -7,6 +7,8 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -14,6 +16,7 @@
 
 #include "common/test_util.h"
 
+#include "ember/device.h"
 #include "ember/feed.h"
 #include "feed/codec.h"
 #include "feed/feed_client.h"
@@ -63,6 +66,91 @@ TEST_P(FeedTest, EveryNodeYieldsTheSameBatchesFromUnevenConcurrentPartitions) {
       for (int64_t v : b) EXPECT_TRUE(seen.insert(v).second) << "row " << v << " went to two nodes";
     }
   }
+}
+
+// A runtime that records what it page-locks (Consumer::PageLockRows).
+class RecordingRuntime : public device::Runtime {
+ public:
+  std::string Describe() const override { return "recording runtime"; }
+  Status SetDevice(int) override { return Status::OK(); }
+  Result<void*> AllocHost(size_t) override { return Status::InvalidArgument("AllocHost"); }
+  void FreeHost(void*) override {}
+  Status RegisterHost(void* p, size_t bytes) override {
+    std::lock_guard<std::mutex> lock(mu);
+    locked[p] = bytes;
+    ++registered;
+    return Status::OK();
+  }
+  Status UnregisterHost(void* p) override {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_EQ(locked.erase(p), 1u) << "unregistered memory that was not registered";
+    return Status::OK();
+  }
+  Result<device::Stream> NewStream() override { return Status::InvalidArgument("NewStream"); }
+  void FreeStream(device::Stream) override {}
+  Result<device::Event> NewEvent() override { return Status::InvalidArgument("NewEvent"); }
+  void FreeEvent(device::Event) override {}
+  Status CopyAsync(void*, const void*, size_t, device::CopyKind, device::Stream) override {
+    return Status::InvalidArgument("CopyAsync");
+  }
+  Status RecordEvent(device::Event, device::Stream) override { return Status::OK(); }
+  Status WaitEvent(device::Event) override { return Status::OK(); }
+  Result<bool> QueryEvent(device::Event) override { return true; }
+  Result<std::string> DeviceIdentity(int) override { return std::string("fake"); }
+  Status Synchronize(device::Stream) override { return Status::OK(); }
+
+  // Whether [p, p + n) lies in page-locked memory.
+  bool Locked(const void* p, size_t n) {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const auto& [base, bytes] : locked) {
+      const auto* b = static_cast<const uint8_t*>(base);
+      const auto* q = static_cast<const uint8_t*>(p);
+      if (q >= b && q + n <= b + bytes) return true;
+    }
+    return false;
+  }
+  std::mutex mu;
+  std::map<void*, size_t> locked;
+  int registered = 0;
+};
+
+// Rows handed out while PageLockRows is in force lie in page-locked memory
+// (straight copies to a GPU); UnlockRows gives it all back; rows read after
+// it are handed out as before.
+TEST_P(FeedTest, PageLockedRowsLieInRegisteredMemoryUntilUnlocked) {
+  StartNodes(1);
+  auto runtime = std::make_shared<RecordingRuntime>();
+  auto c = OpenConsumer(0);
+  ASSERT_TRUE(c->PageLockRows(runtime).ok());
+  FeedPartition(0, 0, 0, 40, 10);
+  EndEpochAll(0, 1);
+  ASSERT_TRUE(c->BeginEpoch().ok());
+  auto first = c->NextEpochBatch(10, true);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  ASSERT_FALSE(first->empty());
+  for (const RowRange& r : *first) {
+    EXPECT_TRUE(runtime->Locked(r.message.data(), r.message.size())) << "a handed-out range is pageable";
+  }
+  EXPECT_EQ(Values(*first).front(), 0);
+  c->UnlockRows();
+  EXPECT_TRUE(runtime->locked.empty());
+  auto second = c->NextEpochBatch(10, true);
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(Count(*second), 10);
+  for (const RowRange& r : *second) EXPECT_FALSE(runtime->Locked(r.message.data(), r.message.size()));
+  EXPECT_EQ(runtime->registered, 1);
+  first->clear();
+  second->clear();
+  c.reset();
+  EXPECT_TRUE(runtime->locked.empty());
+}
+
+TEST_P(FeedTest, PageLockRowsNeedsARuntime) {
+  StartNodes(1);
+  auto c = OpenConsumer(0);
+  Status st = c->PageLockRows(nullptr);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("worker:0"), std::string::npos) << st.ToString();
 }
 
 TEST_P(FeedTest, AnEpochEndsOnlyWhenTheDriverSaysHowManyPartitionsItHad) {

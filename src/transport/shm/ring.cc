@@ -64,10 +64,22 @@ struct RingHeader {
 struct RingLease::View {
   uint8_t* base = nullptr;
   size_t size = 0;
+  // Ring::ViewHooks::on_unmap, while the view is hooked: run once, before the
+  // pages are swapped or unmapped.  Guarded by the ring's robust mutex while
+  // the book holds the view; the destructor runs when nobody else does.
+  std::function<void(void*)> unhook;
   View() = default;
   View(const View&) = delete;
   View& operator=(const View&) = delete;
+  void Unhook() {
+    if (unhook) {
+      std::function<void(void*)> f = std::move(unhook);
+      unhook = nullptr;
+      f(base);
+    }
+  }
   ~View() {
+    Unhook();
     if (base != nullptr) ::munmap(base, size);
   }
 };
@@ -455,6 +467,7 @@ Status Ring::ReadLease(std::shared_ptr<const RingLease>* out, Deadline deadline)
           b.view = std::make_shared<RingLease::View>();
           b.view->base = static_cast<uint8_t*>(p);
           b.view->size = size;
+          HookViewLocked();
         }
         auto lease = std::shared_ptr<RingLease>(new RingLease());
         lease->book_ = book_;
@@ -503,6 +516,37 @@ Status Privatize(uint8_t* base, size_t from, size_t to) {
 }
 }  // namespace
 
+void Ring::HookViewLocked() {
+  RingLease::View& v = *book_->view;
+  if (!view_hooks_.on_map || v.unhook) return;
+  Status st = view_hooks_.on_map(v.base, v.size);
+  if (st.ok()) {
+    v.unhook = view_hooks_.on_unmap;
+  } else if (!view_hook_failed_) {
+    view_hook_failed_ = true;
+    EMBER_LOG(WARN) << Prefix() << ": a lease view was left as it is: " << st.ToString();
+  }
+}
+
+Status Ring::SetViewHooks(ViewHooks hooks) {
+  Call call(this);
+  if (!call.ok()) return ClosedStatus();
+  RobustLock lock(&header_->mu);
+  if (book_->view) book_->view->Unhook();
+  view_hooks_ = std::move(hooks);
+  view_hook_failed_ = false;
+  if (book_->view) HookViewLocked();
+  return Status::OK();
+}
+
+void Ring::ClearViewHooks() {
+  Call call(this);
+  if (!call.ok()) return;
+  RobustLock lock(&header_->mu);
+  if (book_->view) book_->view->Unhook();
+  view_hooks_ = {};
+}
+
 Status Ring::RevokeLeases() {
   Call call(this);
   if (!call.ok()) return ClosedStatus();
@@ -520,6 +564,7 @@ Status Ring::RevokeLeasesLocked() {
   const uint64_t n = h->read - b.entries.front().start;
   const size_t data_offset = static_cast<size_t>(h->data - reinterpret_cast<uint8_t*>(h));
   const uint64_t first_end = std::min<uint64_t>(cap, start + n);
+  b.view->Unhook();  // before its pages are swapped: a device must not keep the old ones
   EMBER_RETURN_NOT_OK(Privatize(b.view->base, data_offset + start, data_offset + first_end));
   if (start + n > cap) EMBER_RETURN_NOT_OK(Privatize(b.view->base, data_offset, data_offset + (start + n - cap)));
   b.view.reset();  // later leases get a fresh view; the old one lives on in its leases

@@ -31,6 +31,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -164,6 +165,21 @@ class Ring {
   // if the kernel refuses a mapping (the leases then stay as they were).
   Status RevokeLeases();
 
+  // Consumer: what to do with each mapping that leases point into (a lease
+  // view): `on_map(base, bytes)` once it is made (and now, for the current
+  // one), `on_unmap(base)` before its pages are swapped (RevokeLeases, Close)
+  // or it is unmapped (its last lease gone), and when the hooks are cleared.
+  // A consumer that copies leased bytes to a GPU page-locks the views this
+  // way.  A failed on_map leaves that view as it is (logged once).  on_unmap
+  // may run on the thread that drops a view's last lease.
+  struct ViewHooks {
+    std::function<Status(void* base, size_t bytes)> on_map;
+    std::function<void(void* base)> on_unmap;
+  };
+  Status SetViewHooks(ViewHooks hooks);
+  // Unmaps (on_unmap) the current view's hook; later views get none.
+  void ClearViewHooks();
+
   // Producer: OK while the consumer accepts messages; otherwise the Aborted
   // or Cancelled status a Write() would return.  Never blocks.  Lets a task
   // that waits elsewhere (for results) notice that the consumer failed.
@@ -220,6 +236,7 @@ class Ring {
   Result<bool> NextRecordLocked(uint64_t* pos, uint32_t* len);
   // With h->mu held: RevokeLeases().
   Status RevokeLeasesLocked();
+  void HookViewLocked();  // on_map for the book's current view, if hooks are set
 
   const std::string name_;
   const RingWords words_;
@@ -228,6 +245,8 @@ class Ring {
   std::shared_ptr<Mapping> mapping_;
   RingHeader* const header_;  // in mapping_; used only inside a Call
   std::shared_ptr<RingLease::Book> book_;  // the consumer's leases
+  ViewHooks view_hooks_;  // guarded by the ring's robust mutex
+  bool view_hook_failed_ = false;  // a failed on_map was logged
   const size_t capacity_;
 
   // Close() safety: a call enters by incrementing in_flight_, then checks

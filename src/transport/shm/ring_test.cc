@@ -12,6 +12,7 @@
 #include <mutex>
 #include <numeric>
 #include <span>
+#include <set>
 #include <tuple>
 #include <thread>
 #include <vector>
@@ -833,6 +834,90 @@ TEST(RingLease, RevokeKeepsBytesAndFreesTheRing) {
   for (uint32_t i = 0; i < 12; ++i) EXPECT_TRUE(Same(held[i], i, kMsg)) << i;
   held.clear();  // releasing revoked leases changes nothing
   EXPECT_EQ((*ring)->pinned_bytes(), 0u);
+}
+
+// The view hooks (a GPU consumer page-locks lease views): every view made is
+// mapped once and unmapped once, before its pages are swapped (revoke), when
+// the hooks are cleared, or when its last lease goes; the bytes stay right.
+TEST(RingLease, ViewHooksSeeEveryViewMappedAndUnmappedOnce) {
+  auto ring = Ring::Create(UniqueName(), 4096);
+  ASSERT_TRUE(ring.ok());
+  auto producer = Ring::Open((*ring)->name());
+  ASSERT_TRUE(producer.ok());
+  std::mutex mu;
+  std::vector<std::string> log;
+  std::set<void*> live;
+  auto event = [&](const std::string& what, void* base) {
+    std::lock_guard<std::mutex> lock(mu);
+    log.push_back(what);
+    if (what == "map") {
+      EXPECT_TRUE(live.insert(base).second) << "mapped twice";
+    } else {
+      EXPECT_EQ(live.erase(base), 1u) << "unmapped a view that was not mapped";
+    }
+  };
+  const uint8_t* revoked_at = nullptr;
+  Ring::ViewHooks hooks;
+  hooks.on_map = [&](void* base, size_t bytes) {
+    EXPECT_GE(bytes, 4096u);
+    event("map", base);
+    return Status::OK();
+  };
+  hooks.on_unmap = [&](void* base) {
+    // Before the swap: a lease's bytes are still the ring's at this point.
+    if (revoked_at != nullptr) {
+      EXPECT_EQ(revoked_at[0], 0);
+    }
+    event("unmap", base);
+  };
+  ASSERT_TRUE((*ring)->SetViewHooks(hooks).ok());
+  ASSERT_TRUE((*producer)->Write(1, Bytes(0, kMsg), Soon()).ok());
+  auto a = Lease(**ring);
+  ASSERT_TRUE((*producer)->Write(1, Bytes(1, kMsg), Soon()).ok());
+  auto b = Lease(**ring);  // the same view
+  EXPECT_EQ(log, (std::vector<std::string>{"map"}));
+  revoked_at = a->payload().data();
+  ASSERT_TRUE((*ring)->RevokeLeases().ok());
+  revoked_at = nullptr;
+  EXPECT_EQ(log, (std::vector<std::string>{"map", "unmap"}));
+  EXPECT_TRUE(Same(a, 0, kMsg) && Same(b, 1, kMsg));
+  ASSERT_TRUE((*producer)->Write(1, Bytes(2, kMsg), Soon()).ok());
+  auto c = Lease(**ring);  // a fresh view, hooked
+  EXPECT_EQ(log.size(), 3u);
+  a.reset();
+  b.reset();  // the revoked view goes; it was unmapped already
+  EXPECT_EQ(log.size(), 3u);
+  (*ring)->ClearViewHooks();
+  EXPECT_EQ(log, (std::vector<std::string>{"map", "unmap", "map", "unmap"}));
+  ASSERT_TRUE((*producer)->Write(1, Bytes(3, kMsg), Soon()).ok());
+  auto d = Lease(**ring);  // no hooks: nothing
+  EXPECT_TRUE(Same(c, 2, kMsg) && Same(d, 3, kMsg));
+  ASSERT_TRUE((*ring)->SetViewHooks(hooks).ok());  // the current view, at once
+  EXPECT_EQ(log.size(), 5u);
+  c.reset();
+  d.reset();
+  ring->reset();  // the view's last holder: unmapped as it goes
+  EXPECT_EQ(log.size(), 6u);
+  EXPECT_TRUE(live.empty());
+}
+
+// A view the hook refuses stays as it is: leases still read right.
+TEST(RingLease, AFailedViewHookLeavesTheViewWorking) {
+  auto ring = Ring::Create(UniqueName(), 4096);
+  ASSERT_TRUE(ring.ok());
+  auto producer = Ring::Open((*ring)->name());
+  ASSERT_TRUE(producer.ok());
+  int unmapped = 0;
+  Ring::ViewHooks hooks;
+  hooks.on_map = [](void*, size_t) { return Status::IOError("cudaHostRegister: fake refusal"); };
+  hooks.on_unmap = [&](void*) { ++unmapped; };
+  ASSERT_TRUE((*ring)->SetViewHooks(hooks).ok());
+  ASSERT_TRUE((*producer)->Write(1, Bytes(7, kMsg), Soon()).ok());
+  auto a = Lease(**ring);
+  EXPECT_TRUE(Same(a, 7, kMsg));
+  a.reset();
+  ring->reset();
+  EXPECT_EQ(unmapped, 0);
 }
 
 TEST(RingLease, RevokeWhileAnotherThreadReadsTheLease) {
