@@ -174,7 +174,7 @@ def time_copy_feed(torch, device, src: FeedSource, batches: int, shape, prefetch
         src.fill(k)
         sync(torch, device)
         c0, t0 = cpu_seconds(), time.perf_counter()
-        for b in device_batches(src.batches(k, shape, torch.uint8), device, prefetch, _finish_copies=src.locked):
+        for b in device_batches(src.batches(k, shape, torch.uint8), device, prefetch):
             total += b.numel()
         sync(torch, device)
         secs, cpus = secs + time.perf_counter() - t0, cpus + cpu_seconds() - c0
@@ -235,7 +235,7 @@ def time_train(torch, device, steps: int, batch: int, fed: bool, prefetch: int, 
         payload = next(host_batches(torch, 1, shape, torch.float32, 2)).numpy().view("uint8").reshape(-1)
         producer = src.fill_in_background(steps, payload)
         xs = src.batches(steps, shape, torch.float32)
-        data = device_batches(zip(xs, ys), device, prefetch, _finish_copies=src.locked)
+        data = device_batches(zip(xs, ys), device, prefetch)
     elif fed:
         data = device_batches(zip(xs, ys), device, prefetch)
     else:  # the ceiling: every batch already in device memory before the clock starts
@@ -261,7 +261,7 @@ def main(argv=None) -> None:
     p.add_argument("--train-batch", type=int, default=1024, help="CNN batch size")
     p.add_argument("--steps", type=int, default=300, help="CNN steps per round")
     p.add_argument("--prefetch", type=int, default=2)
-    p.add_argument("--ring-mb", type=int, default=256, help="the copy contender's feed ring, MiB")
+    p.add_argument("--ring-mb", type=int, default=1024, help="the copy contender's feed ring, MiB")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="small sizes, 2 repeats")
     p.add_argument("--json", help="write the figures here too")

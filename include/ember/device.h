@@ -56,7 +56,7 @@ class Runtime {
   // mapping, say) for every device, so copies from it run as fast and as
   // asynchronously as from AllocHost memory; UnregisterHost(p) undoes it and
   // must come before the memory is unmapped or its pages are replaced, and
-  // after every copy from it finished.
+  // after every copy from it finished (SynchronizeDevice).
   virtual Status RegisterHost(void* p, size_t bytes) = 0;
   virtual Status UnregisterHost(void* p) = 0;
   // A stream of the current device that does not wait on the default stream.
@@ -77,6 +77,9 @@ class Runtime {
   virtual Result<std::string> DeviceIdentity(int ordinal) = 0;
   // Blocks until everything queued on `stream` ran.
   virtual Status Synchronize(Stream stream) = 0;
+  // Blocks until everything queued on the calling thread's current device,
+  // on every stream, ran (cudaDeviceSynchronize).
+  virtual Status SynchronizeDevice() = 0;
 };
 
 struct CudaOptions {

@@ -462,10 +462,15 @@ class Consumer {
   // handed-out rows point into, so copies of them to a GPU run straight at
   // the bus's speed, asynchronously, with no staging copy (the rows were
   // written there by Spark's tasks: they land in page-locked memory).  Stays
-  // in force for later reads until UnlockRows.  The caller's promise: every
-  // copy from those rows has finished before its next read (a read may give
-  // leased pages back to producers) and before UnlockRows.  Where the runtime
-  // refuses, the rows stay pageable (logged once).  The reading thread.
+  // in force for later reads until UnlockRows.  The caller's promise: it
+  // keeps the rows (their RowRange owners) until every copy from them
+  // finished; released rows go back to producers.  Before page-locked memory
+  // is given back -- UnlockRows, a read that revokes held leases (their pages
+  // become private copies), the last lease of a view dropped -- the device is
+  // synchronized, so copies still running from held rows end first.  Where
+  // the runtime refuses, the rows stay pageable (logged once); where the
+  // reader keeps rows so long that reads keep revoking (over 4 times), page-
+  // locking stops until the next PageLockRows (logged).  The reading thread.
   Status PageLockRows(std::shared_ptr<device::Runtime> runtime);
   void UnlockRows();
 

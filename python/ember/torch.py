@@ -58,9 +58,9 @@ def _is_cuda(device) -> bool:
 
 
 def _page_locked_pass(feed, batches, device, prefetch: int):
-    """device_batches over a feed's batches with the feed's memory page-locked for the pass:
-    each batch's copies finish before the staging thread reads on (a read may hand leased
-    pages back to Spark's tasks), and the memory is unlocked once the pass ends."""
+    """device_batches over a feed's batches with the feed's memory page-locked for the pass
+    (device_batches keeps each batch's rows until its copies finished; the core synchronizes
+    the device before it gives page-locked memory back), unlocked once the pass ends."""
     import logging
 
     import torch
@@ -75,13 +75,13 @@ def _page_locked_pass(feed, batches, device, prefetch: int):
             logging.getLogger("ember").warning("feed memory not page-locked (%s); batches are staged through "
                                                "page-locked buffers instead", e)
     try:
-        yield from device_batches(batches, device, prefetch, _finish_copies=locked)
+        yield from device_batches(batches, device, prefetch)
     finally:
         if locked:
             feed._consumer.unlock_rows()
 
 
-def device_batches(batches, device=None, prefetch: int = 2, _finish_copies: bool = False):
+def device_batches(batches, device=None, prefetch: int = 2):
     """The batches of `batches` (dicts, tuples or lists of CPU tensors, or single tensors) on
     `device`, in order.  For a CUDA device a staging thread takes each batch from `batches`,
     copies its tensors into page-locked host buffers (reused: the set of a batch whose copy to
@@ -91,8 +91,9 @@ def device_batches(batches, device=None, prefetch: int = 2, _finish_copies: bool
     (PyTorch's ``DataLoader(pin_memory=True)`` pins in a thread the same way).  The consumer's
     stream waits for a batch's copies only when it is handed out.  A batch's GPU tensors
     belong to the consumer (``record_stream``): keep them as long as needed.  Tensors already
-    page-locked (``pin_memory()``) are copied straight from their own memory, with no staging
-    copy: do not write into them until their batch is handed out.
+    page-locked (``pin_memory()``, or a page-locked feed's rows) are copied straight from their
+    own memory, with no staging copy: each source batch is kept (referenced) until its copies
+    finished; do not write into such tensors until their batch is handed out.
     `batches` is read in the staging thread (one reader, in order); an error it raises is
     raised here, in the consumer, when the batches before it were handed out.  Closing the
     generator early stops the thread after the batch it is reading.
@@ -123,6 +124,7 @@ def device_batches(batches, device=None, prefetch: int = 2, _finish_copies: bool
     stream = torch.cuda.Stream(device)
     slots = [dict() for _ in range(prefetch + 2)]  # page-locked buffers of each batch in flight
     slot_done = [None] * len(slots)                # the event after a slot's last copy to the GPU
+    slot_source = [None] * len(slots)              # the batch a slot's copies read from
     handoff = queue.Queue(maxsize=prefetch)
     stop = threading.Event()
     end = object()
@@ -131,6 +133,7 @@ def device_batches(batches, device=None, prefetch: int = 2, _finish_copies: bool
         slot = n % len(slots)
         if slot_done[slot] is not None:
             slot_done[slot].synchronize()  # its previous batch has left the page-locked buffers
+            slot_source[slot] = None
         pinned = slots[slot]
         counter = iter(range(1 << 30))
 
@@ -149,8 +152,7 @@ def device_batches(batches, device=None, prefetch: int = 2, _finish_copies: bool
             event = torch.cuda.Event()
             event.record(stream)
         slot_done[slot] = event
-        if _finish_copies:  # the source's memory may be given back by the next read
-            event.synchronize()
+        slot_source[slot] = batch  # kept until its copies finished: a feed's rows go back when dropped
         return out, event
 
     def put(item) -> bool:

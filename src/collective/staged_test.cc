@@ -104,6 +104,7 @@ class FakeRuntime : public device::Runtime {
     cv_.wait(lock, [&] { return done_ >= queued_; });
     return Status::OK();
   }
+  Status SynchronizeDevice() override { return Synchronize(nullptr); }
   // Queues `op` on the stream (an NCCL kernel, for the fake NCCL).
   void Enqueue(std::function<void()> op) {
     std::lock_guard<std::mutex> lock(mu_);

@@ -36,6 +36,7 @@ struct Api {
   CudaError (*DeviceGetPCIBusId)(char*, int, int);
   CudaError (*MemcpyAsync)(void*, const void*, size_t, int, void*);
   CudaError (*StreamSynchronize)(void*);
+  CudaError (*DeviceSynchronize)();
   CudaError (*RuntimeGetVersion)(int*);
   const char* (*GetErrorString)(CudaError);
 };
@@ -110,6 +111,7 @@ class CudaRuntime : public Runtime {
   Status Synchronize(Stream stream) override {
     return Check(api_.StreamSynchronize(stream), "cudaStreamSynchronize");
   }
+  Status SynchronizeDevice() override { return Check(api_.DeviceSynchronize(), "cudaDeviceSynchronize"); }
 
  private:
   Status Check(CudaError e, const std::string& what) const {
@@ -161,6 +163,7 @@ Result<std::shared_ptr<Runtime>> LoadCuda(const CudaOptions& options) {
                 Resolve(handle, "cudaDeviceGetPCIBusId", &api.DeviceGetPCIBusId) &&
                 Resolve(handle, "cudaMemcpyAsync", &api.MemcpyAsync) &&
                 Resolve(handle, "cudaStreamSynchronize", &api.StreamSynchronize) &&
+                Resolve(handle, "cudaDeviceSynchronize", &api.DeviceSynchronize) &&
                 Resolve(handle, "cudaRuntimeGetVersion", &api.RuntimeGetVersion) &&
                 Resolve(handle, "cudaGetErrorString", &api.GetErrorString);
       if (!ok) {

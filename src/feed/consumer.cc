@@ -25,6 +25,7 @@ namespace {
 // pin more than this share of the ring are revoked (copied once into private
 // pages), so a node that keeps every batch alive never stalls its producers.
 constexpr uint64_t kPinnedShare = 2;  // capacity / kPinnedShare
+constexpr int kMaxPageLockedRevokes = 4;  // then page-locking stops for the pass
 
 // One partition being fed to this node (inference: its rows get answers).
 struct Session {
@@ -74,6 +75,8 @@ class Consumer::Impl {
   int64_t epoch_taken = 0;
   uint64_t next_message_id = 1;
   uint32_t mark = 0;  // the training epoch begun + 1, as published in the ring (Ring::SetMark)
+  bool page_locked = false;     // PageLockRows in force
+  int page_locked_revokes = 0;  // revokes since PageLockRows
 
   std::string Node() const { return "node " + options.node; }
 
@@ -116,6 +119,16 @@ Result<bool> Consumer::Impl::ReadMessage() {
   if (end_of_feed || Terminated()) return false;
   if (ring->pinned_bytes() > ring->capacity() / kPinnedShare) {
     EMBER_RETURN_NOT_OK(ring->RevokeLeases().WithContext(Node()));
+    if (page_locked && ++page_locked_revokes > kMaxPageLockedRevokes) {
+      // Each revoke gives the page-locked memory back and locks a fresh view
+      // (a device sync and milliseconds per MiB): a reader that keeps rows
+      // this long is better served by staging copies.
+      ring->ClearViewHooks();
+      page_locked = false;
+      EMBER_LOG(WARN) << Node() << ": rows were kept past half the feed ring " << page_locked_revokes
+                      << " times while page-locked; the feed's memory is no longer page-locked for this "
+                         "pass (batches are staged instead). Keep fewer batches, or raise feed_ring_bytes";
+    }
   }
   std::shared_ptr<const shm::RingLease> lease;
   Status st = ring->ReadLease(&lease, Deadline::After(options.read_timeout));
@@ -530,15 +543,24 @@ Status Consumer::PageLockRows(std::shared_ptr<device::Runtime> runtime) {
   shm::Ring::ViewHooks hooks;
   hooks.on_map = [runtime](void* base, size_t bytes) { return runtime->RegisterHost(base, bytes); };
   hooks.on_unmap = [runtime, node = impl_->Node()](void* base) {
-    Status st = runtime->UnregisterHost(base);
+    // Copies from rows whose leases are still held may be in flight (a
+    // revoke comes while the reader keeps rows): let them end first.
+    Status st = runtime->SynchronizeDevice();
+    if (st.ok()) st = runtime->UnregisterHost(base);
     if (!st.ok()) {
       EMBER_LOG(WARN) << node << ": giving back page-locked feed memory: " << st.ToString();
     }
   };
-  return impl_->ring->SetViewHooks(std::move(hooks)).WithContext(impl_->Node());
+  EMBER_RETURN_NOT_OK(impl_->ring->SetViewHooks(std::move(hooks)).WithContext(impl_->Node()));
+  impl_->page_locked = true;
+  impl_->page_locked_revokes = 0;
+  return Status::OK();
 }
 
-void Consumer::UnlockRows() { impl_->ring->ClearViewHooks(); }
+void Consumer::UnlockRows() {
+  impl_->ring->ClearViewHooks();
+  impl_->page_locked = false;
+}
 
 void Consumer::Close() {
   Impl& s = *impl_;

@@ -84,6 +84,8 @@ class RecordingRuntime : public device::Runtime {
   Status UnregisterHost(void* p) override {
     std::lock_guard<std::mutex> lock(mu);
     EXPECT_EQ(locked.erase(p), 1u) << "unregistered memory that was not registered";
+    ++unregistered;
+    EXPECT_EQ(device_syncs, unregistered) << "unregistered before the device's copies finished";
     return Status::OK();
   }
   Result<device::Stream> NewStream() override { return Status::InvalidArgument("NewStream"); }
@@ -98,6 +100,11 @@ class RecordingRuntime : public device::Runtime {
   Result<bool> QueryEvent(device::Event) override { return true; }
   Result<std::string> DeviceIdentity(int) override { return std::string("fake"); }
   Status Synchronize(device::Stream) override { return Status::OK(); }
+  Status SynchronizeDevice() override {
+    std::lock_guard<std::mutex> lock(mu);
+    ++device_syncs;
+    return Status::OK();
+  }
 
   // Whether [p, p + n) lies in page-locked memory.
   bool Locked(const void* p, size_t n) {
@@ -112,6 +119,8 @@ class RecordingRuntime : public device::Runtime {
   std::mutex mu;
   std::map<void*, size_t> locked;
   int registered = 0;
+  int unregistered = 0;
+  int device_syncs = 0;
 };
 
 // Rows handed out while PageLockRows is in force lie in page-locked memory
@@ -143,6 +152,39 @@ TEST_P(FeedTest, PageLockedRowsLieInRegisteredMemoryUntilUnlocked) {
   second->clear();
   c.reset();
   EXPECT_TRUE(runtime->locked.empty());
+}
+
+// A reader that keeps every row makes reads revoke its leases again and
+// again; each revoke gives the page-locked view back (after a device sync)
+// and locks the next, until page-locking stops for the pass.
+TEST_P(FeedTest, PageLockingStopsWhenReadsKeepRevokingHeldRows) {
+  StartNodes(1, 1 << 16);
+  auto runtime = std::make_shared<RecordingRuntime>();
+  auto c = OpenConsumer(0);
+  ASSERT_TRUE(c->PageLockRows(runtime).ok());
+  constexpr int kMessages = 60;
+  std::thread producer([&] {
+    auto p = Producer::Open(Endpoints(), 0, 0, 0, Options());
+    ASSERT_TRUE(p.ok()) << p.status().ToString();
+    for (int i = 0; i < kMessages; ++i) {
+      std::vector<uint8_t> bytes(6000, static_cast<uint8_t>(i));
+      ASSERT_TRUE((*p)->SendBatch(0, bytes, 1).ok()) << i;
+    }
+    ASSERT_TRUE((*p)->EndPartition().ok());
+  });
+  std::vector<RowRange> kept;
+  for (int i = 0; i < kMessages; ++i) {
+    auto r = c->Next(1, false);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_EQ(r->size(), 1u);
+    EXPECT_EQ(r->front().ipc()[0], static_cast<uint8_t>(i));
+    kept.push_back(r->front());
+  }
+  producer.join();
+  for (int i = 0; i < kMessages; ++i) EXPECT_EQ(kept[i].ipc()[100], static_cast<uint8_t>(i)) << i;
+  EXPECT_EQ(runtime->registered, 5);  // the first view and one after each of 4 revokes
+  EXPECT_TRUE(runtime->locked.empty());
+  EXPECT_EQ(runtime->device_syncs, 5);
 }
 
 TEST_P(FeedTest, PageLockRowsNeedsARuntime) {
