@@ -514,6 +514,5 @@ class AsyncCallback(keras.callbacks.Callback):
         if self._since:
             self._exchange()  # ends with the shards' weights (easgd: its own)
         elif self.exchange.algorithm != "easgd":  # the model ends with the shards' weights
-            self._load(self.exchange.pull({n: np.asarray(v.numpy(), dtype=np.float32)
-                                           for n, v in self._variables().items()}))
+            self._load(self.exchange.pull())
         self.exchange.finish()

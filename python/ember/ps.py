@@ -339,8 +339,11 @@ class Exchange:
             self.waited_secs += r.waited_us / 1e6
         return out if self.algorithm == "easgd" else self._pull(named)
 
-    def pull(self, named: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
-        """The shards' values now (every algorithm but easgd continues from them)."""
+    def pull(self, named: Optional[Dict[str, np.ndarray]] = None) -> Dict[str, np.ndarray]:
+        """The shards' values now (every algorithm but easgd continues from them): of the arrays
+        `named` names, in their shapes, or by default of every array :meth:`start` was given."""
+        if named is None:
+            named = {name: base for name, (base, _) in self._base.items()}
         return self._pull(named)
 
     def finish(self) -> None:

@@ -825,5 +825,5 @@ class AsyncParameters:
             steps, self._since = self._since, 0
             self._load(self.exchange.exchange(self._numpy(), steps=steps))
         elif self.exchange.algorithm != "easgd":
-            self._load(self.exchange.pull(self._numpy()))
+            self._load(self.exchange.pull())
         self.exchange.finish()
