@@ -10,7 +10,9 @@ optimizer and one callback (Horovod's recipe, on Ember's collectives)::
 
 * ``DistributedOptimizer`` averages every step's gradients over the training nodes
   before the optimizer applies them (one fused allreduce per step, inside the
-  ``tf.function`` that Keras compiles), so every node keeps the same weights.
+  ``tf.function`` that Keras compiles; on Keras's PyTorch backend, ``KERAS_BACKEND=torch``,
+  on the torch gradient tensors in place, CUDA ones included), so every node keeps the same
+  weights.
 * ``SyncCallback`` broadcasts the chief's initial weights when training starts and
   averages the epoch's metrics (training and validation) at each epoch's end, so every
   node's logs, ``EarlyStopping`` and ``ModelCheckpoint`` see the job's figures.
@@ -127,11 +129,26 @@ def _allreduce_numpy(comm_fn: Callable[[], collective.Communicator], op: str, ar
 
 def allreduce_gradients(grads: List[Any], comm: Optional[collective.Communicator] = None,
                         op: str = "average") -> List[Any]:
-    """TensorFlow: the gradients reduced over the training nodes (None stays None).
+    """The gradients reduced over the training nodes (None stays None), for the Keras backend
+    in use: one collective call per dtype (normally one), whatever the number of tensors.
 
-    One graph op per dtype (normally one), whatever the number of tensors, so a step
-    costs one collective call; IndexedSlices are densified.
+    * TensorFlow: one graph op per dtype inside the ``tf.function`` Keras compiles;
+      IndexedSlices are densified.
+    * PyTorch (``KERAS_BACKEND=torch``): the gradient tensors reduced in place, CPU or CUDA
+      (CUDA tensors go through Ember's GPU paths: NCCL between a host's GPUs, else staged).
+
+    Raises:
+        ValueError: another backend (JAX's jitted steps cannot call out to the collectives).
     """
+    backend = keras.backend.backend()
+    if backend == "torch":
+        from ember import torch as ember_torch
+
+        ember_torch.allreduce_tensors_([g for g in grads if g is not None], comm, op)
+        return list(grads)
+    if backend != "tensorflow":
+        raise ValueError(f"ember.keras: Keras backend {backend!r} is not supported for synchronous training; "
+                         f"set KERAS_BACKEND to 'tensorflow' or 'torch' before keras is imported")
     import tensorflow as tf
 
     present = [i for i, g in enumerate(grads) if g is not None]
@@ -162,7 +179,7 @@ def DistributedOptimizer(optimizer: "keras.optimizers.Optimizer", comm: Optional
     own that does the allreduce, so saved models still name the original class).
 
     Args:
-        optimizer: a Keras 3 optimizer (TensorFlow backend).
+        optimizer: a Keras 3 optimizer (TensorFlow or PyTorch backend, see allreduce_gradients).
         comm: the communicator; the node's default (``ctx.communicator()``) if None.
         op: "average" (the default; data-parallel SGD) or "sum".
     """

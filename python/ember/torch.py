@@ -271,7 +271,7 @@ def _fused_in_place(tensors, call) -> None:
 
 
 def allreduce_tensors_(tensors, comm=None, op: str = "average") -> None:
-    """Reduces CPU tensors over the training nodes, in place, one fused call per dtype."""
+    """Reduces tensors (CPU or CUDA) over the training nodes, in place, one fused call per dtype."""
     comm = _communicator(comm)
     _fused_in_place(tensors, lambda flat: comm.allreduce_(flat, op))
 
