@@ -152,7 +152,7 @@ ShmGroup::ShmGroup(const ShmGroupOptions& o, SharedMemory shm, Mapping mapping, 
 }
 
 int ShmGroup::AutoThreads(int size, unsigned cores) {
-  if (size <= 0) return 1;
+  if (size <= 1) return 1;  // a group of one moves no data between ranks
   return std::clamp(static_cast<int>(cores) / size, 1, kMaxThreads);
 }
 

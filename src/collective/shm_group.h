@@ -84,9 +84,9 @@ struct ShmGroupOptions {
   size_t buffer_bytes = 8 << 20;
   // Threads per rank for the copies and reductions of calls of at least
   // kParallelBytes (the caller's thread counts): 0 picks the host's cores
-  // divided by the ranks on it, at most kMaxThreads; 1 runs them on the
-  // calling thread alone.  A big host's memory bandwidth needs several cores
-  // per rank when the ranks are few.
+  // divided by the ranks on it, at most kMaxThreads (1 for a group of one);
+  // 1 runs them on the calling thread alone.  A big host's memory bandwidth
+  // needs several cores per rank when the ranks are few.
   int threads = 0;
 };
 

@@ -255,6 +255,7 @@ TEST_F(ShmGroupTest, AutoThreadsShareTheCoresAmongTheRanks) {
   EXPECT_EQ(ShmGroup::AutoThreads(4, 16), 4);
   EXPECT_EQ(ShmGroup::AutoThreads(8, 16), 2);
   EXPECT_EQ(ShmGroup::AutoThreads(2, 64), ShmGroup::kMaxThreads);
+  EXPECT_EQ(ShmGroup::AutoThreads(1, 16), 1);
 }
 
 TEST_F(ShmGroupTest, BroadcastFromEveryRoot) {
