@@ -173,7 +173,8 @@ def allreduce_gradients(grads: List[Any], comm: Optional[collective.Communicator
 
 
 def DistributedOptimizer(optimizer: "keras.optimizers.Optimizer", comm: Optional[collective.Communicator] = None,
-                         op: str = "average") -> "keras.optimizers.Optimizer":
+                         op: str = "average", overlap: bool = False,
+                         bucket_cap_mb: float = 25.0) -> "keras.optimizers.Optimizer":
     """Makes `optimizer` average every step's gradients over the training nodes before it
     applies them, and returns it (the same object; its class becomes a subclass of its
     own that does the allreduce, so saved models still name the original class).
@@ -182,15 +183,43 @@ def DistributedOptimizer(optimizer: "keras.optimizers.Optimizer", comm: Optional
         optimizer: a Keras 3 optimizer (TensorFlow or PyTorch backend, see allreduce_gradients).
         comm: the communicator; the node's default (``ctx.communicator()``) if None.
         op: "average" (the default; data-parallel SGD) or "sum".
+        overlap: PyTorch backend only: reduce the gradients in buckets of about
+            `bucket_cap_mb` MiB while ``backward()`` still runs (``ember.torch.DistributedOptimizer``'s
+            overlap: hooks on the variables' torch tensors, installed when Keras builds the
+            optimizer), with the same results bit for bit.  Off by default, as for PyTorch: it
+            has not paid on the hosts measured (docs/benchmarks.md).  Keras's TensorFlow step
+            computes every gradient in one ``tape.gradient`` call: nothing to overlap there.
+
+    Raises:
+        ValueError: overlap on a backend other than PyTorch.
     """
     base = type(optimizer)
     if getattr(base, "_ember_distributed", False):
         return optimizer
+    if overlap and keras.backend.backend() != "torch":
+        raise ValueError(f"ember.keras.DistributedOptimizer(overlap=True) needs Keras's PyTorch backend "
+                         f"(KERAS_BACKEND=torch), not {keras.backend.backend()!r}: Keras's TensorFlow step computes "
+                         f"every gradient in one tape.gradient call, so there is nothing to overlap")
+    if not bucket_cap_mb > 0:
+        raise ValueError(f"bucket_cap_mb must be > 0, got {bucket_cap_mb}")
+
+    def build(self, variables):
+        base.build(self, variables)
+        if overlap and getattr(self, "_ember_reducer", None) is None:
+            from ember import torch as ember_torch
+
+            self._ember_reducer = ember_torch._OverlapReducer([v.value for v in variables],
+                                                              ember_torch._communicator(comm), op, bucket_cap_mb)
 
     def apply(self, grads, trainable_variables=None):
-        return base.apply(self, allreduce_gradients(list(grads), comm, op), trainable_variables)
+        reducer = getattr(self, "_ember_reducer", None)
+        if reducer is None:
+            return base.apply(self, allreduce_gradients(list(grads), comm, op), trainable_variables)
+        reducer.finish()  # the buckets backward launched, then the rest; results in each p.grad
+        variables = trainable_variables if trainable_variables is not None else self._trainable_variables
+        return base.apply(self, [v.value.grad for v in variables], trainable_variables)
 
-    cls = type(base.__name__, (base,), {"apply": apply, "_ember_distributed": True,
+    cls = type(base.__name__, (base,), {"apply": apply, "build": build, "_ember_distributed": True,
                                           "__module__": base.__module__, "__doc__": base.__doc__})
     optimizer.__class__ = cls
     return optimizer
