@@ -324,6 +324,50 @@ def test_spark_failure_reason_is_the_stage_failure_in_one_line():
     assert spark_failure_reason(RuntimeError(cancelled)) is None
 
 
+
+def test_a_read_only_question_to_spark_is_asked_again_after_a_gateway_reset_only():
+    """A Py4J connection reset under a read-only question (no answer from the JVM) is asked once
+    more; an error the JVM raised is not, and neither is a second reset."""
+    from py4j.protocol import Py4JError, Py4JJavaError
+
+    from ember._driver.spark_job import _retrying_a_reset_gateway
+
+    calls = []
+
+    def reset_once():
+        calls.append(1)
+        if len(calls) == 1:
+            raise Py4JError("An error occurred while calling o8901.resourceProfileManager")
+        return 4
+
+    assert _retrying_a_reset_gateway(reset_once, "the task slot count") == 4
+    assert len(calls) == 2
+
+    class FakeJavaError(Py4JJavaError):
+        def __init__(self):
+            Exception.__init__(self, "java.lang.IllegalStateException: stopped SparkContext")
+
+        def __str__(self):
+            return self.args[0]
+
+    def java_error():
+        calls.append(1)
+        raise FakeJavaError()
+
+    calls.clear()
+    with pytest.raises(Py4JJavaError):
+        _retrying_a_reset_gateway(java_error, "x")
+    assert len(calls) == 1
+
+    def always_reset():
+        calls.append(1)
+        raise Py4JError("An error occurred while calling o1.x")
+
+    calls.clear()
+    with pytest.raises(Py4JError):
+        _retrying_a_reset_gateway(always_reset, "x")
+    assert len(calls) == 2
+
 if __name__ == "__main__":  # the driver program, run by NetnsCluster.run_driver in host "drv"
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import test_partition  # by name, so that the node function pickles by reference

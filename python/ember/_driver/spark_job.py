@@ -31,10 +31,30 @@ def spark_context(spark: Any):
 def task_slots(sc, profile=None) -> int:
     """How many tasks the Spark application can run at once (what a barrier stage needs),
     under `profile` (a registered pyspark ResourceProfile, e.g. GPUs per task) or the default."""
-    jsc = sc._jsc.sc()
-    java = profile._java_resource_profile if profile is not None else \
-        jsc.resourceProfileManager().defaultResourceProfile()
-    return int(jsc.maxNumConcurrentTasks(java))
+    def ask() -> int:
+        jsc = sc._jsc.sc()
+        java = profile._java_resource_profile if profile is not None else \
+            jsc.resourceProfileManager().defaultResourceProfile()
+        return int(jsc.maxNumConcurrentTasks(java))
+
+    return _retrying_a_reset_gateway(ask, "the task slot count")
+
+
+def _retrying_a_reset_gateway(call: Callable[[], Any], what: str) -> Any:
+    """`call()` (a read-only question to Spark's JVM), asked once more if Py4J's connection of
+    this thread was reset under it (seen once in a full test run: 'Connection reset by peer' on
+    the driver's main thread, idle while the nodes' job ran on another; Py4J opens a new
+    connection for the next call).  An error the JVM raised is not retried."""
+    from py4j.protocol import Py4JError, Py4JJavaError
+
+    try:
+        return call()
+    except Py4JJavaError:
+        raise
+    except Py4JError as e:
+        import logging
+        logging.getLogger("ember").warning("asking Spark for %s failed in Py4J (%s); asking once more", what, e)
+        return call()
 
 
 def check_slots(sc, needed: int, timeout: float, profile=None, gpus_per_node: float = 0.0) -> None:
