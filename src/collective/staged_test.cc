@@ -13,6 +13,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <latch>
 #include <map>
 #include <mutex>
 #include <string>
@@ -198,6 +199,7 @@ void RunRanks(int size, const std::function<void(int, Communicator&, FakeRuntime
               std::function<void(int, FakeRuntime&)> setup = nullptr, Duration timeout = Duration(20000)) {
   auto store = NewInMemoryStore();
   const std::string prefix = UniquePrefix();
+  std::latch set_up(size);
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {
     threads.emplace_back([&, r] {
@@ -213,8 +215,13 @@ void RunRanks(int size, const std::function<void(int, Communicator&, FakeRuntime
       o.device_chunk_bytes = 256;
       o.device_runtime = rt;
       auto comm = Communicator::Create(o, store);
+      // Every rank is set up (and out of the barrier: a rank that fails the moment its barrier
+      // returned would fail a peer still finishing it) before one may break it.  Every rank
+      // arrives at the latch, failed or not (the barrier has the call's deadline).
+      Status barrier = comm.ok() ? (*comm)->Barrier() : comm.status();
+      set_up.arrive_and_wait();
       ASSERT_TRUE(comm.ok()) << comm.status().ToString();
-      ASSERT_TRUE((*comm)->Barrier().ok());  // every rank is set up before one may break it
+      ASSERT_TRUE(barrier.ok()) << barrier.ToString();
       fn(r, **comm, *rt);
     });
   }
@@ -332,6 +339,7 @@ TEST(DeviceCollectiveTest, WithoutACudaRuntimeEveryRankFailsNamingTheRankThatHas
   auto store = NewInMemoryStore();
   const std::string prefix = UniquePrefix();
   std::vector<Status> got(2, Status::Internal("the rank did not run"));
+  std::latch set_up(2);
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
@@ -346,8 +354,12 @@ TEST(DeviceCollectiveTest, WithoutACudaRuntimeEveryRankFailsNamingTheRankThatHas
       std::shared_ptr<FakeRuntime> fake;
       if (r == 0) o.device_runtime = fake = std::make_shared<FakeRuntime>();  // rank 0 has a runtime
       auto comm = Communicator::Create(o, store);
+      // Both ranks are set up, and out of the barrier, before rank 1 breaks it (breaking it the
+      // moment its own barrier returned would fail rank 0's, still finishing).
+      Status barrier = comm.ok() ? (*comm)->Barrier() : comm.status();
+      set_up.arrive_and_wait();
       ASSERT_TRUE(comm.ok()) << comm.status().ToString();
-      ASSERT_TRUE((*comm)->Barrier().ok());  // both ranks are set up before rank 1 breaks it
+      ASSERT_TRUE(barrier.ok()) << barrier.ToString();
       std::vector<float> device(100, 1.0f);
       got[r] = (*comm)->AllreduceOn(kCuda0, device.data(), device.size(), DataType::kFloat32, ReduceOp::kSum);
     });
@@ -498,6 +510,7 @@ void RunNcclRanks(int size, FakeNccl& nccl, const std::function<std::string(int)
     runtimes.back()->identity = identity(r);
     nccl.runtime_for_rank[r] = runtimes.back().get();
   }
+  std::latch set_up(size);
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {
     threads.emplace_back([&, r] {
@@ -515,8 +528,10 @@ void RunNcclRanks(int size, FakeNccl& nccl, const std::function<std::string(int)
       o.use_nccl = has_nccl(r);
       o.nccl = std::shared_ptr<Nccl>(&nccl, [](Nccl*) {});
       auto comm = Communicator::Create(o, store);
+      Status barrier = comm.ok() ? (*comm)->Barrier() : comm.status();
+      set_up.arrive_and_wait();  // every rank out of the barrier before one may break the group
       ASSERT_TRUE(comm.ok()) << comm.status().ToString();
-      ASSERT_TRUE((*comm)->Barrier().ok());
+      ASSERT_TRUE(barrier.ok()) << barrier.ToString();
       fn(r, **comm);
     });
   }
