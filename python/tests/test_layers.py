@@ -24,7 +24,8 @@ LAYERS = [
     {"summary"},              # TensorBoard event files, written by the core
     {"checkpoint"},           # checkpoints, written and verified by the core
     {"ps"},                   # the parameter server's client and server (shards checkpoint through the above)
-    {"tf", "torch", "keras"},  # framework adapters over numpy columns; the Keras callback
+    {"tf", "torch"},          # framework adapters over numpy columns
+    {"keras"},                # the Keras callbacks and optimizer (on Keras's torch backend: ember.torch's reducers)
     {"feed"},                 # the node's DataFeed over the core's consumer
     {"context", "_feeder.task"},  # the node's ctx; the feeding tasks' Spark glue
     # the launching task; the node's process; data/: TFRecord datasets, DataFrame <-> TFRecord
