@@ -156,44 +156,36 @@ int ShmGroup::AutoThreads(int size, unsigned cores) {
   return std::clamp(static_cast<int>(cores) / size, 1, kMaxThreads);
 }
 
-void ShmGroup::ParallelCopy(char* dst, const char* src, size_t bytes) {
+template <typename Fn>
+void ShmGroup::ForPieces(size_t count, size_t es, Fn fn) {
   const int t = workers_.threads();
-  if (t <= 1 || bytes < kParallelBytes) return Copy(dst, src, bytes);
+  if (t <= 1 || count * es < kParallelBytes) return fn(size_t{0}, count);
   workers_.Run(t, [&](int i) {
-    const Workers::Range r = Workers::Split(bytes, t, i, 64);
-    Copy(dst + r.begin, src + r.begin, r.end - r.begin);
+    const Workers::Range r = Workers::Split(count, t, i, 64 / es);  // whole cache lines
+    if (r.end > r.begin) fn(r.begin, r.end);
   });
+}
+
+void ShmGroup::ParallelCopy(char* dst, const char* src, size_t bytes) {
+  ForPieces(bytes, 1, [&](size_t lo, size_t hi) { Copy(dst + lo, src + lo, hi - lo); });
 }
 
 void ShmGroup::ParallelReduce(DataType dtype, ReduceOp op, char* dst, const char* const* srcs, size_t count) {
   const size_t es = SizeOf(dtype);
-  const int t = workers_.threads();
-  if (t <= 1 || count * es < kParallelBytes) {
-    for (int k = 0; k < size_; ++k) srcs_[k] = srcs[k];
-    return ReduceN(dtype, op, dst, srcs_.data(), size_, count);
-  }
-  workers_.Run(t, [&](int i) {
-    const Workers::Range r = Workers::Split(count, t, i, 64 / es);
-    if (r.end == r.begin) return;
+  ForPieces(count, es, [&](size_t lo, size_t hi) {
     std::vector<const void*> piece(static_cast<size_t>(size_));
-    for (int k = 0; k < size_; ++k) piece[k] = srcs[k] + r.begin * es;
-    ReduceN(dtype, op, dst + r.begin * es, piece.data(), size_, r.end - r.begin);
+    for (int k = 0; k < size_; ++k) piece[k] = srcs[k] + lo * es;
+    ReduceN(dtype, op, dst + lo * es, piece.data(), size_, hi - lo);
   });
 }
 
 template <typename Begin>
 void ShmGroup::ParallelGatherSlices(char* dst, uint32_t parity, size_t es, size_t count, Begin begin) {
-  auto gather = [&](size_t lo, size_t hi) {  // elements [lo, hi), from each slice's owner
+  ForPieces(count, es, [&](size_t lo, size_t hi) {  // elements [lo, hi), from each slice's owner
     for (int k = 0; k < size_; ++k) {
       const size_t kb = std::max(lo, begin(k)), ke = std::min(hi, begin(k + 1));
       if (kb < ke) Copy(dst + kb * es, Buffer(k, parity) + kb * es, (ke - kb) * es);
     }
-  };
-  const int t = workers_.threads();
-  if (t <= 1 || count * es < kParallelBytes) return gather(0, count);
-  workers_.Run(t, [&](int i) {
-    const Workers::Range r = Workers::Split(count, t, i, 64 / es);
-    gather(r.begin, r.end);
   });
 }
 

@@ -154,6 +154,10 @@ class ShmGroup : public Backend {
   // publishes and checks the descriptors.
   Status Step(Call* call);
   Status WaitFor(int k, uint32_t target, const Call* call);
+  // fn(lo, hi) over [0, count) elements of `es` bytes: at once on this thread
+  // when small (or no workers), else in cache-line-aligned pieces over them.
+  template <typename Fn>
+  void ForPieces(size_t count, size_t es, Fn fn);
   // Copy and ReduceN over the workers when large.
   void ParallelCopy(char* dst, const char* src, size_t bytes);
   void ParallelReduce(DataType dtype, ReduceOp op, char* dst, const char* const* srcs, size_t count);
