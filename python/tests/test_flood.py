@@ -9,9 +9,10 @@ the oldest pending handshake when full, so the job's clients get in at once.
 Real Spark (local[4]), TCP feed: 200 connections that say nothing or drip one byte are
 held open against the coordinator and both nodes' feed servers (re-opened as the servers
 drop them) while the job trains (allreducing every epoch) and infers; rank 0 floods both
-collective ring listeners while the ring connects.  Results stay exact, new connections of
-the job get in within a handshake deadline, the ring connects within its delay plus its
-handshake deadline (5 s), and flooded inference is not slower than unflooded inference by
+collective ring listeners while the ring connects (again, up to 3 meetings, when the
+flood came only after the ring's few-ms connect).  Results stay exact, new connections
+of the job get in within a handshake deadline, the ring connects within its handshake
+deadline (5 s), and flooded inference is not slower than unflooded inference by
 more than the feed server's (10 s).
 """
 from __future__ import annotations
@@ -34,7 +35,8 @@ pytestmark = pytest.mark.timeout(300)
 FLOOD = 200                # connections held per target
 FEED_HANDSHAKE_SECS = 10.0  # the feed server's handshake_timeout (src/feed/feed_server.h)
 RING_HANDSHAKE_SECS = 5.0   # TcpRingOptions::handshake_timeout (src/collective/tcp_ring.h)
-RANK1_DELAY_SECS = 1.0      # rank 1 joins the ring this late, so rank 0's listener is flooded first
+RING_SLACK_SECS = 1.0       # the ring's connection beyond its handshake deadline, on a loaded machine
+RING_TRIES = 3              # ring meetings until one is caught flooded (the flood races its connect)
 
 
 class Flood:
@@ -42,8 +44,8 @@ class Flood:
     one byte every second (never the 64 bytes of a handshake reply).  A connection the
     server closes is counted and replaced at once."""
 
-    def __init__(self, targets, n=FLOOD):
-        self.targets, self.n = list(targets), n
+    def __init__(self, targets, n=FLOOD, wait=30.0):
+        self.targets, self.n, self.wait = list(targets), n, wait
         self.closed_by_server = 0
         self.opened = 0
         self._stop = threading.Event()
@@ -51,7 +53,7 @@ class Flood:
 
     def __enter__(self):
         self._thread.start()
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + self.wait  # a listener already closed opens nothing
         while self.opened < self.n * len(self.targets) and time.monotonic() < deadline:
             time.sleep(0.05)
         return self
@@ -114,48 +116,71 @@ class Flood:
                     s.close()
 
 
-def flooded_node(args, ctx):
-    """Floods the ring listeners of both ranks (from rank 0) while the ring connects,
-    allreduces, sums every epoch's rows over the ring, then answers inference."""
+def flooded_ring(ctx, attempt):
+    """One meeting of the training ranks' TCP ring under its own prefix, rank 0 flooding both
+    ranks' ring listeners the moment their ports are published.  The flood races the ring's
+    connect (a few ms on loopback), so it may land only after the listeners closed; rank 0
+    tells rank 1 in the coordinator whether it landed.  Returns (communicator, first
+    allreduce's result, connect seconds, connections the ring's servers dropped)."""
+    from ember import _ember
     from ember import errors as ember_errors
-    rank = ctx.training_rank
-    prefix = f"ember-{ctx.job_id}-c0/port/"
-    flood = None
+    from ember.collective import Communicator, communicator_options
+    rank, client = ctx.training_rank, ctx._coordinator_client()
+    prefix = f"ember-{ctx.job_id}-flood{attempt}"
+    options = _ember.node_communicator_options(ctx._node, communicator_options("tcp", connect_timeout=60))
+    options.prefix = prefix
+    floods, errors = [], []
     if rank == 0:
-        def ring_targets():
-            client = ctx._coordinator_client()
-            host = ctx.cluster_spec[ctx.job_name][ctx.task_index].rsplit(":", 1)[0]
-            return [(host, int(client.kv_get(prefix + str(r), 60.0))) for r in range(ctx.num_workers)]
-        flood_box = {}
+        host = ctx.cluster_spec[ctx.job_name][ctx.task_index].rsplit(":", 1)[0]
 
         def start():
             try:
-                flood_box["flood"] = Flood(ring_targets(), n=FLOOD).__enter__()
+                for r in range(ctx.num_workers):  # the port keys the communicator publishes
+                    port = int(client.kv_get(f"{prefix}/port/{r}", 60.0))
+                    floods.append(Flood([(host, port)], n=FLOOD, wait=2.0).__enter__())
             except ember_errors.EmberError as e:  # pragma: no cover - reported below
-                flood_box["error"] = repr(e)
+                errors.append(repr(e))
         starter = threading.Thread(target=start, daemon=True)
         starter.start()
-    else:
-        time.sleep(RANK1_DELAY_SECS)  # rank 0's listener is flooded before this rank dials it
+    host, port, secret, ctimeout = ctx._coordinator
     t0 = time.monotonic()
-    comm = ctx.communicator(transport="tcp", connect_timeout=60)
+    comm = Communicator(_ember.Communicator.create(options, _ember.CollectiveStore.coordinator(
+        host, port, secret, ctimeout)))
     first = comm.allreduce(np.arange(1000, dtype=np.float64) * (rank + 1), op="sum")
     connect_secs = time.monotonic() - t0
-    if rank == 0:
-        starter.join(60)
-        flood = flood_box.get("flood")
+    if rank == 1:
+        dropped = int(client.kv_get(f"{prefix}/test-flood-dropped", 60.0))
+        return comm, first, connect_secs, dropped, None
+    starter.join(60)
+    deadline = time.monotonic() + 2.0  # the closed listeners' held connections are seen reset
+    while time.monotonic() < deadline and not sum(f.closed_by_server for f in floods):
+        time.sleep(0.05)
+    for f in floods:
+        f.__exit__()
+    dropped = sum(f.closed_by_server for f in floods)
+    client.kv_set(f"{prefix}/test-flood-dropped", str(dropped).encode())
+    return comm, first, connect_secs, dropped, errors[0] if errors else None
+
+
+def flooded_node(args, ctx):
+    """Meets the ring flooded (up to RING_TRIES times, until a flood lands while it
+    connects), sums every epoch's rows over that ring, then answers inference."""
+    rank = ctx.training_rank
+    tries = []
+    for attempt in range(RING_TRIES):
+        comm, first, connect_secs, ring_dropped, flood_error = flooded_ring(ctx, attempt)
+        tries.append({"connect_secs": connect_secs, "ring_dropped": ring_dropped, "flood_error": flood_error,
+                      "first_ok": bool(np.array_equal(first, np.arange(1000, dtype=np.float64) * 3))})
+        if ring_dropped > 0 or attempt == RING_TRIES - 1:
+            break
+        comm.close()
     sums = []
     feed = ctx.get_data_feed(train_mode=True)
     for _ in range(args["epochs"]):
         local = sum(int(np.sum(b["x"])) for b in feed.epoch_batches(10))
         sums.append(int(comm.allreduce(np.array([local], dtype=np.int64), op="sum")[0]))
-    ring_dropped = flood.closed_by_server if flood else -1
-    if flood:
-        flood.__exit__()
-    Path(args["out"], f"{rank}.json").write_text(json.dumps({
-        "first_ok": bool(np.array_equal(first, np.arange(1000, dtype=np.float64) * 3)),
-        "connect_secs": connect_secs, "sums": sums, "ring_dropped": ring_dropped,
-        "flood_error": flood_box.get("error") if rank == 0 else None}))
+    comm.close()
+    Path(args["out"], f"{rank}.json").write_text(json.dumps({"tries": tries, "sums": sums}))
     feed = ctx.get_data_feed(train_mode=False)
     while not feed.should_stop():
         cols = feed.next_batch_columns(50)
@@ -209,10 +234,12 @@ def test_flood_of_unauthenticated_connections_does_not_lock_the_job_out(spark, m
     no_leftovers(cluster.job_id)
     reports = [json.loads(Path(tmp_path, f"{r}.json").read_text()) for r in range(2)]
     for rep in reports:
-        assert rep["first_ok"], rep
         assert rep["sums"] == [expected_sum, expected_sum], rep
-        # Unflooded, rank 0 waits ~1 s (rank 1's delay); flooded, at most one handshake deadline more.
-        # Before the fix the flood kept every handshake slot and the ring never connected.
-        assert rep["connect_secs"] < RANK1_DELAY_SECS + RING_HANDSHAKE_SECS, rep
-    assert reports[0]["flood_error"] is None
-    assert reports[0]["ring_dropped"] > 0, reports[0]
+        for t in rep["tries"]:
+            assert t["first_ok"] and t["flood_error"] is None, rep
+            # Flooded or not, the ring connects within one handshake deadline.
+            # Before the fix the flood kept every handshake slot and the ring never connected.
+            assert t["connect_secs"] < RING_HANDSHAKE_SECS + RING_SLACK_SECS, rep
+    # The ring's servers dropped flood connections in the last meeting (the flood was real).
+    assert reports[0]["tries"][-1]["ring_dropped"] > 0, reports[0]
+    assert [t["ring_dropped"] for t in reports[1]["tries"]] == [t["ring_dropped"] for t in reports[0]["tries"]]
