@@ -82,11 +82,13 @@ fuzz: build/fuzz/build.ninja
 
 # The C++ node example (examples/cpp_trainer): build/cpp_trainer/cpp_trainer, linking the core and
 # Arrow C++ from the venv's pyarrow wheel.  Its pytest (test_cpp_trainer.py) calls this target.
-build/cpp_trainer/build.ninja: | $(STAMPS)/venv
-	cmake -S examples/cpp_trainer -B build/cpp_trainer -G Ninja -DPython3_EXECUTABLE=$(abspath $(PY))
-
-cpp-trainer: build/cpp_trainer/build.ninja
-	cmake --build build/cpp_trainer -j $(JOBS) --target cpp_trainer
+# It is a target of the package's own build (build/py, EMBER_BUILD_EXAMPLES), which has the core
+# built already: only the example's three files compile.
+cpp-trainer: setup
+	cmake build/py -DEMBER_BUILD_EXAMPLES=ON -DPython3_EXECUTABLE=$(abspath $(PY)) > /dev/null
+	cmake --build build/py -j $(JOBS) --target cpp_trainer
+	mkdir -p build/cpp_trainer
+	cmake -E copy_if_different build/py/examples/cpp_trainer/cpp_trainer build/cpp_trainer/cpp_trainer
 
 test-py: setup setup-hdfs
 	$(PY) -m pytest $(PYTEST_ARGS)
