@@ -43,8 +43,11 @@ run: setup
 build/core/build.ninja: $(STAMPS)/system
 	cmake -S . -B build/core -G Ninja -DEMBER_BUILD_TESTS=ON
 
+# The sanitizer builds carry line tables only (-g1): their reports name file:line all the same, and
+# they compile ~15-20% faster than with full debug info (CI's time).
 build/asan/build.ninja: $(STAMPS)/system
-	cmake -S . -B build/asan -G Ninja -DEMBER_BUILD_TESTS=ON -DEMBER_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
+	cmake -S . -B build/asan -G Ninja -DEMBER_BUILD_TESTS=ON -DEMBER_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug \
+	  -DCMAKE_CXX_FLAGS_DEBUG=-g1
 
 test-cpp: build/core/build.ninja setup-hdfs
 	cmake --build build/core -j $(JOBS)
@@ -59,7 +62,7 @@ test-asan: build/asan/build.ninja setup-hdfs
 # thread-safety annotations (-Wthread-safety as errors: GUARDED_BY needs ember::Mutex, common/mutex.h).
 build/tsan/build.ninja: $(STAMPS)/system
 	cmake -S . -B build/tsan -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DEMBER_BUILD_TESTS=ON -DEMBER_TSAN=ON \
-	  -DEMBER_THREAD_SAFETY_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	  -DEMBER_THREAD_SAFETY_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG"
 
 test-tsan: build/tsan/build.ninja setup-hdfs
 	cmake --build build/tsan -j $(JOBS)
