@@ -1,10 +1,13 @@
 """Parameter-server throughput (issue 21): dense pull + push of a ~10 MB model by 2 and 4 worker
 processes on this host, Ember's shard vs Elephas 7.3.0's asynchronous parameter server, in one run.
 
-* *ember*: one ``ember.ps`` shard (the C++ server on the job's authenticated TCP transport) in a
-  process of its own; each worker (``ember.ps.Client``) pulls the model's two tensors (a
-  1000 x N/1000 kernel and its bias, float32) and pushes a delta of the same size, rule ``add``
-  (Elephas's asynchronous update: the server adds under a lock).
+* *ember*: one ``ember.ps`` shard (the C++ server) in a process of its own; each worker
+  (``ember.ps.Client``) pulls the model's two tensors (a 1000 x N/1000 kernel and its bias,
+  float32) and pushes a delta of the same size, rule ``add`` (Elephas's asynchronous update: the
+  server adds under a lock).  The workers share the shard's host, so they reach it through
+  shared-memory rings (``transport="auto"``, the default).
+* *ember-tcp*: the same over the job's authenticated TCP transport only (``transport="tcp"``: as
+  workers on other hosts reach a shard), for comparison.
 * *elephas-http* / *elephas-socket*: Elephas's ``HttpServer`` (Flask) and ``SocketServer`` holding
   the same Keras model (Dense 1000 -> N/1000), and its ``HttpClient`` / ``SocketClient`` in each
   worker: ``get_parameters()`` then ``update_parameters(delta)``.  Elephas pins TensorFlow < 2.20,
@@ -52,9 +55,10 @@ EMBER_WORKER = """
 import json, sys, time
 import numpy as np
 import ember.ps
-port, floats, seconds = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+port, floats, seconds, transport = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
 units = max(1, floats // 1000)
-ps = ember.ps.Client.connect(["127.0.0.1:%%d" %% port], %r, name="bench")
+ps = ember.ps.Client.connect(["127.0.0.1:%%d" %% port], %r, name="bench", transport=transport)
+assert ps.shared_memory(0) == (transport == "auto")
 shapes = {"kernel": (1000, units), "bias": (units,)}
 for name, shape in shapes.items():
     ps.create_dense(name, np.zeros(shape, np.float32), rule="add")
@@ -105,7 +109,7 @@ def stop_server(proc) -> None:
 
 def start_server(contender: str, floats: int):
     env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
-    if contender == "ember":
+    if contender.startswith("ember"):
         proc = subprocess.Popen([sys.executable, "-c", EMBER_SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 text=True, env=env, start_new_session=True)
         port = int(proc.stdout.readline())
@@ -138,8 +142,9 @@ def run_round(contender: str, workers: int, floats: int, seconds: float) -> tupl
     server, port = start_server(contender, floats)
     cpu = 0.0
     try:
-        if contender == "ember":
-            cmd = [sys.executable, "-c", EMBER_WORKER, str(port), str(floats), str(seconds)]
+        if contender.startswith("ember"):
+            cmd = [sys.executable, "-c", EMBER_WORKER, str(port), str(floats), str(seconds),
+                   "tcp" if contender == "ember-tcp" else "auto"]
             env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
         else:
             cmd = [str(ELEPHAS_PY), str(BENCH / "_elephas_ps.py"), "worker", "--mode", contender.split("-")[1],
@@ -179,7 +184,7 @@ def main() -> None:
     p.add_argument("--floats", type=int, default=2_500_000, help="model size in float32 (2.5M: 10 MB)")
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--contenders", default="ember,elephas-http,elephas-socket")
+    p.add_argument("--contenders", default="ember,ember-tcp,elephas-http,elephas-socket")
     p.add_argument("--json")
     args = p.parse_args()
     contenders = args.contenders.split(",")
@@ -209,7 +214,7 @@ def main() -> None:
             cpu = statistics.median([x for _, x in rows[(c, w)]])
             gbs = med[c] * 2 * model_bytes / 1e9
             print(f"{w:>7} {c:>15} {med[c]:>10.1f} {gbs:>7.2f} {gbs / bound:>9.2f} {cpu * 1e3:>17.1f}")
-        peers = [med[c] for c in contenders if c != "ember"]
+        peers = [med[c] for c in contenders if c.startswith("elephas")]
         if "ember" in med and peers:
             ratio = med["ember"] / max(peers)
             print(f"{w:>7} {'ember / best elephas':>26}: {ratio:.1f}x")

@@ -209,6 +209,10 @@ struct ClientOptions {
   Duration connect_timeout{60000};    // per shard, at Connect
   Duration timeout{60000};            // per call
   size_t max_message_bytes = size_t{1} << 30;
+  // A shard on this host is reached through two shared-memory rings of this many bytes each
+  // (its requests, this worker's replies; docs/ps.md "Shared memory"); 0: TCP only.  A message
+  // larger than a ring goes over the connection.
+  size_t shm_ring_bytes = size_t{32} << 20;
 };
 
 // Where a dense tensor of `count` elements lives: the shards and the contiguous range of the
@@ -248,6 +252,8 @@ class Client {
   Client& operator=(const Client&) = delete;
 
   int num_shards() const;
+  // Whether shard `shard` is reached through shared memory (it is on this host).
+  bool shared_memory(int shard) const;
   Status CreateDense(const std::string& tensor, std::span<const float> initial, const RuleOptions& rule);
   // Fills `out` (the tensor's count) and returns the versions it saw.
   Result<Versions> PullDense(const std::string& tensor, std::span<float> out);

@@ -148,13 +148,26 @@ class Client:
 
     @classmethod
     def connect(cls, shards: Sequence[str], secret: bytes, name: str = "worker", timeout: float = 60.0,
-                connect_timeout: float = 60.0) -> "Client":
+                connect_timeout: float = 60.0, transport: str = "auto",
+                ring_bytes: Optional[int] = None) -> "Client":
+        """Connects to every shard ("host:port", in shard order).  `transport` "auto": a shard on
+        this host is reached through two shared-memory rings of `ring_bytes` each (None: 32 MiB;
+        a larger message goes over the connection), the others over TCP; "tcp": TCP only."""
+        if transport not in ("auto", "tcp"):
+            raise ValueError(f"ember.ps: transport must be 'auto' or 'tcp', not {transport!r}")
+        if ring_bytes is not None and ring_bytes <= 0:
+            raise ValueError(f"ember.ps: ring_bytes must be positive, not {ring_bytes}")
         return cls(_ember.PsClient.connect(list(shards), secret, name=name, timeout=timeout,
-                                           connect_timeout=connect_timeout))
+                                           connect_timeout=connect_timeout,
+                                           shm_ring_bytes=0 if transport == "tcp" else ring_bytes))
 
     @property
     def num_shards(self) -> int:
         return self._native.num_shards
+
+    def shared_memory(self, shard: int) -> bool:
+        """Whether shard `shard` is reached through shared memory (it runs on this host)."""
+        return self._native.shared_memory(shard)
 
     def create_dense(self, name: str, initial: Any, rule: str = "sgd", **options) -> None:
         """Creates tensor `name` (any shape; float32 on the shards) with `initial` values.
@@ -381,9 +394,12 @@ def serve(ctx, block: bool = True, port: int = 0, checkpoint_dir: Optional[str] 
         time.sleep(3600)
 
 
-def connect(ctx, timeout: float = 600.0, call_timeout: float = 60.0) -> Client:
+def connect(ctx, timeout: float = 600.0, call_timeout: float = 60.0, transport: str = "auto",
+            ring_bytes: Optional[int] = None) -> Client:
     """A :class:`Client` to every shard of the job (its ``num_ps`` ps nodes, in task order),
-    waiting up to `timeout` seconds for each to be served (:func:`serve`)."""
+    waiting up to `timeout` seconds for each to be served (:func:`serve`).  Shards on this
+    node's host are reached through shared memory unless `transport` is "tcp"
+    (:meth:`Client.connect`)."""
     import ember.errors
 
     num_ps = len(ctx.cluster_spec.get("ps", []))
@@ -400,6 +416,6 @@ def connect(ctx, timeout: float = 600.0, call_timeout: float = 60.0) -> Client:
                 f"ember.ps.connect: ps node ps:{i} ({ctx.cluster_spec['ps'][i]}) did not serve its shard "
                 f"within {timeout:.0f} s: does main_fun call ember.ps.serve(ctx) on ps nodes?") from e
     ps = Client.connect(addresses, secret, name=f"{ctx.job_name}:{ctx.task_index}", timeout=call_timeout,
-                        connect_timeout=timeout)
+                        connect_timeout=timeout, transport=transport, ring_bytes=ring_bytes)
     ps.job_workers = sum(len(ctx.cluster_spec.get(role, [])) for role in WORKER_ROLES)
     return ps

@@ -4,6 +4,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
@@ -129,18 +130,24 @@ void BindPs(nb::module_& m) {
       .def_static(
           "connect",
           [](const std::vector<std::string>& shards, nb::bytes secret, const std::string& name, double timeout,
-             double connect_timeout) {
+             double connect_timeout, std::optional<size_t> shm_ring_bytes) {
             ps::ClientOptions o;
             o.shards = shards;
             o.secret = std::string(secret.c_str(), secret.size());
             o.name = name;
             o.timeout = SecondsToDuration(timeout);
             o.connect_timeout = SecondsToDuration(connect_timeout);
+            if (shm_ring_bytes) o.shm_ring_bytes = *shm_ring_bytes;
             nb::gil_scoped_release release;
             return ValueOrThrow(ps::Client::Connect(o));
           },
-          "shards"_a, "secret"_a, "name"_a = "worker", "timeout"_a = 60.0, "connect_timeout"_a = 60.0)
+          "shards"_a, "secret"_a, "name"_a = "worker", "timeout"_a = 60.0, "connect_timeout"_a = 60.0,
+          "shm_ring_bytes"_a = nb::none(),
+          "shm_ring_bytes: each shared-memory ring's bytes for shards on this host (0: TCP only; None: "
+          "ember/ps.h's default)")
       .def_prop_ro("num_shards", &ps::Client::num_shards)
+      .def("shared_memory", &ps::Client::shared_memory, "shard"_a,
+           "Whether shard `shard` is reached through shared memory (it is on this host).")
       .def(
           "create_dense",
           [](ps::Client& c, const std::string& tensor, Floats initial, const ps::RuleOptions& rule) {

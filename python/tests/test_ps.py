@@ -1,5 +1,6 @@
 """ember.ps (issue 21, in progress): shards served over the job's authenticated transport, workers
-as real processes pushing and pulling through them; a worker killed mid-run does not stop the
+as real processes pushing and pulling through them (shared memory on this host; one client TCP
+only: both see the same tensors); a worker killed mid-run does not stop the
 others; a dead shard is named; ps nodes of a real Spark job serve and its workers connect.
 
 Main functions live at module level: executors import this module by name."""
@@ -24,6 +25,7 @@ BIG = 100_000  # cut over both shards (Place splits tensors of 65,536+ elements)
 
 def _worker(shards, rank, steps, ready, go):
     ps = ember.ps.Client.connect(shards, SECRET, name=f"worker:{rank}", timeout=30)
+    assert ps.shared_memory(0) and ps.shared_memory(1)  # the shards share this host: its rings, not TCP
     ps.create_dense("w", np.zeros((BIG // 4, 4), np.float32), rule="add")  # every worker creates: first wins
     ps.create_table("emb", dim=8, seed=3, rule="add")
     ready.put(rank)
@@ -58,7 +60,10 @@ def test_workers_in_processes_update_through_two_shards_and_a_killed_worker_stop
         procs[2].join(10)
         assert procs[2].exitcode == -signal.SIGKILL  # killed while still running its 10,000 steps
 
-        ps = ember.ps.Client.connect(shards, SECRET, name="checker", timeout=30)
+        # The killed worker's rings went with it (their names were unlinked once both sides mapped them).
+        assert [n for n in os.listdir("/dev/shm") if n.startswith("ember-ps-")] == []
+        ps = ember.ps.Client.connect(shards, SECRET, name="checker", timeout=30, transport="tcp")
+        assert not ps.shared_memory(0) and not ps.shared_memory(1)
         w, versions = ps.pull("w", shape=(BIG // 4, 4))
         # Each slice (half) holds 1 per push it took: the survivors' 2 x 20, plus the killed worker's
         # pushes so far (a kill between its two slices' requests leaves the halves one apart).

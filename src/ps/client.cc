@@ -10,6 +10,7 @@
 #include "ps/codec.h"
 #include "ps/frames.h"
 #include "ps/hash.h"
+#include "ps/shm_link.h"
 #include "transport/tcp/frame.h"
 #include "transport/tcp/handshake.h"
 
@@ -37,6 +38,7 @@ namespace {
 struct Conn {
   std::string address;  // "host:port"
   Fd fd;
+  std::unique_ptr<ShmLink> link;  // requests and replies through shared memory (the shard is on this host)
   Status broken;        // sticky: the connection's state is unknown after a failed exchange
 };
 
@@ -47,9 +49,10 @@ struct Call {
   std::vector<std::span<const float>> parts;  // kPushMany: the updates, each from where it is
 };
 
-// The replies of a round trip, decoded as views of their frames (kept here).
+// The replies of a round trip, decoded as views of their messages (kept here: frames, or leases
+// of the reply ring).
 struct Replies {
-  std::vector<std::string> frames;
+  std::vector<LinkMessage> messages;
   std::vector<Reply> replies;
   const Reply& operator[](size_t i) const { return replies[i]; }
   size_t size() const { return replies.size(); }
@@ -91,7 +94,7 @@ struct Client::Impl {
     // a reply nobody read.
     const size_t n = calls.size();
     Replies replies;
-    replies.frames.resize(n);  // the replies' views point into these: never reallocated
+    replies.messages.resize(n);  // the replies' views point into these: never reallocated
     replies.replies.resize(n);
     std::vector<Status> broke(n);  // transport failures: that shard's connection is unusable
     auto exchange = [&](size_t i) {
@@ -103,23 +106,39 @@ struct Client::Impl {
       const std::string head = EncodeRequestHead(c.request, count);
       std::vector<std::string_view> parts{head};
       for (auto f : floats) parts.emplace_back(reinterpret_cast<const char*>(f.data()), f.size() * sizeof(float));
-      const int fd = shards[c.shard].fd.get();
-      Status st = tcp::WriteFrameParts(fd, kRequestFrame, parts, deadline, Who(c.shard));
-      if (!st.ok()) {
-        broke[i] = st;
-        return;
+      Conn& conn = shards[c.shard];
+      LinkMessage& m = replies.messages[i];
+      if (conn.link) {
+        Status st = conn.link->Send(kRequestFrame, parts, deadline);
+        if (!st.ok()) {
+          broke[i] = st;
+          return;
+        }
+        auto got = conn.link->Receive(kReplyFrame, options.max_message_bytes, deadline);
+        if (!got.ok()) {
+          broke[i] = got.status();
+          return;
+        }
+        m = std::move(*got);
+      } else {
+        const int fd = conn.fd.get();
+        Status st = tcp::WriteFrameParts(fd, kRequestFrame, parts, deadline, Who(c.shard));
+        if (!st.ok()) {
+          broke[i] = st;
+          return;
+        }
+        auto frame = tcp::ReadFrame(fd, options.max_message_bytes, deadline, Who(c.shard));
+        if (!frame.ok()) {
+          broke[i] = frame.status();
+          return;
+        }
+        if (frame->type != kReplyFrame) {
+          broke[i] = Status::Corruption("frame type " + std::to_string(frame->type) + " is not a reply");
+          return;
+        }
+        m.frame = std::move(frame->payload);
       }
-      auto frame = tcp::ReadFrame(fd, options.max_message_bytes, deadline, Who(c.shard));
-      if (!frame.ok()) {
-        broke[i] = frame.status();
-        return;
-      }
-      if (frame->type != kReplyFrame) {
-        broke[i] = Status::Corruption("frame type " + std::to_string(frame->type) + " is not a reply");
-        return;
-      }
-      replies.frames[i] = std::move(frame->payload);
-      auto reply = DecodeReply(c.request.kind, replies.frames[i], /*copy_values=*/false);
+      auto reply = DecodeReply(c.request.kind, m.payload(), /*copy_values=*/false);
       if (!reply.ok()) {
         broke[i] = reply.status();
         return;
@@ -149,6 +168,32 @@ struct Client::Impl {
     return replies;
   }
 };
+
+namespace {
+// Offers the shard a reply ring (ps/shm_link.h): on the shard's host it answers with its request
+// ring and `conn` gets a link; elsewhere it answers "" and `conn` stays on TCP.
+Status OfferSharedMemory(Conn& conn, const ClientOptions& options, const std::string& who) {
+  const Deadline deadline = Deadline::After(options.connect_timeout);
+  auto in = ShmLink::CreateReplyRing(ShmLink::NewRingName(), options.shm_ring_bytes);
+  if (!in.ok()) return Status::OK();  // no room in /dev/shm, say: TCP does the job
+  const int fd = conn.fd.get();
+  EMBER_RETURN_NOT_OK(tcp::WriteFrame(fd, kShmOfferFrame, EncodeShmOffer({(*in)->name(), options.shm_ring_bytes}),
+                                      deadline, who));
+  EMBER_ASSIGN_OR_RAISE(tcp::Frame f, tcp::ReadFrame(fd, 4096, deadline, who));
+  if (f.type != kShmAnswerFrame) {
+    return Status::Corruption("frame type " + std::to_string(f.type) + " where the shared-memory answer was due");
+  }
+  EMBER_ASSIGN_OR_RAISE(std::string ring, DecodeShmAnswer(f.payload));
+  if (ring.empty()) return Status::OK();  // another host: TCP
+  EMBER_ASSIGN_OR_RAISE(auto out, ShmLink::OpenPeerRing(ring, /*peer_is_shard=*/true));
+  conn.link = std::make_unique<ShmLink>(in.MoveValueUnsafe(), std::move(out), fd, who);
+  return Status::OK();
+}
+}  // namespace
+
+bool Client::shared_memory(int shard) const {
+  return shard >= 0 && shard < num_shards() && impl_->shards[static_cast<size_t>(shard)].link != nullptr;
+}
 
 Client::Client() : impl_(new Impl) {}
 Client::~Client() = default;
@@ -180,6 +225,9 @@ Result<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
                                      " (is its ps node running, and is the address reachable from here?)");
     }
     conn.fd = std::move(*fd);
+    if (options.shm_ring_bytes > 0) {
+      EMBER_RETURN_NOT_OK(OfferSharedMemory(conn, options, who).WithContext(options.name + " connecting to " + who));
+    }
     impl.shards.push_back(std::move(conn));
   }
   return client;

@@ -201,12 +201,28 @@ Status CheckCounts(const std::vector<int64_t>& counts, size_t floats) {
 }  // namespace
 
 std::string EncodeRequest(const Request& r) {
+  if (r.values.empty() && !r.values_bytes.empty()) {
+    std::string out = EncodeRequestHead(r, r.values_bytes.size() / sizeof(float));
+    out.append(r.values_bytes);
+    return out;
+  }
   std::string out = EncodeRequestHead(r, r.values.size());
   out.append(FloatBytes(r.values));
   return out;
 }
 
-Result<Request> DecodeRequest(std::string_view bytes) {
+std::span<const float> RequestFloats(const Request& q, std::vector<float>* scratch) {
+  if (q.values_bytes.empty()) return q.values;
+  const size_t n = q.values_bytes.size() / sizeof(float);
+  if (reinterpret_cast<uintptr_t>(q.values_bytes.data()) % alignof(float) == 0) {
+    return {reinterpret_cast<const float*>(q.values_bytes.data()), n};
+  }
+  if (scratch->size() < n) scratch->resize(n);
+  std::memcpy(scratch->data(), q.values_bytes.data(), n * sizeof(float));
+  return {scratch->data(), n};
+}
+
+Result<Request> DecodeRequest(std::string_view bytes, bool copy_values) {
   codec::Reader r(bytes);
   Request q;
   uint8_t kind = 0;
@@ -242,7 +258,7 @@ Result<Request> DecodeRequest(std::string_view bytes) {
       break;
     case Kind::kPushDense:
       EMBER_RETURN_NOT_OK(r.GetI64(&q.base_version));
-      EMBER_RETURN_NOT_OK(GetArray(r, "update", &q.values));
+      EMBER_RETURN_NOT_OK(GetFloats(r, "update", copy_values, &q.values, &q.values_bytes));
       break;
     case Kind::kCreateTable: {
       int64_t seed = 0;
@@ -259,7 +275,7 @@ Result<Request> DecodeRequest(std::string_view bytes) {
       break;
     case Kind::kPushRows:
       EMBER_RETURN_NOT_OK(GetArray(r, "ids", &q.ids));
-      EMBER_RETURN_NOT_OK(GetArray(r, "rows", &q.values));
+      EMBER_RETURN_NOT_OK(GetFloats(r, "rows", copy_values, &q.values, &q.values_bytes));
       break;
     case Kind::kStats:
     case Kind::kLeave:
@@ -288,12 +304,13 @@ Result<Request> DecodeRequest(std::string_view bytes) {
         EMBER_RETURN_NOT_OK(r.GetI64(&q.bases[i]));
         EMBER_RETURN_NOT_OK(r.GetI64(&q.counts[i]));
       }
-      EMBER_RETURN_NOT_OK(GetArray(r, "updates", &q.values));
-      EMBER_RETURN_NOT_OK(CheckCounts(q.counts, q.values.size()));
+      EMBER_RETURN_NOT_OK(GetFloats(r, "updates", copy_values, &q.values, &q.values_bytes));
+      EMBER_RETURN_NOT_OK(CheckCounts(q.counts, q.values_bytes.size() / sizeof(float)));
       break;
     }
   }
   EMBER_RETURN_NOT_OK(r.ExpectEnd());
+  if (copy_values) q.values_bytes = {};  // the copy stands alone: no view of the caller's bytes
   return q;
 }
 
@@ -483,7 +500,8 @@ std::string Serve(Shard& shard, std::string_view request) {
 }
 
 Kind Serve(Shard& shard, std::string_view request, Reply* reply, uint64_t owner, std::string* worker) {
-  auto q = DecodeRequest(request);
+  auto q = DecodeRequest(request, /*copy_values=*/false);  // updates read in place where aligned
+  thread_local std::vector<float> scratch;  // else copied here, its memory reused
   Reply& p = *reply;
   if (!q.ok()) {
     p.status = q.status().WithContext(shard.name());
@@ -499,7 +517,7 @@ Kind Serve(Shard& shard, std::string_view request, Reply* reply, uint64_t owner,
       break;
     }
     case Kind::kPushDense: {
-      auto got = shard.PushDense(q->name, q->values, q->base_version);
+      auto got = shard.PushDense(q->name, RequestFloats(*q, &scratch), q->base_version);
       if (got.ok()) p.push = std::move(*got); else p.status = got.status();
       break;
     }
@@ -512,7 +530,7 @@ Kind Serve(Shard& shard, std::string_view request, Reply* reply, uint64_t owner,
       break;
     }
     case Kind::kPushRows:
-      p.status = shard.PushRows(q->name, q->ids, q->values);
+      p.status = shard.PushRows(q->name, q->ids, RequestFloats(*q, &scratch));
       break;
     case Kind::kStats:
       p.stats = shard.Stats();
@@ -550,9 +568,10 @@ Kind Serve(Shard& shard, std::string_view request, Reply* reply, uint64_t owner,
         }
       }
       size_t at = 0;
+      const std::span<const float> updates = p.status.ok() ? RequestFloats(*q, &scratch) : std::span<const float>();
       for (size_t i = 0; i < q->names.size() && p.status.ok(); ++i) {
         const auto n = static_cast<size_t>(q->counts[i]);
-        auto got = shard.PushDense(q->names[i], std::span<const float>(q->values).subspan(at, n), q->bases[i]);
+        auto got = shard.PushDense(q->names[i], updates.subspan(at, n), q->bases[i]);
         at += n;
         if (got.ok()) p.pushes.push_back(std::move(*got)); else p.status = got.status();
       }
@@ -562,6 +581,59 @@ Kind Serve(Shard& shard, std::string_view request, Reply* reply, uint64_t owner,
   }
   if (worker != nullptr && (q->kind == Kind::kClock || q->kind == Kind::kLeave)) *worker = q->name;
   return q->kind;
+}
+
+bool IsPsRingName(std::string_view name) {
+  const std::string_view prefix(kPsRingPrefix);
+  if (name.size() <= prefix.size() || name.size() > prefix.size() + 48 || name.substr(0, prefix.size()) != prefix) {
+    return false;
+  }
+  for (char c : name.substr(prefix.size())) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || c == '-')) return false;
+  }
+  return true;
+}
+
+std::string EncodeShmOffer(const ShmOffer& offer) {
+  codec::Writer w;
+  w.PutString(offer.ring);
+  w.PutI64(static_cast<int64_t>(offer.request_bytes));
+  return w.Release();
+}
+
+Result<ShmOffer> DecodeShmOffer(std::string_view bytes) {
+  codec::Reader r(bytes);
+  ShmOffer offer;
+  EMBER_RETURN_NOT_OK(r.GetString(&offer.ring));
+  if (!IsPsRingName(offer.ring)) {
+    return Status::Corruption("PS shared-memory offer: '" + offer.ring.substr(0, 64) + "' is not a PS ring's name");
+  }
+  int64_t request_bytes = 0;
+  EMBER_RETURN_NOT_OK(r.GetI64(&request_bytes));
+  if (request_bytes <= 0) {
+    return Status::Corruption("PS shared-memory offer: request ring bytes " + std::to_string(request_bytes) +
+                              " at offset " + std::to_string(r.offset() - 8));
+  }
+  offer.request_bytes = static_cast<uint64_t>(request_bytes);
+  EMBER_RETURN_NOT_OK(r.ExpectEnd());
+  return offer;
+}
+
+std::string EncodeShmAnswer(const std::string& ring) {
+  codec::Writer w;
+  w.PutString(ring);
+  return w.Release();
+}
+
+Result<std::string> DecodeShmAnswer(std::string_view bytes) {
+  codec::Reader r(bytes);
+  std::string ring;
+  EMBER_RETURN_NOT_OK(r.GetString(&ring));
+  if (!ring.empty() && !IsPsRingName(ring)) {
+    return Status::Corruption("PS shared-memory answer: '" + ring.substr(0, 64) + "' is not a PS ring's name");
+  }
+  EMBER_RETURN_NOT_OK(r.ExpectEnd());
+  return ring;
 }
 
 }  // namespace ember::ps

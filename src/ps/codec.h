@@ -29,6 +29,11 @@
 //   kPushMany     u32 n | n x (u8 applied | i64 version | i64 staleness | i64 count) | floats (the
 //                 kElastic differences, concatenated; count 0 for the other rules)
 //   the others    nothing
+//
+// Shared memory (docs/ps.md, "Shared memory"): a worker on the shard's host offers its reply
+// ring in a kShmOfferFrame (ps/frames.h), payload: string ring | u64 request ring bytes; the
+// shard answers kShmAnswerFrame, payload: string ring (its request ring; empty: stay on TCP).
+// Ring names are "/ember-ps-" then 1 to 48 of [0-9a-z-].
 #pragma once
 
 #include <cstdint>
@@ -80,6 +85,9 @@ struct Request {
   int64_t base_version = 0;     // kPushDense
   std::vector<int64_t> ids;     // kPullRows, kPushRows
   std::vector<float> values;    // kCreateDense, kPushDense, kPushRows
+  // DecodeRequest without copy_values: the floats of kPushDense, kPushRows and kPushMany as a
+  // view of the decoded bytes (`values` stays empty); EncodeRequest sends them if `values` is empty.
+  std::string_view values_bytes;
   int64_t clock = 0;            // kClock
   int64_t bound = -1;           // kClock
   int32_t workers = 0;          // kClock
@@ -109,7 +117,10 @@ std::string EncodeRequest(const Request& r);
 // Every field up to the trailing floats' count (`values` of them): the floats, always last, are
 // then sent from where they are (EncodeRequest = head + the bytes of r.values).
 std::string EncodeRequestHead(const Request& r, size_t values);
-Result<Request> DecodeRequest(std::string_view bytes);
+Result<Request> DecodeRequest(std::string_view bytes, bool copy_values = true);
+// A request's update floats: `values`, or `values_bytes` read in place when 4-byte aligned, else
+// copied into `scratch` (kept by the caller, so its memory is reused call after call).
+std::span<const float> RequestFloats(const Request& q, std::vector<float>* scratch);
 std::string EncodeReply(Kind kind, const Reply& r);
 // The floats that follow a reply's head, as byte views of where they are (one per tensor for the
 // "many" kinds, else at most one): the server sends head + these.
@@ -121,6 +132,20 @@ const std::vector<float>& ReplyValues(Kind kind, const Reply& r);
 // `status`; a malformed reply is Corruption.  Without copy_values the trailing floats are only
 // in `values_bytes` (a view of `bytes`).
 Result<Reply> DecodeReply(Kind kind, std::string_view bytes, bool copy_values = true);
+
+// The shared-memory offer and answer (see the top).
+struct ShmOffer {
+  std::string ring;          // the worker's reply ring
+  uint64_t request_bytes = 0;  // the capacity it asks for the shard's request ring
+};
+std::string EncodeShmOffer(const ShmOffer& offer);
+Result<ShmOffer> DecodeShmOffer(std::string_view bytes);
+std::string EncodeShmAnswer(const std::string& ring);
+Result<std::string> DecodeShmAnswer(std::string_view bytes);  // "" is valid: stay on TCP
+// Whether `name` is a PS ring's name (a peer's offer or answer must name one; nothing else of
+// /dev/shm is opened on its word).
+bool IsPsRingName(std::string_view name);
+inline constexpr char kPsRingPrefix[] = "/ember-ps-";
 
 // The shard's side of one request: decodes it, applies it to `shard`, and encodes the reply (a
 // malformed request gets a Corruption reply; nothing is applied).  The whole server logic.

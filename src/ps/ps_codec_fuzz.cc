@@ -1,4 +1,5 @@
-// libFuzzer target: the parameter server's request and reply decoders, and Serve on a shard,
+// libFuzzer target: the parameter server's request and reply decoders, the shared-memory offer
+// and answer (a peer's ring names), and Serve on a shard,
 // must not crash, read out of bounds or over-allocate on arbitrary bytes; whatever decodes
 // re-encodes to the same bytes.
 #include <cstddef>
@@ -26,6 +27,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const std::string reply = Serve(shard, bytes);
       if (!DecodeReply(request->kind, reply).ok()) __builtin_trap();
     }
+  }
+  if (auto offer = DecodeShmOffer(bytes); offer.ok()) {
+    if (!IsPsRingName(offer->ring) || EncodeShmOffer(*offer) != bytes) __builtin_trap();
+  }
+  if (auto answer = DecodeShmAnswer(bytes); answer.ok()) {
+    if ((!answer->empty() && !IsPsRingName(*answer)) || EncodeShmAnswer(*answer) != bytes) __builtin_trap();
   }
   if (size > 0) {
     const Kind kind = static_cast<Kind>(1 + data[0] % 11);

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <atomic>
 #include <set>
 
@@ -5,6 +6,7 @@
 #include "ember/ps.h"
 #include "ps/codec.h"
 #include "ps/frames.h"
+#include "ps/shm_link.h"
 #include "transport/tcp/frame.h"
 #include "transport/tcp/server.h"
 
@@ -38,24 +40,47 @@ struct Server::Impl {
         }
       }
     } leave_all{*this, clocked, peer, owner};
+    std::unique_ptr<ShmLink> link;  // once the worker took shared memory
     for (;;) {
-      auto frame = tcp::ReadFrame(c.fd(), options.max_message_bytes, Deadline::Infinite(), peer);
-      if (!frame.ok()) {
-        if (frame.status().code() == StatusCode::kCorruption) {
-          EMBER_LOG(WARN) << options.name << ": dropping the connection of " << peer << ": "
-                          << frame.status().message();
+      LinkMessage request;
+      if (link) {
+        auto m = link->Receive(kRequestFrame, options.max_message_bytes, Deadline::Infinite());
+        if (!m.ok()) {
+          if (m.status().code() == StatusCode::kCorruption) {
+            EMBER_LOG(WARN) << options.name << ": dropping the connection of " << peer << ": " << m.status().message();
+          }
+          return;  // the peer left (Unavailable), or Close() shut the socket
         }
-        return;  // the peer left (Unavailable), or Close() shut the socket
+        request = std::move(*m);
+      } else {
+        auto frame = tcp::ReadFrame(c.fd(), options.max_message_bytes, Deadline::Infinite(), peer);
+        if (!frame.ok()) {
+          if (frame.status().code() == StatusCode::kCorruption) {
+            EMBER_LOG(WARN) << options.name << ": dropping the connection of " << peer << ": "
+                            << frame.status().message();
+          }
+          return;  // the peer left (Unavailable), or Close() shut the socket
+        }
+        if (frame->type == kShmOfferFrame) {
+          Status s = AnswerShmOffer(c, frame->payload, peer, &link);
+          if (!s.ok()) {
+            EMBER_LOG(WARN) << options.name << ": dropping the connection of " << peer << ": " << s.message();
+            return;
+          }
+          continue;
+        }
+        if (frame->type != kRequestFrame) {
+          EMBER_LOG(WARN) << options.name << ": dropping the connection of " << peer << ": frame type "
+                          << frame->type << " is not a PS request";
+          return;
+        }
+        request.frame = std::move(frame->payload);
       }
-      if (frame->type != kRequestFrame) {
-        EMBER_LOG(WARN) << options.name << ": dropping the connection of " << peer << ": frame type "
-                        << frame->type << " is not a PS request";
-        return;
-      }
-      // The reply's floats go out from where they are (head + values, one sendmsg).
+      // The reply's floats go out from where they are (head + values, one sendmsg or ring write).
       Reply reply;
       std::string worker;
-      const Kind kind = Serve(*shard, frame->payload, &reply, owner, &worker);
+      const Kind kind = Serve(*shard, request.payload(), &reply, owner, &worker);
+      request = {};  // the request's ring bytes are free again
       if (reply.status.ok() && kind == Kind::kClock) clocked.insert(worker);
       if (kind == Kind::kLeave) clocked.erase(worker);
       std::vector<std::string_view> parts = ReplyParts(kind, reply);
@@ -64,8 +89,38 @@ struct Server::Impl {
       const std::string head = EncodeReplyHead(kind, reply, bytes / sizeof(float));
       parts.insert(parts.begin(), head);
       // A reply that cannot be written within a minute: the worker stopped reading; drop it.
-      if (!tcp::WriteFrameParts(c.fd(), kReplyFrame, parts, Deadline::After(Duration(60000)), peer).ok()) return;
+      const Deadline deadline = Deadline::After(Duration(60000));
+      Status sent = link ? link->Send(kReplyFrame, parts, deadline)
+                         : tcp::WriteFrameParts(c.fd(), kReplyFrame, parts, deadline, peer);
+      if (!sent.ok()) return;
     }
+  }
+
+  // A worker on this host offers its reply ring: open it and answer with a request ring of our
+  // own (then `link` is set), or with "" when the ring is not here (another host, another
+  // /dev/shm) or cannot be made, and the connection stays on TCP.  A malformed offer is an error.
+  Status AnswerShmOffer(tcp::Connection& c, std::string_view payload, const std::string& peer,
+                        std::unique_ptr<ShmLink>* link) {
+    EMBER_ASSIGN_OR_RAISE(ShmOffer offer, DecodeShmOffer(payload));
+    std::string answer;
+    auto out = ShmLink::OpenPeerRing(offer.ring, /*peer_is_shard=*/false);
+    std::unique_ptr<shm::Ring> in;
+    if (out.ok()) {
+      const size_t bytes = std::clamp<uint64_t>(offer.request_bytes, 64 << 10, options.max_message_bytes + (1 << 20));
+      auto created = ShmLink::CreateRequestRing(ShmLink::NewRingName(), bytes);
+      if (created.ok()) {
+        in = created.MoveValueUnsafe();
+        answer = in->name();
+      } else {
+        EMBER_LOG(WARN) << options.name << ": " << peer << " stays on TCP: " << created.status().message();
+      }
+    } else if (out.status().code() != StatusCode::kNotFound) {
+      EMBER_LOG(WARN) << options.name << ": " << peer << " stays on TCP: " << out.status().message();
+    }
+    EMBER_RETURN_NOT_OK(tcp::WriteFrame(c.fd(), kShmAnswerFrame, EncodeShmAnswer(answer),
+                                        Deadline::After(options.handshake_timeout), peer));
+    if (in) *link = std::make_unique<ShmLink>(std::move(in), out.MoveValueUnsafe(), c.fd(), peer);
+    return Status::OK();
   }
 };
 

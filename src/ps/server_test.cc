@@ -2,6 +2,11 @@
 // as threads of this process.
 #include <gtest/gtest.h>
 
+#include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <thread>
 #include <vector>
@@ -9,6 +14,7 @@
 #include "ember/ps.h"
 #include "ps/codec.h"
 #include "ps/frames.h"
+#include "ps/shm_link.h"
 #include "transport/tcp/frame.h"
 #include "transport/tcp/handshake.h"
 
@@ -16,6 +22,7 @@ namespace ember::ps {
 namespace {
 
 const std::string kSecret = "0123456789abcdef-parameter-server";
+size_t g_ring_bytes = 0;  // the workers' ClientOptions::shm_ring_bytes (PsServerTest's parameter)
 
 struct Shards {
   std::vector<std::unique_ptr<Server>> servers;
@@ -45,6 +52,7 @@ std::unique_ptr<Client> ConnectTo(const Shards& shards, const std::string& name 
   o.name = name;
   o.timeout = timeout;
   o.connect_timeout = Duration(10000);
+  o.shm_ring_bytes = g_ring_bytes;
   auto c = Client::Connect(o);
   EXPECT_TRUE(c.ok()) << c.status().ToString();
   return c.ok() ? std::move(*c) : nullptr;
@@ -71,7 +79,17 @@ TEST(PlaceTest, LargeTensorsAreCutOverEveryShardSmallOnesLiveWholeOnOne) {
   for (int h : hits) EXPECT_GT(h, 50);  // small tensors spread over the shards
 }
 
-TEST(PsServerTest, WorkersPushAndPullThroughShardsAndEveryUpdateLands) {
+// Every PsServerTest runs twice: workers reach the shards through shared memory ("shm": they
+// share this host), and over TCP only ("tcp").
+class PsServerTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { g_ring_bytes = GetParam() == "shm" ? size_t{4} << 20 : 0; }
+  void TearDown() override { g_ring_bytes = 0; }
+};
+INSTANTIATE_TEST_SUITE_P(Transports, PsServerTest, ::testing::Values("shm", "tcp"),
+                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
+
+TEST_P(PsServerTest, WorkersPushAndPullThroughShardsAndEveryUpdateLands) {
   Shards shards = StartShards(2);
   const size_t big = 100000, small = 10;
   {
@@ -119,7 +137,7 @@ TEST(PsServerTest, WorkersPushAndPullThroughShardsAndEveryUpdateLands) {
   EXPECT_EQ(applied, 30 * 2 + 30);  // big: two slices per push
 }
 
-TEST(PsServerTest, RowsGoToTheirShardAndComeBackInTheCallersOrder) {
+TEST_P(PsServerTest, RowsGoToTheirShardAndComeBackInTheCallersOrder) {
   Shards shards = StartShards(3);
   auto c = ConnectTo(shards);
   TableOptions t;
@@ -147,7 +165,7 @@ TEST(PsServerTest, RowsGoToTheirShardAndComeBackInTheCallersOrder) {
   EXPECT_NE(wrong.message().find("not dim 4"), std::string::npos) << wrong.ToString();
 }
 
-TEST(PsServerTest, ElasticDifferencesComeBackWholeAcrossSlices) {
+TEST_P(PsServerTest, ElasticDifferencesComeBackWholeAcrossSlices) {
   Shards shards = StartShards(2);
   auto c = ConnectTo(shards);
   RuleOptions r;
@@ -165,7 +183,7 @@ TEST(PsServerTest, ElasticDifferencesComeBackWholeAcrossSlices) {
   EXPECT_EQ(center, std::vector<float>(n, 1.0f));
 }
 
-TEST(PsServerTest, ErrorsNameTheShardTensorAndCall) {
+TEST_P(PsServerTest, ErrorsNameTheShardTensorAndCall) {
   Shards shards = StartShards(2);
   auto c = ConnectTo(shards);
   std::vector<float> out(4);
@@ -181,7 +199,7 @@ TEST(PsServerTest, ErrorsNameTheShardTensorAndCall) {
   EXPECT_TRUE(c->PullDense("w", out).ok());
 }
 
-TEST(PsServerTest, ADeadShardFailsTheNextCallNamingItAndTheOthersStayUsable) {
+TEST_P(PsServerTest, ADeadShardFailsTheNextCallNamingItAndTheOthersStayUsable) {
   Shards shards = StartShards(2);
   auto c = ConnectTo(shards, "worker:0", Duration(5000));
   ASSERT_TRUE(c->CreateDense("big", std::vector<float>(100000, 0.0f), Add()).ok());
@@ -200,7 +218,7 @@ TEST(PsServerTest, ADeadShardFailsTheNextCallNamingItAndTheOthersStayUsable) {
   ASSERT_TRUE(shards.servers[0]->shard().CreateDense("s0", std::vector<float>{3}, Add()).ok());
 }
 
-TEST(PsServerTest, SspClocksOverTheWireWarmUpSynchronouslyAndForgetAWorkerWhoseConnectionDrops) {
+TEST_P(PsServerTest, SspClocksOverTheWireWarmUpSynchronouslyAndForgetAWorkerWhoseConnectionDrops) {
   Shards shards = StartShards(2);
   auto w0 = ConnectTo(shards, "worker:0", Duration(3000));
   auto w1 = ConnectTo(shards, "worker:1");
@@ -236,7 +254,7 @@ TEST(PsServerTest, SspClocksOverTheWireWarmUpSynchronouslyAndForgetAWorkerWhoseC
   EXPECT_TRUE(shards.servers[0]->shard().Clocks().empty());
 }
 
-TEST(PsServerTest, ManyTensorsGoInOneRequestPerShardAndComeBackWhole) {
+TEST_P(PsServerTest, ManyTensorsGoInOneRequestPerShardAndComeBackWhole) {
   Shards shards = StartShards(2);
   auto c = ConnectTo(shards);
   ASSERT_TRUE(c);
@@ -293,7 +311,7 @@ TEST(PsServerTest, ManyTensorsGoInOneRequestPerShardAndComeBackWhole) {
   EXPECT_EQ((*moved)[1].reply, (std::vector<float>{-5}));
 }
 
-TEST(PsServerTest, StrangersAndMalformedRequestsGetNothing) {
+TEST_P(PsServerTest, StrangersAndMalformedRequestsGetNothing) {
   Shards shards = StartShards(1);
   const int port = shards.servers[0]->port();
   auto stranger = tcp::Dial("127.0.0.1", port, "another-secret-of-16-bytes", Deadline::After(Duration(5000)), "ps:0");
@@ -324,6 +342,141 @@ TEST(PsServerTest, StrangersAndMalformedRequestsGetNothing) {
   ASSERT_FALSE(none.ok());
   EXPECT_NE(none.status().message().find("ps:0 at 127.0.0.1:1"), std::string::npos) << none.status().ToString();
   EXPECT_NE(none.status().message().find("is its ps node running"), std::string::npos);
+}
+
+// The PS rings in /dev/shm (their names are unlinked once both sides mapped them).
+std::vector<std::string> PsRingNames() {
+  std::vector<std::string> out;
+  if (DIR* d = ::opendir("/dev/shm")) {
+    while (dirent* e = ::readdir(d)) {
+      if (std::string(e->d_name).rfind("ember-ps-", 0) == 0) out.emplace_back(e->d_name);
+    }
+    ::closedir(d);
+  }
+  return out;
+}
+
+TEST(PsShmTest, AWorkerOnTheShardsHostUsesSharedMemoryAndLargerMessagesTakeTheConnection) {
+  Shards shards = StartShards(1);
+  g_ring_bytes = 64 << 10;  // rings of 64 KiB: a 400 KB tensor does not fit
+  auto shm = ConnectTo(shards, "worker:0");
+  g_ring_bytes = 0;
+  auto tcp = ConnectTo(shards, "worker:1");
+  ASSERT_TRUE(shm && tcp);
+  EXPECT_TRUE(shm->shared_memory(0));
+  EXPECT_FALSE(tcp->shared_memory(0));
+  EXPECT_TRUE(PsRingNames().empty()) << "a ring's name outlived the setup: " << PsRingNames()[0];
+  const size_t big = 100000;
+  std::vector<float> ones(big, 1.0f), out(big);
+  ASSERT_TRUE(shm->CreateDense("big", std::vector<float>(big, 0.0f), Add()).ok());
+  ASSERT_TRUE(shm->CreateDense("small", std::vector<float>{0, 0, 0}, Add()).ok());
+  for (int step = 0; step < 3; ++step) {  // requests and replies alternate between ring and socket
+    auto v = shm->PullDense("big", out);
+    ASSERT_TRUE(v.ok()) << v.status().ToString();
+    ASSERT_TRUE(shm->PushDense("big", ones, *v).ok());
+    std::vector<float> small(3);
+    auto sv = shm->PullDense("small", small);
+    ASSERT_TRUE(sv.ok()) << sv.status().ToString();
+    ASSERT_TRUE(shm->PushDense("small", std::vector<float>{1, 2, 3}, *sv).ok());
+    ASSERT_TRUE(tcp->PushDense("small", std::vector<float>{1, 1, 1}, *sv).ok());
+  }
+  ASSERT_TRUE(tcp->PullDense("big", out).ok());
+  for (float x : out) ASSERT_EQ(x, 3.0f);
+  std::vector<float> small(3);
+  ASSERT_TRUE(shm->PullDense("small", small).ok());
+  EXPECT_EQ(small, (std::vector<float>{6, 9, 12}));
+  // Rows through the ring: 2000 ids of 8 floats (64 KB) do not fit either; 10 do.
+  TableOptions t;
+  t.dim = 8;
+  ASSERT_TRUE(shm->CreateTable("emb", t).ok());
+  for (size_t n : {size_t{10}, size_t{2000}}) {
+    std::vector<int64_t> ids(n);
+    for (size_t k = 0; k < n; ++k) ids[k] = static_cast<int64_t>(k * 7919);
+    std::vector<float> a(n * 8), b(n * 8);
+    ASSERT_TRUE(shm->PullRows("emb", ids, 8, a).ok());
+    ASSERT_TRUE(tcp->PullRows("emb", ids, 8, b).ok());
+    EXPECT_EQ(a, b);
+  }
+}
+
+TEST(PsShmTest, AKilledWorkerLeavesNoRingAndTheShardServesTheOthers) {
+  Shards shards = StartShards(1);
+  g_ring_bytes = 1 << 20;
+  auto chief = ConnectTo(shards, "worker:0");
+  ASSERT_TRUE(chief && chief->shared_memory(0));
+  ASSERT_TRUE(chief->CreateDense("w", std::vector<float>(1000, 0.0f), Add()).ok());
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  if (child == 0) {  // a worker process: connects, pushes once, says so, then waits to be killed
+    ClientOptions o;
+    o.shards = shards.addresses;
+    o.secret = kSecret;
+    o.name = "worker:1";
+    o.shm_ring_bytes = 1 << 20;
+    auto c = Client::Connect(o);
+    std::vector<float> out(1000);
+    bool ok = c.ok() && (*c)->shared_memory(0);
+    auto v = ok ? (*c)->PullDense("w", out) : Result<Versions>(Status::Internal("no"));
+    ok = ok && v.ok() && (*c)->PushDense("w", std::vector<float>(1000, 1.0f), *v).ok();
+    const char byte = ok ? 'y' : 'n';
+    (void)!::write(ready[1], &byte, 1);
+    for (;;) ::pause();
+  }
+  ::close(ready[1]);
+  char byte = 0;
+  ASSERT_EQ(::read(ready[0], &byte, 1), 1);
+  ::close(ready[0]);
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  g_ring_bytes = 0;
+  EXPECT_EQ(byte, 'y') << "the worker process could not push through shared memory";
+  EXPECT_TRUE(PsRingNames().empty()) << "the killed worker left " << PsRingNames()[0];
+  std::vector<float> out(1000);
+  auto v = chief->PullDense("w", out);
+  ASSERT_TRUE(v.ok()) << v.status().ToString();
+  EXPECT_EQ(out[0], 1.0f);  // its push landed; the shard goes on serving
+  // A stranger's offer that names no PS ring is refused: the connection is dropped.
+  auto fd = tcp::Dial("127.0.0.1", shards.servers[0]->port(), kSecret, Deadline::After(Duration(5000)), "ps:0");
+  ASSERT_TRUE(fd.ok());
+  // (the encoder writes any name; the shard must refuse it)
+  ASSERT_TRUE(tcp::WriteFrame(fd->get(), kShmOfferFrame, EncodeShmOffer({"/ember-feed-x", 1 << 20}),
+                              Deadline::After(Duration(5000)), "ps:0").ok());
+  auto dropped = tcp::ReadFrame(fd->get(), 4096, Deadline::After(Duration(5000)), "ps:0");
+  EXPECT_EQ(dropped.status().code(), StatusCode::kUnavailable) << dropped.status().ToString();
+  // An offer of a PS ring that is not on this host: the answer is "" and TCP goes on.
+  auto fd2 = tcp::Dial("127.0.0.1", shards.servers[0]->port(), kSecret, Deadline::After(Duration(5000)), "ps:0");
+  ASSERT_TRUE(fd2.ok());
+  ASSERT_TRUE(tcp::WriteFrame(fd2->get(), kShmOfferFrame, EncodeShmOffer({"/ember-ps-elsewhere", 1 << 20}),
+                              Deadline::After(Duration(5000)), "ps:0").ok());
+  auto answer = tcp::ReadFrame(fd2->get(), 4096, Deadline::After(Duration(5000)), "ps:0");
+  ASSERT_TRUE(answer.ok()) << answer.status().ToString();
+  EXPECT_EQ(answer->type, kShmAnswerFrame);
+  EXPECT_EQ(*DecodeShmAnswer(answer->payload), "");
+  Request stats;
+  stats.kind = Kind::kStats;
+  ASSERT_TRUE(tcp::WriteFrame(fd2->get(), kRequestFrame, EncodeRequest(stats), Deadline::After(Duration(5000)), "ps:0").ok());
+  auto ok = tcp::ReadFrame(fd2->get(), 1 << 20, Deadline::After(Duration(5000)), "ps:0");
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_TRUE(DecodeReply(Kind::kStats, ok->payload)->status.ok());
+}
+
+TEST(PsShmTest, OffersAndAnswersDecodeOnlyPsRingNames) {
+  EXPECT_TRUE(IsPsRingName(ShmLink::NewRingName())) << ShmLink::NewRingName();
+  EXPECT_NE(ShmLink::NewRingName(), ShmLink::NewRingName());
+  for (const char* bad : {"", "/ember-ps-", "/ember-feed-1", "/ember-ps-../x", "/ember-ps-A", "ember-ps-1",
+                          "/ember-ps-0123456789012345678901234567890123456789012345678"}) {
+    EXPECT_FALSE(IsPsRingName(bad)) << bad;
+    EXPECT_EQ(DecodeShmOffer(EncodeShmOffer({bad, 4096})).status().code(), StatusCode::kCorruption) << bad;
+  }
+  auto offer = DecodeShmOffer(EncodeShmOffer({"/ember-ps-1f-00ab", 1 << 20}));
+  ASSERT_TRUE(offer.ok());
+  EXPECT_EQ(offer->ring, "/ember-ps-1f-00ab");
+  EXPECT_EQ(offer->request_bytes, 1u << 20);
+  EXPECT_EQ(DecodeShmOffer(EncodeShmOffer({"/ember-ps-1", 0})).status().code(), StatusCode::kCorruption);
+  EXPECT_EQ(DecodeShmOffer(EncodeShmOffer({"/ember-ps-1", 1}) + "x").status().code(), StatusCode::kCorruption);
+  EXPECT_EQ(*DecodeShmAnswer(EncodeShmAnswer("")), "");
+  EXPECT_EQ(DecodeShmAnswer(EncodeShmAnswer("/dev/shm/x")).status().code(), StatusCode::kCorruption);
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -415,6 +417,37 @@ TEST(PsCodecTest, ManyTensorMessagesRoundTripAndCountsMustAddUp) {
   push.counts = {2, -1};
   EXPECT_EQ(DecodeRequest(EncodeRequest(push)).status().code(), StatusCode::kCorruption);
   EXPECT_EQ(s.PullDense("b")->values, (std::vector<float>{33}));  // nothing more applied
+}
+
+TEST(PsCodecTest, UpdatesAreReadInPlaceWhenAlignedElseCopiedIntoTheScratch) {
+  Request push;
+  push.kind = Kind::kPushDense;
+  push.name = "w";
+  push.values = {1.5f, -2.0f, 3.25f};
+  const std::string bytes = EncodeRequest(push);
+  // The same bytes at every offset of an aligned buffer: in place where the floats land aligned.
+  alignas(8) char buffer[256];
+  int in_place = 0, copied = 0;
+  for (size_t shift = 0; shift < 4; ++shift) {
+    std::memcpy(buffer + shift, bytes.data(), bytes.size());
+    auto q = DecodeRequest(std::string_view(buffer + shift, bytes.size()), /*copy_values=*/false);
+    ASSERT_TRUE(q.ok()) << q.status().ToString();
+    EXPECT_TRUE(q->values.empty());
+    EXPECT_EQ(EncodeRequest(*q), bytes);
+    std::vector<float> scratch;
+    auto floats = RequestFloats(*q, &scratch);
+    EXPECT_EQ(std::vector<float>(floats.begin(), floats.end()), push.values);
+    const bool aligned = reinterpret_cast<const char*>(floats.data()) == q->values_bytes.data();
+    (aligned ? in_place : copied) += 1;
+    EXPECT_EQ(aligned, scratch.empty());
+  }
+  EXPECT_EQ(in_place, 1);
+  EXPECT_EQ(copied, 3);
+  // Copied on decode, the request holds no view of the caller's bytes.
+  auto owned = DecodeRequest(bytes);
+  ASSERT_TRUE(owned.ok());
+  EXPECT_TRUE(owned->values_bytes.empty());
+  EXPECT_EQ(owned->values, push.values);
 }
 
 }  // namespace
