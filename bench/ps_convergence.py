@@ -11,7 +11,8 @@ Variants (each --workers training nodes; the async ones add 1 ps node serving on
             at dist-keras's 12 the delta divided by 12 moves the center too little in 5 epochs)
   easgd     AsyncCallback(algorithm="easgd", frequency=--easgd-window, alpha=--alpha)
             (dist-keras's AEASGD: window 32, alpha = rho x eta = 5 x 0.1 = 0.5)
-  ssp2      AsyncCallback(algorithm="downpour", frequency=--ssp-window (default --window), ssp=2)
+  ssp2      AsyncCallback(algorithm=--ssp-algorithm (default "downpour"), frequency=--ssp-window
+            (default --window), ssp=2)
 
 Data: Debian's dataset-fashion-mnist through examples/fashion_mnist/data.py; every worker trains
 on its shard of the 60,000 training images (rank r takes images r, r+W, ...), --batch-size per
@@ -93,7 +94,7 @@ def node_main(args, ctx):
         knobs = {"downpour": dict(algorithm="downpour", frequency=args["window"]),
                  "adag": dict(algorithm="adag", frequency=args["adag_window"]),
                  "easgd": dict(algorithm="easgd", frequency=args["easgd_window"], alpha=args["alpha"]),
-                 "ssp2": dict(algorithm="downpour", frequency=args["ssp_window"], ssp=2)}[variant]
+                 "ssp2": dict(algorithm=args["ssp_algorithm"], frequency=args["ssp_window"], ssp=2)}[variant]
         callback = ember.keras.AsyncCallback(ps, **knobs)
     model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
@@ -145,7 +146,7 @@ def run_variant(spark, variant: str, seed: int, args) -> dict:
 
     node_args = {"variant": variant, "seed": seed, "epochs": args.epochs, "batch_size": args.batch_size,
                  "lr": lr_of(variant, args), "window": args.window, "ssp_window": args.ssp_window or args.window,
-                 "adag_window": args.adag_window, "easgd_window": args.easgd_window, "alpha": args.alpha,
+                 "ssp_algorithm": args.ssp_algorithm, "adag_window": args.adag_window, "easgd_window": args.easgd_window, "alpha": args.alpha,
                  "example_dir": str(EXAMPLE_DIR)}
     num_ps = 0 if variant == "sync" else 1
     start = time.monotonic()
@@ -196,6 +197,7 @@ def main() -> None:
     p.add_argument("--async-lr", type=float, default=None, help="the async variants' local Adam lr (default --lr)")
     p.add_argument("--window", type=int, default=5, help="downpour (and ssp2): batches per exchange")
     p.add_argument("--ssp-window", type=int, default=None, help="ssp2: batches per exchange (default --window)")
+    p.add_argument("--ssp-algorithm", default="downpour", help="ssp2's algorithm (downpour, dynsgd, adag)")
     p.add_argument("--adag-window", type=int, default=5, help="adag: batches per exchange (dist-keras: 12)")
     p.add_argument("--adag-lr", type=float, default=None, help="adag's local Adam lr (default --async-lr)")
     p.add_argument("--easgd-window", type=int, default=32)
