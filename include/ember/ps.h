@@ -37,6 +37,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -121,6 +122,13 @@ class Shard {
   Status CreateDense(const std::string& tensor, std::span<const float> initial, const RuleOptions& options);
   // The values and version.  NotFound names the tensor and the shard.
   Result<PullResult> PullDense(const std::string& tensor) const;
+  // Calls `read` with the values and versions of `tensors` (in that order), each tensor's lock
+  // held (Hogwild's not) until it returns, so the values can be copied straight to where they
+  // go (the shared-memory reply ring) with no copy in between.  NotFound, before `read`, names
+  // a missing tensor.  `read` must not call the shard.
+  using DenseReader =
+      std::function<Status(std::span<const std::span<const float>> values, std::span<const int64_t> versions)>;
+  Status ReadDense(std::span<const std::string> tensors, const DenseReader& read) const;
   // The tensor's element count.  NotFound names the tensor and the shard.
   Result<size_t> DenseCount(const std::string& tensor) const;
   // Applies `update` by the tensor's rule, based on `base_version` (what the pusher pulled).

@@ -314,7 +314,7 @@ Result<Request> DecodeRequest(std::string_view bytes, bool copy_values) {
   return q;
 }
 
-std::string EncodeReplyHead(Kind kind, const Reply& p, size_t values) {
+std::string EncodeReplyHead(Kind kind, const Reply& p, size_t values, std::span<const size_t> counts) {
   codec::Writer w;
   w.PutU8(static_cast<uint8_t>(p.status.code()));
   w.PutString(p.status.ok() ? std::string_view() : std::string_view(p.status.message()));
@@ -347,9 +347,9 @@ std::string EncodeReplyHead(Kind kind, const Reply& p, size_t values) {
       break;
     case Kind::kPullMany:
       w.PutU32(static_cast<uint32_t>(p.pulls.size()));
-      for (const auto& pull : p.pulls) {
-        w.PutI64(pull.version);
-        w.PutI64(static_cast<int64_t>(pull.values.size()));
+      for (size_t i = 0; i < p.pulls.size(); ++i) {
+        w.PutI64(p.pulls[i].version);
+        w.PutI64(static_cast<int64_t>(counts.empty() ? p.pulls[i].values.size() : counts[i]));
       }
       w.PutI64(static_cast<int64_t>(values));
       break;
@@ -581,6 +581,54 @@ Kind Serve(Shard& shard, std::string_view request, Reply* reply, uint64_t owner,
   }
   if (worker != nullptr && (q->kind == Kind::kClock || q->kind == Kind::kLeave)) *worker = q->name;
   return q->kind;
+}
+
+Kind ServeInPlace(Shard& shard, std::string_view request, const ReplySender& send, Status* sent, uint64_t owner,
+                  std::string* worker) {
+  auto q = DecodeRequest(request, /*copy_values=*/false);
+  if (q.ok() && (q->kind == Kind::kPullDense || q->kind == Kind::kPullMany)) {
+    const Kind kind = q->kind;
+    std::vector<std::string> one;
+    if (kind == Kind::kPullDense) one.push_back(q->name);
+    const std::vector<std::string>& names = kind == Kind::kPullDense ? one : q->names;
+    bool called = false;
+    Status read = shard.ReadDense(names, [&](std::span<const std::span<const float>> values,
+                                             std::span<const int64_t> versions) {
+      called = true;
+      Reply r;
+      std::vector<size_t> counts;
+      std::vector<std::string_view> parts(1);
+      size_t total = 0;
+      for (size_t i = 0; i < values.size(); ++i) {
+        if (kind == Kind::kPullMany) r.pulls.push_back(PullResult{{}, versions[i]});
+        counts.push_back(values[i].size());
+        total += values[i].size();
+        parts.push_back(FloatBytes(values[i]));
+      }
+      if (kind == Kind::kPullDense) r.pull.version = versions[0];
+      const std::string head = EncodeReplyHead(kind, r, total, counts);
+      parts[0] = head;
+      *sent = send(parts);
+      return *sent;
+    });
+    if (!called) {  // the shard refused (a missing tensor): its error, as Serve replies it
+      Reply r;
+      r.status = read;
+      const std::string head = EncodeReplyHead(kind, r, 0);
+      const std::string_view parts[1] = {head};
+      *sent = send(parts);
+    }
+    return kind;
+  }
+  Reply reply;
+  const Kind kind = Serve(shard, request, &reply, owner, worker);
+  std::vector<std::string_view> parts = ReplyParts(kind, reply);
+  size_t bytes = 0;
+  for (auto part : parts) bytes += part.size();
+  const std::string head = EncodeReplyHead(kind, reply, bytes / sizeof(float));
+  parts.insert(parts.begin(), head);
+  *sent = send(parts);
+  return kind;
 }
 
 bool IsPsRingName(std::string_view name) {

@@ -37,6 +37,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -126,7 +127,8 @@ std::string EncodeReply(Kind kind, const Reply& r);
 // "many" kinds, else at most one): the server sends head + these.
 std::vector<std::string_view> ReplyParts(Kind kind, const Reply& r);
 // The same split for replies: head, then the bytes of ReplyValues(kind, r).
-std::string EncodeReplyHead(Kind kind, const Reply& r, size_t values);
+// `counts` (kPullMany): each entry's float count, when the entries' values are not in `r`.
+std::string EncodeReplyHead(Kind kind, const Reply& r, size_t values, std::span<const size_t> counts = {});
 const std::vector<float>& ReplyValues(Kind kind, const Reply& r);
 // The reply to a request of `kind`.  A reply carrying an error decodes to OK with that status in
 // `status`; a malformed reply is Corruption.  Without copy_values the trailing floats are only
@@ -155,5 +157,13 @@ std::string Serve(Shard& shard, std::string_view request);
 // connection for the clocks (Shard::Clock); `worker` (if given) gets a kClock's or kLeave's
 // worker name.
 Kind Serve(Shard& shard, std::string_view request, Reply* reply, uint64_t owner = 0, std::string* worker = nullptr);
+// The same, the encoded reply (head, then its floats as byte views) handed to `send`, whose status
+// lands in `sent`.  A pull's floats are the tensors' own, sent while their locks are held
+// (Shard::ReadDense), with no copy in between: for a `send` that cannot block for long (the
+// shared-memory reply ring, empty when the worker waits for its reply).  The bytes are the same
+// as Serve's.
+using ReplySender = std::function<Status(std::span<const std::string_view> parts)>;
+Kind ServeInPlace(Shard& shard, std::string_view request, const ReplySender& send, Status* sent, uint64_t owner = 0,
+                  std::string* worker = nullptr);
 
 }  // namespace ember::ps

@@ -4,7 +4,9 @@
 // re-encodes to the same bytes.
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string_view>
+#include <vector>
 
 #include "ps/codec.h"
 
@@ -17,15 +19,31 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // Serve it on a shard holding a small tensor and table (a huge table's pulls are bounded by
     // the shard itself; keep the fuzzer's memory small).
     if (!(request->kind == Kind::kCreateTable && request->table.dim > 64)) {
-      Shard shard("ps:fuzz");
-      (void)shard.CreateDense("w", std::vector<float>{1, 2, 3}, RuleOptions{});
-      TableOptions t;
-      t.dim = 4;
-      (void)shard.CreateTable("emb", t);
+      // Two equal shards: Serve on one, ServeInPlace on the other must answer the same bytes.
+      auto make = [] {
+        auto shard = std::make_unique<Shard>("ps:fuzz");
+        (void)shard->CreateDense("w", std::vector<float>{1, 2, 3}, RuleOptions{});
+        TableOptions t;
+        t.dim = 4;
+        (void)shard->CreateTable("emb", t);
+        return shard;
+      };
+      auto shard = make(), twin = make();
       // A clock wait would block the fuzzer: a stopped shard answers every wait at once.
-      if (request->kind == Kind::kClock && request->wait_ms != 0) shard.StopWaits();
-      const std::string reply = Serve(shard, bytes);
+      if (request->kind == Kind::kClock && request->wait_ms != 0) {
+        shard->StopWaits();
+        twin->StopWaits();
+      }
+      const std::string reply = Serve(*shard, bytes);
       if (!DecodeReply(request->kind, reply).ok()) __builtin_trap();
+      std::string in_place;
+      ember::Status sent;
+      (void)ServeInPlace(*twin, bytes, [&](std::span<const std::string_view> parts) {
+        for (auto part : parts) in_place.append(part);
+        return ember::Status::OK();
+      }, &sent);
+      // (a clock's reply carries the microseconds it waited: not the same twice)
+      if (request->kind != Kind::kClock && in_place != reply) __builtin_trap();
     }
   }
   if (auto offer = DecodeShmOffer(bytes); offer.ok()) {

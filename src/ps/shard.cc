@@ -203,18 +203,41 @@ Result<size_t> Shard::DenseCount(const std::string& tensor) const {
 }
 
 Result<PullResult> Shard::PullDense(const std::string& tensor) const {
-  Dense* d = impl_->FindDense(tensor);
-  if (d == nullptr) return impl_->NoTensor("tensor", tensor);
   PullResult out;
-  if (d->options.hogwild) {
-    out.version = d->version.load();
-    out.values = d->w;  // racy by design (Hogwild)
-    return out;
-  }
-  std::lock_guard<std::mutex> lock(d->mu);
-  out.values = d->w;
-  out.version = d->version.load();
+  const std::string names[1] = {tensor};
+  EMBER_RETURN_NOT_OK(ReadDense(names, [&](std::span<const std::span<const float>> values,
+                                           std::span<const int64_t> versions) {
+    out.values.assign(values[0].begin(), values[0].end());
+    out.version = versions[0];
+    return Status::OK();
+  }));
   return out;
+}
+
+Status Shard::ReadDense(std::span<const std::string> tensors, const DenseReader& read) const {
+  std::vector<Dense*> dense(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    dense[i] = impl_->FindDense(tensors[i]);
+    if (dense[i] == nullptr) return impl_->NoTensor("tensor", tensors[i]);
+  }
+  // Each distinct locked tensor once, in address order: two readers of the same tensors cannot
+  // deadlock, and pushes take one lock at a time.
+  std::vector<Dense*> order;
+  for (Dense* d : dense) {
+    if (!d->options.hogwild) order.push_back(d);  // Hogwild: racy by design, no lock
+  }
+  std::sort(order.begin(), order.end());
+  order.erase(std::unique(order.begin(), order.end()), order.end());
+  for (Dense* d : order) d->mu.lock();
+  std::vector<std::span<const float>> values(dense.size());
+  std::vector<int64_t> versions(dense.size());
+  for (size_t i = 0; i < dense.size(); ++i) {
+    values[i] = dense[i]->w;
+    versions[i] = dense[i]->version.load();
+  }
+  Status s = read(values, versions);
+  for (auto it = order.rbegin(); it != order.rend(); ++it) (*it)->mu.unlock();
+  return s;
 }
 
 Result<PushResult> Shard::PushDense(const std::string& tensor, std::span<const float> update, int64_t base_version) {

@@ -1,10 +1,10 @@
 #include <gtest/gtest.h>
 
-#include <cstring>
-
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstring>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -448,6 +448,65 @@ TEST(PsCodecTest, UpdatesAreReadInPlaceWhenAlignedElseCopiedIntoTheScratch) {
   ASSERT_TRUE(owned.ok());
   EXPECT_TRUE(owned->values_bytes.empty());
   EXPECT_EQ(owned->values, push.values);
+}
+
+TEST(PsCodecTest, ServeInPlaceSendsServesBytesAndPullsUnderTheTensorsLocks) {
+  auto make = [] {
+    auto s = std::make_unique<Shard>("ps:0");
+    EXPECT_TRUE(s->CreateDense("a", std::vector<float>{1, 2}, With(Rule::kAdd)).ok());
+    RuleOptions hog = With(Rule::kAdd);
+    hog.hogwild = true;
+    EXPECT_TRUE(s->CreateDense("h", std::vector<float>{5}, hog).ok());
+    return s;
+  };
+  auto shard = make(), twin = make();
+  Request pull;
+  pull.kind = Kind::kPullDense;
+  pull.name = "a";
+  Request many;
+  many.kind = Kind::kPullMany;
+  many.names = {"h", "a", "a"};  // a Hogwild tensor (no lock) and one twice (locked once)
+  Request missing = many;
+  missing.names = {"a", "nope"};
+  Request push;
+  push.kind = Kind::kPushDense;
+  push.name = "a";
+  push.values = {1, 1};
+  for (const Request& r : {pull, many, missing, push, pull}) {
+    const std::string bytes = EncodeRequest(r);
+    std::string got;
+    Status sent = Status::Internal("not called");
+    const Kind kind = ServeInPlace(*twin, bytes, [&](std::span<const std::string_view> parts) {
+      for (auto part : parts) got.append(part);
+      return Status::OK();
+    }, &sent);
+    EXPECT_EQ(kind, r.kind);
+    EXPECT_TRUE(sent.ok());
+    EXPECT_EQ(got, Serve(*shard, bytes)) << KindName(r.kind);
+  }
+  // While a pull is being sent, its tensor's lock is held: a push waits for it.
+  std::atomic<bool> sending{false}, pushed{false};
+  std::thread pusher;
+  Status sent;
+  ServeInPlace(*twin, EncodeRequest(pull), [&](std::span<const std::string_view>) {
+    pusher = std::thread([&] {
+      sending = true;
+      EXPECT_TRUE(twin->PushDense("a", std::vector<float>{1, 1}, 0).ok());
+      pushed = true;
+    });
+    while (!sending) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_FALSE(pushed.load()) << "a push changed the tensor while its pull was being sent";
+    return Status::OK();
+  }, &sent);
+  pusher.join();
+  EXPECT_TRUE(pushed.load());
+  // A failed send is reported, not retried.
+  Status failed;
+  ServeInPlace(*twin, EncodeRequest(pull), [](std::span<const std::string_view>) {
+    return Status::Aborted("the worker closed its ring");
+  }, &failed);
+  EXPECT_EQ(failed.code(), StatusCode::kAborted);
 }
 
 }  // namespace
