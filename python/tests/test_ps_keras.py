@@ -62,11 +62,12 @@ def test_a_second_worker_continues_from_the_shards_and_every_delta_lands(shards)
 @pytest.mark.parametrize("algorithm,ssp", [("downpour", None), ("adag", 0)])
 def test_two_workers_train_at_once_and_converge(shards, algorithm, ssp):
     x, y = data()
-    losses, errors, clocks = {}, [], {}
+    losses, errors, clocks, untrained = {}, [], {}, {}
 
     def worker(rank):
         try:
             m = model(10 + rank)
+            untrained[rank] = m.evaluate(x, y, verbose=0)  # its own initial weights
             cb = ember.keras.AsyncCallback(ember.ps.Client.connect(shards, SECRET, name=f"worker:{rank}"),
                                            frequency=2,  # dist-keras's communication window
                                            algorithm=algorithm, ssp=ssp, workers=2)
@@ -82,8 +83,10 @@ def test_two_workers_train_at_once_and_converge(shards, algorithm, ssp):
     for t in threads:
         t.join(300)
     assert not errors, errors
+    # Each ends far below an untrained model's loss (2-3; the targets' variance is 2.04).  Not
+    # against its own first epoch: how much the other worker had pushed by then varies run to run.
     for rank in range(2):
-        assert losses[rank][-1] < losses[rank][0] / 3, losses
+        assert losses[rank][-1] < untrained[rank] / 5, (losses, untrained)
     hist = [sum(h) for h in zip(*(s.staleness_histogram for s in ember.ps.Client.connect(shards, SECRET).stats()))]
     assert sum(hist) > 0
     if ssp == 0:  # BSP: both ticked every exchange (4 epochs x 8 windows), and no push was over 1 update stale
