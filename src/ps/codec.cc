@@ -499,9 +499,10 @@ std::string Serve(Shard& shard, std::string_view request) {
   return EncodeReply(kind, p);
 }
 
-Kind Serve(Shard& shard, std::string_view request, Reply* reply, uint64_t owner, std::string* worker) {
-  auto q = DecodeRequest(request, /*copy_values=*/false);  // updates read in place where aligned
-  thread_local std::vector<float> scratch;  // else copied here, its memory reused
+namespace {
+// Serve's work on a request already decoded (without copy_values): DecodeRequest once per request.
+Kind ServeRequest(Shard& shard, const Result<Request>& q, Reply* reply, uint64_t owner, std::string* worker) {
+  thread_local std::vector<float> scratch;  // updates not aligned in the message are copied here
   Reply& p = *reply;
   if (!q.ok()) {
     p.status = q.status().WithContext(shard.name());
@@ -582,17 +583,22 @@ Kind Serve(Shard& shard, std::string_view request, Reply* reply, uint64_t owner,
   if (worker != nullptr && (q->kind == Kind::kClock || q->kind == Kind::kLeave)) *worker = q->name;
   return q->kind;
 }
+}  // namespace
 
-Kind ServeInPlace(Shard& shard, std::string_view request, const ReplySender& send, Status* sent, uint64_t owner,
-                  std::string* worker) {
+Kind Serve(Shard& shard, std::string_view request, Reply* reply, uint64_t owner, std::string* worker) {
+  return ServeRequest(shard, DecodeRequest(request, /*copy_values=*/false), reply, owner, worker);  // updates in place
+}
+
+Served ServeTo(Shard& shard, std::string_view request, const ReplySender& send, bool pull_in_place, uint64_t owner,
+              std::string* worker) {
   auto q = DecodeRequest(request, /*copy_values=*/false);
-  if (q.ok() && (q->kind == Kind::kPullDense || q->kind == Kind::kPullMany)) {
-    const Kind kind = q->kind;
-    std::vector<std::string> one;
-    if (kind == Kind::kPullDense) one.push_back(q->name);
-    const std::vector<std::string>& names = kind == Kind::kPullDense ? one : q->names;
+  Served out;
+  if (pull_in_place && q.ok() && (q->kind == Kind::kPullDense || q->kind == Kind::kPullMany)) {
+    out.kind = q->kind;
+    const std::vector<std::string> one{q->name};
+    const std::vector<std::string>& names = out.kind == Kind::kPullDense ? one : q->names;
     bool called = false;
-    Status read = shard.ReadDense(names, [&](std::span<const std::span<const float>> values,
+    out.replied = shard.ReadDense(names, [&](std::span<const std::span<const float>> values,
                                              std::span<const int64_t> versions) {
       called = true;
       Reply r;
@@ -600,35 +606,36 @@ Kind ServeInPlace(Shard& shard, std::string_view request, const ReplySender& sen
       std::vector<std::string_view> parts(1);
       size_t total = 0;
       for (size_t i = 0; i < values.size(); ++i) {
-        if (kind == Kind::kPullMany) r.pulls.push_back(PullResult{{}, versions[i]});
+        if (out.kind == Kind::kPullMany) r.pulls.push_back(PullResult{{}, versions[i]});
         counts.push_back(values[i].size());
         total += values[i].size();
         parts.push_back(FloatBytes(values[i]));
       }
-      if (kind == Kind::kPullDense) r.pull.version = versions[0];
-      const std::string head = EncodeReplyHead(kind, r, total, counts);
+      if (out.kind == Kind::kPullDense) r.pull.version = versions[0];
+      const std::string head = EncodeReplyHead(out.kind, r, total, counts);
       parts[0] = head;
-      *sent = send(parts);
-      return *sent;
+      out.sent = send(parts);
+      return Status::OK();
     });
     if (!called) {  // the shard refused (a missing tensor): its error, as Serve replies it
       Reply r;
-      r.status = read;
-      const std::string head = EncodeReplyHead(kind, r, 0);
+      r.status = out.replied;
+      const std::string head = EncodeReplyHead(out.kind, r, 0);
       const std::string_view parts[1] = {head};
-      *sent = send(parts);
+      out.sent = send(parts);
     }
-    return kind;
+    return out;
   }
   Reply reply;
-  const Kind kind = Serve(shard, request, &reply, owner, worker);
-  std::vector<std::string_view> parts = ReplyParts(kind, reply);
+  out.kind = ServeRequest(shard, q, &reply, owner, worker);
+  out.replied = reply.status;
+  std::vector<std::string_view> parts = ReplyParts(out.kind, reply);
   size_t bytes = 0;
   for (auto part : parts) bytes += part.size();
-  const std::string head = EncodeReplyHead(kind, reply, bytes / sizeof(float));
+  const std::string head = EncodeReplyHead(out.kind, reply, bytes / sizeof(float));
   parts.insert(parts.begin(), head);
-  *sent = send(parts);
-  return kind;
+  out.sent = send(parts);
+  return out;
 }
 
 bool IsPsRingName(std::string_view name) {

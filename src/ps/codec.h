@@ -157,13 +157,18 @@ std::string Serve(Shard& shard, std::string_view request);
 // connection for the clocks (Shard::Clock); `worker` (if given) gets a kClock's or kLeave's
 // worker name.
 Kind Serve(Shard& shard, std::string_view request, Reply* reply, uint64_t owner = 0, std::string* worker = nullptr);
-// The same, the encoded reply (head, then its floats as byte views) handed to `send`, whose status
-// lands in `sent`.  A pull's floats are the tensors' own, sent while their locks are held
-// (Shard::ReadDense), with no copy in between: for a `send` that cannot block for long (the
-// shared-memory reply ring, empty when the worker waits for its reply).  The bytes are the same
-// as Serve's.
+// The same, the encoded reply (head, then its floats as byte views) handed to `send`: the server's
+// one path for both transports.  With `pull_in_place` a pull's floats are the tensors' own, sent
+// while their locks are held (Shard::ReadDense), with no copy in between: for a `send` that cannot
+// block for long (the shared-memory reply ring, empty while the worker waits for its reply); not
+// for a socket, which may.  The bytes are the same as Serve's either way.
 using ReplySender = std::function<Status(std::span<const std::string_view> parts)>;
-Kind ServeInPlace(Shard& shard, std::string_view request, const ReplySender& send, Status* sent, uint64_t owner = 0,
-                  std::string* worker = nullptr);
+struct Served {
+  Kind kind = Kind::kStats;  // what the reply was encoded as
+  Status replied;            // the reply's status (the request's outcome)
+  Status sent;               // what `send` returned
+};
+Served ServeTo(Shard& shard, std::string_view request, const ReplySender& send, bool pull_in_place,
+               uint64_t owner = 0, std::string* worker = nullptr);
 
 }  // namespace ember::ps

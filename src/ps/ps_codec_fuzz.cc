@@ -19,7 +19,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // Serve it on a shard holding a small tensor and table (a huge table's pulls are bounded by
     // the shard itself; keep the fuzzer's memory small).
     if (!(request->kind == Kind::kCreateTable && request->table.dim > 64)) {
-      // Two equal shards: Serve on one, ServeInPlace on the other must answer the same bytes.
+      // Two equal shards: Serve on one, ServeTo with pulls in place on the other must answer the
+      // same bytes.
       auto make = [] {
         auto shard = std::make_unique<Shard>("ps:fuzz");
         (void)shard->CreateDense("w", std::vector<float>{1, 2, 3}, RuleOptions{});
@@ -37,11 +38,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const std::string reply = Serve(*shard, bytes);
       if (!DecodeReply(request->kind, reply).ok()) __builtin_trap();
       std::string in_place;
-      ember::Status sent;
-      (void)ServeInPlace(*twin, bytes, [&](std::span<const std::string_view> parts) {
+      (void)ServeTo(*twin, bytes, [&](std::span<const std::string_view> parts) {
         for (auto part : parts) in_place.append(part);
         return ember::Status::OK();
-      }, &sent);
+      }, /*pull_in_place=*/true);
       // (a clock's reply carries the microseconds it waited: not the same twice)
       if (request->kind != Kind::kClock && in_place != reply) __builtin_trap();
     }

@@ -76,31 +76,23 @@ struct Server::Impl {
         }
         request.frame = std::move(frame->payload);
       }
-      // The reply's floats go out from where they are (head + values, one sendmsg or ring write).
-      // A reply that cannot be written within a minute: the worker stopped reading; drop it.
+      // The reply's floats go out from where they are (head + values, one sendmsg or ring write);
+      // over shared memory a pull goes from the tensor into the ring under its lock, over TCP it
+      // is copied first, so no lock waits on a socket.  A reply that cannot be written within a
+      // minute: the worker stopped reading; drop it.
       const Deadline deadline = Deadline::After(Duration(60000));
       std::string worker;
-      Status sent;
-      Kind kind;
-      if (link) {  // a pull goes from the tensor into the ring under its lock: no copy between
-        kind = ServeInPlace(
-            *shard, request.payload(),
-            [&](std::span<const std::string_view> parts) { return link->Send(kReplyFrame, parts, deadline); }, &sent,
-            owner, &worker);
-      } else {  // the socket may block on a slow reader: no tensor lock is held while it does
-        Reply reply;
-        kind = Serve(*shard, request.payload(), &reply, owner, &worker);
-        std::vector<std::string_view> parts = ReplyParts(kind, reply);
-        size_t bytes = 0;
-        for (auto part : parts) bytes += part.size();
-        const std::string head = EncodeReplyHead(kind, reply, bytes / sizeof(float));
-        parts.insert(parts.begin(), head);
-        sent = tcp::WriteFrameParts(c.fd(), kReplyFrame, parts, deadline, peer);
-      }
+      const Served served = ServeTo(
+          *shard, request.payload(),
+          [&](std::span<const std::string_view> parts) {
+            return link ? link->Send(kReplyFrame, parts, deadline)
+                        : tcp::WriteFrameParts(c.fd(), kReplyFrame, parts, deadline, peer);
+          },
+          /*pull_in_place=*/link != nullptr, owner, &worker);
       request = {};  // the request's ring bytes are free again
-      if (sent.ok() && kind == Kind::kClock && !worker.empty()) clocked.insert(worker);
-      if (kind == Kind::kLeave) clocked.erase(worker);
-      if (!sent.ok()) return;
+      if (served.replied.ok() && served.kind == Kind::kClock) clocked.insert(worker);
+      if (served.kind == Kind::kLeave) clocked.erase(worker);
+      if (!served.sent.ok()) return;
     }
   }
 

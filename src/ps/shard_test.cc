@@ -450,7 +450,7 @@ TEST(PsCodecTest, UpdatesAreReadInPlaceWhenAlignedElseCopiedIntoTheScratch) {
   EXPECT_EQ(owned->values, push.values);
 }
 
-TEST(PsCodecTest, ServeInPlaceSendsServesBytesAndPullsUnderTheTensorsLocks) {
+TEST(PsCodecTest, ServeToSendsServesBytesAndPullsInPlaceUnderTheTensorsLocks) {
   auto make = [] {
     auto s = std::make_unique<Shard>("ps:0");
     EXPECT_TRUE(s->CreateDense("a", std::vector<float>{1, 2}, With(Rule::kAdd)).ok());
@@ -475,20 +475,19 @@ TEST(PsCodecTest, ServeInPlaceSendsServesBytesAndPullsUnderTheTensorsLocks) {
   for (const Request& r : {pull, many, missing, push, pull}) {
     const std::string bytes = EncodeRequest(r);
     std::string got;
-    Status sent = Status::Internal("not called");
-    const Kind kind = ServeInPlace(*twin, bytes, [&](std::span<const std::string_view> parts) {
+    const Served served = ServeTo(*twin, bytes, [&](std::span<const std::string_view> parts) {
       for (auto part : parts) got.append(part);
       return Status::OK();
-    }, &sent);
-    EXPECT_EQ(kind, r.kind);
-    EXPECT_TRUE(sent.ok());
+    }, /*pull_in_place=*/true);
+    EXPECT_EQ(served.kind, r.kind);
+    EXPECT_TRUE(served.sent.ok());
     EXPECT_EQ(got, Serve(*shard, bytes)) << KindName(r.kind);
+    EXPECT_EQ(served.replied.ok(), r.names != missing.names) << served.replied.ToString();
   }
   // While a pull is being sent, its tensor's lock is held: a push waits for it.
   std::atomic<bool> sending{false}, pushed{false};
   std::thread pusher;
-  Status sent;
-  ServeInPlace(*twin, EncodeRequest(pull), [&](std::span<const std::string_view>) {
+  ServeTo(*twin, EncodeRequest(pull), [&](std::span<const std::string_view>) {
     pusher = std::thread([&] {
       sending = true;
       EXPECT_TRUE(twin->PushDense("a", std::vector<float>{1, 1}, 0).ok());
@@ -498,15 +497,15 @@ TEST(PsCodecTest, ServeInPlaceSendsServesBytesAndPullsUnderTheTensorsLocks) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     EXPECT_FALSE(pushed.load()) << "a push changed the tensor while its pull was being sent";
     return Status::OK();
-  }, &sent);
+  }, /*pull_in_place=*/true);
   pusher.join();
   EXPECT_TRUE(pushed.load());
   // A failed send is reported, not retried.
-  Status failed;
-  ServeInPlace(*twin, EncodeRequest(pull), [](std::span<const std::string_view>) {
+  const Served failed = ServeTo(*twin, EncodeRequest(pull), [](std::span<const std::string_view>) {
     return Status::Aborted("the worker closed its ring");
-  }, &failed);
-  EXPECT_EQ(failed.code(), StatusCode::kAborted);
+  }, /*pull_in_place=*/true);
+  EXPECT_EQ(failed.sent.code(), StatusCode::kAborted);
+  EXPECT_TRUE(failed.replied.ok());
 }
 
 }  // namespace
