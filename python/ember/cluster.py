@@ -38,7 +38,7 @@ from ember._driver import feed as _feed_driver
 from ember._driver.console import Console
 from ember._driver.gang import Gang, Launch, Restart  # noqa: F401 - Restart: Cluster.restarts' items
 from ember._driver import gpus as _gpus
-from ember._driver.spark_job import check_executor_python, check_slots, spark_context, task_slots
+from ember._driver.spark_job import check_executor_python, check_slots, spark_side
 from ember._names import WORKER_ROLES
 from ember.errors import ClusterError, NodeError
 from ember.input_mode import InputMode
@@ -80,9 +80,9 @@ class Cluster:
             restart k (EMBER_JOB_ID of its processes, the prefix of its shared memory).
     """
 
-    def __init__(self, sc, num_nodes: int, layout, input_mode: InputMode, log_dir: Optional[str],
+    def __init__(self, side, num_nodes: int, layout, input_mode: InputMode, log_dir: Optional[str],
                  launch: Launch, *, max_restarts: int = 0, driver_nodes: int = 0):
-        self._sc = sc
+        self._side = side  # ember._driver.spark_side.SparkSide: classic or Spark Connect
         self.job_id = f"ember-{uuid.uuid4().hex[:12]}"
         self.num_nodes = num_nodes
         self.layout = layout
@@ -92,8 +92,8 @@ class Cluster:
         self._lock = threading.Lock()
         self._shutting_down = False
         self._driver_nodes = driver_nodes  # nodes whose launchers run on the driver (driver_ps_nodes)
-        self._feed = _feed_driver.Feed(sc, self.job_id, self._console)  # InputMode.SPARK: the epoch loop
-        self._gang = Gang(sc, self.job_id, num_nodes, layout, self.input_mode, self.log_dir, self._console,
+        self._feed = _feed_driver.Feed(side, self.job_id, self._console)  # InputMode.SPARK: the epoch loop
+        self._gang = Gang(side, self.job_id, num_nodes, layout, self.input_mode, self.log_dir, self._console,
                           launch, max_restarts=max_restarts, driver_nodes=driver_nodes, on_abort=self._feed.cancel)
 
     @staticmethod
@@ -147,7 +147,8 @@ class Cluster:
         `eval_node`, the rest "worker".  Every node gets ``TF_CONFIG``.
 
         Args:
-            spark: a SparkSession or SparkContext.
+            spark: a SparkSession, classic or Spark Connect (``SparkSession.builder.remote(...)``),
+                or a SparkContext.
             main_fun: called as ``main_fun(args, ctx)`` in a process of its own on every
                 node; pickled with cloudpickle.  Or a program's argv, e.g.
                 ``["./my_trainer", "--lr=0.1"]``: that executable runs on every node with
@@ -157,7 +158,7 @@ class Cluster:
                 the job with the tail of the program's stderr.
             args: passed to main_fun (must pickle); must be None for a program (its
                 arguments belong in its argv).
-            num_executors: number of nodes; default ``sc.defaultParallelism``.  Needs as
+            num_executors: number of nodes; default Spark's default parallelism.  Needs as
                 many free task slots: the nodes run as one Spark barrier stage.
             num_ps: number of parameter-server nodes.
             tensorboard: start TensorBoard beside the chief (or worker 0) on `log_dir`.
@@ -214,17 +215,17 @@ class Cluster:
         """
         started = time.monotonic()
         main_fun = _node_program(main_fun, args) or main_fun
-        sc = spark_context(spark)
-        num_nodes = int(num_executors) if num_executors is not None else sc.defaultParallelism
+        side = spark_side(spark)
+        num_nodes = int(num_executors) if num_executors is not None else side.default_parallelism()
         layout = _ember.ClusterLayout(num_nodes=num_nodes, num_ps=num_ps,
                                       master_node=master_node or "", eval_node=eval_node)
         _ember.assign_role(layout, 0)  # validates the layout: InvalidArgument names the field
         driver_nodes = int(num_ps) if driver_ps_nodes else 0
-        gpus = _gpus.requested(sc, gpus_per_node)
-        profile = _gpus.resource_profile(sc, gpus)
-        local_gpus = _gpus.local_gpus(sc, num_nodes - driver_nodes, gpus)
-        check_slots(sc, num_nodes - driver_nodes, config.get("slot_timeout", sc, slot_timeout), profile, gpus)
-        check_executor_python(sc, num_nodes - driver_nodes, config.get("executor_check_timeout", sc))
+        gpus = _gpus.requested(side, gpus_per_node)
+        profile = _gpus.resource_profile(side, gpus)
+        local_gpus = _gpus.local_gpus(side, num_nodes - driver_nodes, gpus)
+        check_slots(side, num_nodes - driver_nodes, config.get("slot_timeout", side, slot_timeout), profile, gpus)
+        check_executor_python(side, num_nodes - driver_nodes, config.get("executor_check_timeout", side))
         if max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
         tolerated = _tolerated_worker_losses(layout, num_nodes, input_mode, min_workers)
@@ -233,10 +234,10 @@ class Cluster:
                              "workers), and no GPUs")
         launch = Launch(main_fun=main_fun, args=args, tensorboard=tensorboard,
                         reservation_timeout=reservation_timeout, heartbeat_timeout=heartbeat_timeout,
-                        connect_timeout=config.get("connect_timeout", sc, connect_timeout),
+                        connect_timeout=config.get("connect_timeout", side, connect_timeout),
                         gpus_per_node=gpus, profile=profile, local_gpus=local_gpus,
                         tolerated_worker_losses=tolerated, replace_lost_workers=int(replace_lost_workers))
-        cluster = cls(sc, num_nodes, layout, input_mode, log_dir, launch, max_restarts=int(max_restarts),
+        cluster = cls(side, num_nodes, layout, input_mode, log_dir, launch, max_restarts=int(max_restarts),
                       driver_nodes=driver_nodes)
         try:
             cluster._gang.start(started=started)
@@ -308,7 +309,7 @@ class Cluster:
                 the feeding Spark job failed.
         """
         self._require_spark_mode("train")
-        _feed_driver.check_feed_slots(self._sc, self.num_nodes - self._driver_nodes, task_slots)
+        _feed_driver.check_feed_slots(self._side, self.num_nodes - self._driver_nodes)
         if num_epochs < 1:
             raise ValueError("num_epochs must be at least 1")
         self._feed.train(self._gang, data, num_epochs, feed_timeout, validation_data)
@@ -374,7 +375,7 @@ class Cluster:
             when a Spark action runs on it.
         """
         self._require_spark_mode("inference")
-        _feed_driver.check_feed_slots(self._sc, self.num_nodes - self._driver_nodes, task_slots)
+        _feed_driver.check_feed_slots(self._side, self.num_nodes - self._driver_nodes)
         return self._feed.inference(self._gang, data, feed_timeout, output_schema=output_schema)
 
     def shutdown(self, grace_secs: float = 0, timeout: Optional[float] = None) -> None:

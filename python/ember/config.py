@@ -101,12 +101,21 @@ SETTINGS = {
 }
 
 
+def _spark_conf(spark: Any, key: str) -> Optional[str]:
+    """Setting `key` of a SparkSide (ember._driver.spark_side: classic or Spark Connect), a
+    classic SparkSession or a SparkContext; None if unset."""
+    if callable(getattr(spark, "conf", None)):  # a SparkSide
+        return spark.conf(key)
+    return getattr(spark, "sparkContext", spark).getConf().get(key, None)
+
+
 def get(name: str, sc: Any = None, explicit: Optional[Any] = None) -> Any:
     """The value of setting `name`: `explicit` if not None, else Spark conf, env, default.
 
     Args:
         name: a key of SETTINGS.
-        sc: a SparkContext whose conf is consulted, or None.
+        sc: a SparkSide (ember._driver.spark_side), SparkSession or SparkContext whose
+            application settings are consulted, or None.
         explicit: a value passed by the caller (e.g. an argument of Cluster.run).
 
     Raises:
@@ -117,7 +126,7 @@ def get(name: str, sc: Any = None, explicit: Optional[Any] = None) -> Any:
         return explicit
     sources = []
     if sc is not None:
-        sources.append((f"Spark conf {setting.conf_key}", sc.getConf().get(setting.conf_key, None)))
+        sources.append((f"Spark conf {setting.conf_key}", _spark_conf(sc, setting.conf_key)))
     sources.append((f"environment variable {setting.env_var}", os.environ.get(setting.env_var)))
     for where, text in sources:
         if text is None or text == "":

@@ -383,19 +383,19 @@ def run_parallel(spark: Any, fn: Callable[[Any, Any], Any], args: Any = None, nu
         ClusterError: too few task slots for the runs.
     """
     from ember import config
-    from ember._driver.spark_job import check_executor_python, check_slots, spark_context, task_slots
+    from ember._driver.spark_job import check_executor_python, check_slots, spark_side, task_slots
 
-    sc = spark_context(spark)
-    n = int(num_executors) if num_executors is not None else sc.defaultParallelism
+    side = spark_side(spark)
+    n = int(num_executors) if num_executors is not None else side.default_parallelism()
     if n < 1:
         raise ValueError(f"run_parallel needs num_executors >= 1, got {n}")
-    if not sc.master.startswith("local"):  # executors may still be registering: wait for them
-        check_slots(sc, n, config.get("slot_timeout", sc, cluster_options.get("slot_timeout")))
-    have = task_slots(sc)
-    if have < n:
+    if not side.is_local:  # executors may still be registering: wait for them
+        check_slots(side, n, config.get("slot_timeout", side, cluster_options.get("slot_timeout")))
+    have = task_slots(side)
+    if have is not None and have < n:
         raise ClusterError(f"run_parallel runs {n} runs at once, one Spark task slot each, but the Spark "
-                           f"application has {have} (master {sc.master}); add executors or cores, or run fewer")
-    check_executor_python(sc, n, config.get("executor_check_timeout", sc))  # one error, not n failed runs
+                           f"application has {have} (master {side.master}); add executors or cores, or run fewer")
+    check_executor_python(side, n, config.get("executor_check_timeout", side))  # one error, not n failed runs
     runs = [Run(spark, fn, args, i, n) for i in range(n)]
     results: List[Optional[RunResult]] = [None] * n
 

@@ -30,6 +30,7 @@ LAYERS = [
     {"context", "_feeder.task"},  # the node's ctx; the feeding tasks' Spark glue
     # the launching task; the node's process; data/: TFRecord datasets, DataFrame <-> TFRecord
     {"_launcher.task", "_node.main", "data"},
+    {"_driver.spark_side"},  # the one seam to Spark: a classic session or a Spark Connect one
     {"_driver.spark_job", "_driver.watcher"},
     # a job's nodes (coordinator, barrier job, watcher; start, stop, recover); the feeding jobs and the epoch loop
     {"_driver.gang", "_driver.feed"},

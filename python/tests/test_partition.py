@@ -330,7 +330,7 @@ def test_a_read_only_question_to_spark_is_asked_again_after_a_gateway_reset_only
     more; an error the JVM raised is not, and neither is a second reset."""
     from py4j.protocol import Py4JError, Py4JJavaError
 
-    from ember._driver.spark_job import _retrying_a_reset_gateway
+    from ember._driver.spark_side import _retrying_a_reset_gateway
 
     calls = []
 

@@ -15,7 +15,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 import pyarrow as pa
 
 from ember import _ember, config, errors
-from ember._driver.spark_job import job_group, spark_error_summary
+from ember._driver.spark_job import spark_error_summary, task_slots
 from ember._feeder import task as feeding
 from ember._names import FEED_ENDPOINT_KEY, WORKER_ROLES
 
@@ -30,13 +30,14 @@ def _is_rdd(data: Any) -> bool:
     return hasattr(data, "mapPartitionsWithIndex") and hasattr(data, "getNumPartitions")
 
 
-def check_feed_slots(sc, num_nodes: int, task_slots) -> None:
-    """Feeding tasks need slots the nodes' barrier tasks do not hold."""
-    have = task_slots(sc)
-    if have <= num_nodes:
+def check_feed_slots(side, num_nodes: int) -> None:
+    """Feeding tasks need slots the nodes' barrier tasks do not hold (not checked where Spark
+    does not say how many there are: Spark Connect on a cluster master)."""
+    have = task_slots(side)
+    if have is not None and have <= num_nodes:
         raise errors.ClusterError(
             f"InputMode.SPARK feeds the {num_nodes} nodes from Spark tasks that run beside them, but "
-            f"the application's {have} task slots are all held by the nodes (master {sc.master}). "
+            f"the application's {have} task slots are all held by the nodes (master {side.master}). "
             f"Use local[{num_nodes * 2}] or add executors/cores so at least one slot is free.")
 
 
@@ -71,7 +72,7 @@ def validation_epoch(epoch: int) -> int:
     return _ember.validation_epoch(epoch)
 
 
-def _feed_epoch(sc, data: Any, epoch: int, eps: List[feeding.NodeEndpoint], opts: feeding.FeedOptions,
+def _feed_epoch(data: Any, epoch: int, eps: List[feeding.NodeEndpoint], opts: feeding.FeedOptions,
                 ended: Callable[[feeding.NodeEndpoint], bool]) -> Tuple[List[int], set, int]:
     """Feeds `data` once as epoch number `epoch` (one Spark job) and ends the epoch at every
     node; returns the rows each node got, the nodes that ended their feed (or returned), and
@@ -135,7 +136,7 @@ def _await_epoch(eps: List[feeding.NodeEndpoint], epoch: int, opts: feeding.Feed
     return stopped
 
 
-def feed_epoch(sc, data: Any, epoch: int, eps: List[feeding.NodeEndpoint], opts: feeding.FeedOptions,
+def feed_epoch(data: Any, epoch: int, eps: List[feeding.NodeEndpoint], opts: feeding.FeedOptions,
                ended: Callable[[feeding.NodeEndpoint], bool], validation_data: Any = None,
                after_epoch: Optional[int] = None, console=None,
                on_fed: Optional[Callable[[int], None]] = None) -> Optional[int]:
@@ -154,7 +155,7 @@ def feed_epoch(sc, data: Any, epoch: int, eps: List[feeding.NodeEndpoint], opts:
         # Every node ended its feed (DataFeed.terminate(), e.g. Keras EarlyStopping through
         # ember.keras.StopFeedCallback) or returned: the rest of the epochs go unfed.
         return None
-    per_node, stopped, num_partitions = _feed_epoch(sc, data, epoch, eps, opts, ended)
+    per_node, stopped, num_partitions = _feed_epoch(data, epoch, eps, opts, ended)
     if on_fed is not None:
         on_fed(epoch)
     if len(stopped) == num_nodes:
@@ -166,7 +167,7 @@ def feed_epoch(sc, data: Any, epoch: int, eps: List[feeding.NodeEndpoint], opts:
                      f"each trains on {min(per_node)}"
                      + (f" ({total - used} left over)" if total != used else ""))
     if validation_data is not None:
-        v_nodes, v_stopped, v_partitions = _feed_epoch(sc, validation_data, validation_epoch(epoch), eps, opts,
+        v_nodes, v_stopped, v_partitions = _feed_epoch(validation_data, validation_epoch(epoch), eps, opts,
                                                        ended)
         if len(v_stopped) == num_nodes:
             return None
@@ -196,8 +197,8 @@ class Feed:
     watcher, secret, restarts).  One train() runs at a time; cancel() is thread-safe.
     """
 
-    def __init__(self, sc, job_id: str, console):
-        self._sc = sc
+    def __init__(self, side, job_id: str, console):
+        self._side = side  # ember._driver.spark_side.SparkSide
         self._job_id = job_id
         self._console = console
         self.epochs_fed = 0  # the next epoch's number
@@ -221,7 +222,7 @@ class Feed:
 
     def options(self, gang, feed_timeout: Optional[float]) -> feeding.FeedOptions:
         return feeding.feed_options(secret=gang.secret, feed_timeout=feed_timeout,
-                                    transport=str(config.get("feed_transport", self._sc)))
+                                    transport=str(config.get("feed_transport", self._side)))
 
     def train(self, gang, data: Any, num_epochs: int, feed_timeout: Optional[float] = None,
               validation_data: Any = None) -> None:
@@ -245,15 +246,16 @@ class Feed:
                     eps, opts = self.endpoints(gang), self.options(gang, feed_timeout)
                     after = self._last_epoch if self._last_epoch_of == gang.node_job_id else None
                     used = self._on_thread(gang, epoch, lambda: feed_epoch(
-                        self._sc, data, epoch, eps, opts, lambda ep: gang.node_ended(ep.executor_id),
+                        data, epoch, eps, opts, lambda ep: gang.node_ended(ep.executor_id),
                         validation_data=validation_data, after_epoch=after, console=self._console,
                         on_fed=fed.append))
                 except Exception as e:  # noqa: BLE001 - a node's failure explains a failed feed best
                     failure = gang.watcher.known_failure(wait=2.0)
                     if failure is None:
-                        if type(e).__name__ == "Py4JJavaError":
+                        if type(e).__name__ == "Py4JJavaError" or \
+                                type(e).__module__.startswith("pyspark.errors.exceptions.connect"):
                             raise errors.ClusterError(f"Cluster.train: the feeding Spark job failed: "
-                                                      f"{spark_error_summary(e, self._sc)}") from e
+                                                      f"{spark_error_summary(e, self._side)}") from e
                         raise
                     try:
                         gang.recover(failure)
@@ -278,8 +280,6 @@ class Feed:
     def _on_thread(self, gang, epoch: int, work: Callable[[], Optional[int]]) -> Optional[int]:
         """Runs `work` (one epoch) on a thread of its own under the feed's job group and returns
         what it returns, or raises the job's failure the moment one is known (see the class doc)."""
-        from pyspark import InheritableThread
-
         watcher = gang.watcher
         if watcher.failure is not None:  # failed before the feed started
             raise watcher.failure
@@ -288,7 +288,7 @@ class Feed:
 
         def run() -> None:
             try:  # job groups are per thread: this one's jobs only
-                with job_group(self._sc, self._group, f"Ember job {self._job_id}: feeding epoch {epoch}"):
+                with self._side.job_group(self._group, f"Ember job {self._job_id}: feeding epoch {epoch}"):
                     box["value"] = work()
             except BaseException as e:  # noqa: BLE001 - raised on the caller's thread
                 box["error"] = e
@@ -297,7 +297,7 @@ class Feed:
 
         with self._lock:
             self._woken = woken
-        InheritableThread(run, daemon=True, name=f"{self._job_id}-feed-{epoch}").start()
+        self._side.thread(run, f"{self._job_id}-feed-{epoch}").start()
         try:
             woken.wait()  # the epoch ended, or a node failed (cancel)
         except BaseException:  # e.g. KeyboardInterrupt: the feed must not go on by itself
@@ -324,16 +324,13 @@ class Feed:
             woken = self._woken
         if woken is None:
             return
-        try:
-            self._sc.cancelJobGroup(self._group)
-        except Exception:  # noqa: BLE001 - the SparkContext may be gone already
-            pass
+        self._side.cancel(self._group)
         woken.set()
 
     def inference(self, gang, data: Any, feed_timeout: Optional[float], output_schema: Any = None):
         """``Cluster.inference``: see :func:`inference`."""
         host, port = gang.coordinator_address.rsplit(":", 1)
-        return inference(self._sc, data, self.endpoints(gang), self.options(gang, feed_timeout),
+        return inference(data, self.endpoints(gang), self.options(gang, feed_timeout),
                          output_schema=output_schema, coordinator=(host, int(port), gang.secret))
 
     def end(self, gang, timeout: float = 30.0) -> None:
@@ -363,7 +360,7 @@ def _cast_column(col: pa.Array, target: pa.DataType, name: str, where: str) -> p
                          f"converted to the output schema's {target}: {e}") from None
 
 
-def inference(sc, data: Any, endpoints: Sequence[feeding.NodeEndpoint], options: feeding.FeedOptions,
+def inference(data: Any, endpoints: Sequence[feeding.NodeEndpoint], options: feeding.FeedOptions,
               output_schema=None, coordinator: Optional[Tuple[str, int, bytes]] = None):
     """DataFrame in: a DataFrame with every input column plus the output columns, in input
     order.  RDD in: an RDD of the node's results, in input order.  Lazy, like any Spark

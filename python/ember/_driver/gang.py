@@ -21,14 +21,13 @@ import dataclasses
 import json
 import os
 import secrets
-import socket
 import threading
 import time
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence
 
-from ember import _ember, _hadoop, config
+from ember import _ember, config
 from ember._driver.console import Console
 from ember._driver.gpus import check_nodes as check_gpu_nodes
 from ember._driver.spark_job import NodesJob, spark_failure_reason
@@ -129,10 +128,10 @@ class Gang:
         closed: whether :meth:`close` ran.
     """
 
-    def __init__(self, sc, job_id: str, num_nodes: int, layout, input_mode: InputMode, log_dir: Optional[str],
+    def __init__(self, side, job_id: str, num_nodes: int, layout, input_mode: InputMode, log_dir: Optional[str],
                  console: Console, launch: Launch, *, max_restarts: int = 0, driver_nodes: int = 0,
                  on_abort: Callable[[], None] = lambda: None):
-        self._sc = sc
+        self._side = side  # ember._driver.spark_side.SparkSide
         self.job_id = job_id
         self.num_nodes = num_nodes
         self.layout = layout
@@ -167,7 +166,7 @@ class Gang:
         from).  Called again by recover for each restart."""
         from pyspark import cloudpickle
 
-        sc, launch = self._sc, self._launch
+        side, launch = self._side, self._launch
         argv = list(launch.main_fun) if isinstance(launch.main_fun, list) else None  # see cluster._node_program
         try:
             payload = b"" if argv else cloudpickle.dumps((launch.main_fun, launch.args))
@@ -175,16 +174,15 @@ class Gang:
             raise TypeError(f"Cluster.run cannot send main_fun and args to the nodes: they do not "
                             f"pickle ({type(e).__name__}: {e})") from e
         self.secret = secrets.token_bytes(32)
-        host = (config.get("coordinator_host", sc) or sc.getConf().get("spark.driver.host", None)
-                or socket.gethostname())
+        host = config.get("coordinator_host", side) or side.coordinator_host()
         # Listen where the nodes are told to connect (docs/network.md), as Spark's driver does.
-        bind = config.get("coordinator_bind", sc) or sc.getConf().get("spark.driver.bindAddress", None) or host
+        bind = config.get("coordinator_bind", side) or side.coordinator_bind() or host
         self.server = _ember.CoordinatorServer.start(
-            self.secret, self.layout, bind_host=bind, port=config.get("coordinator_port", sc),
+            self.secret, self.layout, bind_host=bind, port=config.get("coordinator_port", side),
             heartbeat_timeout=float(launch.heartbeat_timeout),
             tolerated_worker_losses=int(launch.tolerated_worker_losses))
         self.coordinator_address = f"{host}:{self.server.port}"
-        default_fs, hdfs_http_address = _hadoop.spark_fs_conf(sc)
+        default_fs, hdfs_http_address = side.hadoop_fs_conf()
         spec = NodeSpec(
             job_id=self.node_job_id, coordinator_host=host, coordinator_port=self.server.port,
             secret=self.secret, payload=payload,
@@ -192,18 +190,19 @@ class Gang:
             working_dir=os.getcwd(),
             log_dir=self.log_dir, tensorboard=launch.tensorboard, input_mode=int(self.input_mode),
             reservation_timeout=float(launch.reservation_timeout), connect_timeout=float(launch.connect_timeout),
-            kill_grace_secs=float(config.get("kill_grace_secs", sc)),
-            feed_ring_bytes=int(config.get("feed_ring_bytes", sc)),
-            node_bind=config.get("node_bind", sc) or "",
+            kill_grace_secs=float(config.get("kill_grace_secs", side)),
+            feed_ring_bytes=int(config.get("feed_ring_bytes", side)),
+            node_bind=config.get("node_bind", side) or "",
             gpus_per_node=float(launch.gpus_per_node), local_gpus=launch.local_gpus,
             tolerated_worker_losses=int(launch.tolerated_worker_losses),
-            echo_logs=not sc.master.startswith("local"), argv=argv)
+            # In local mode the tasks' stderr is this process's, except under Spark Connect.
+            echo_logs=side.connect or not side.is_local, argv=argv)
 
         self._spec = spec
         self.watcher = Watcher(self.server, self._console, self.node_job_id, self._on_node_failure,
                                on_departed=self._on_worker_departed)
         self.watcher.start()
-        self.job = NodesJob(sc, self.node_job_id, self.num_nodes, self._wake_waits_after_spark,
+        self.job = NodesJob(side, self.node_job_id, self.num_nodes, self._wake_waits_after_spark,
                             driver_nodes=self._driver_nodes, profile=launch.profile)
         self.job.start(spec)
         self._wait_for_registration(started, launch.reservation_timeout)
@@ -369,7 +368,7 @@ class Gang:
                 self.watcher.raise_failure_or(ClusterError, f"the job was aborted: {e}")
         self.raise_if_failed(spark_must_run=False)
         self.server.stop_nodes(list(SUPPORT_ROLES))
-        stop_wait = _STOP_TIMEOUT + 2 * config.get("kill_grace_secs", self._sc)
+        stop_wait = _STOP_TIMEOUT + 2 * config.get("kill_grace_secs", self._side)
         self.wait_nodes(
             [], time.monotonic() + stop_wait,
             lambda: f"Cluster.shutdown waited {stop_wait:g}s for the stopped ps/evaluator nodes to end",
@@ -446,7 +445,7 @@ class Gang:
                     self.job.cancel()
             if self.job is not None:
                 # Give the launchers time to end their nodes while the coordinator still serves.
-                self.job.wait(15.0 + 2 * float(config.get("kill_grace_secs", self._sc)))
+                self.job.wait(15.0 + 2 * float(config.get("kill_grace_secs", self._side)))
         finally:
             if self.watcher is not None:
                 self.watcher.stop(timeout=5.0)

@@ -23,12 +23,12 @@ from ember.errors import ClusterError, InvalidArgument
 _TASK_AMOUNT = "spark.task.resource.gpu.amount"
 
 
-def requested(sc, gpus_per_node: Optional[float]) -> float:
+def requested(side, gpus_per_node: Optional[float]) -> float:
     """GPUs per node: `gpus_per_node` if given, else the application's own
     spark.task.resource.gpu.amount (a TorchDistributor-style setting), else 0.  A whole
     number, or a fraction 1/k (k nodes share a GPU), as Spark takes them."""
     if gpus_per_node is None:
-        gpus_per_node = float(sc.getConf().get(_TASK_AMOUNT, "0") or 0)
+        gpus_per_node = float(side.conf(_TASK_AMOUNT, "0") or 0)
     amount = float(gpus_per_node)
     if amount < 0 or math.isnan(amount):
         raise ValueError(f"gpus_per_node must be >= 0, got {gpus_per_node}")
@@ -40,49 +40,32 @@ def requested(sc, gpus_per_node: Optional[float]) -> float:
     return amount
 
 
-def is_local(sc) -> bool:
-    return str(sc.master).startswith("local")
-
-
-def resource_profile(sc, amount: float):
+def resource_profile(side, amount: float):
     """The pyspark ResourceProfile the nodes' barrier stage runs under (registered with Spark,
     so its task slots can be counted), or None where the application's default profile already
     asks `amount` GPUs per task, none are asked, or in local mode."""
-    if amount <= 0 or is_local(sc):
+    if amount <= 0 or side.is_local:
         return None
-    if float(sc.getConf().get(_TASK_AMOUNT, "0") or 0) == amount:
+    if float(side.conf(_TASK_AMOUNT, "0") or 0) == amount:
         return None
     from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
 
-    cpus = int(sc.getConf().get("spark.task.cpus", "1"))
+    cpus = int(side.conf("spark.task.cpus", "1") or 1)
     profile = ResourceProfileBuilder().require(TaskResourceRequests().cpus(cpus).resource("gpu", amount)).build
-    sc._jsc.sc().resourceProfileManager().addResourceProfile(profile._java_resource_profile)
+    side.register_profile(profile)
     return profile
 
 
-def executor_gpus(sc) -> List[Tuple[str, str, List[str]]]:
-    """(executor id, host:port, GPU addresses) of every executor the application has now."""
-    out = []
-    executors = sc._jsc.sc().statusStore().executorList(True)
-    for i in range(executors.size()):
-        e = executors.apply(i)
-        if e.id() == "driver":
-            continue
-        gpu = e.resources().get("gpu")
-        out.append((str(e.id()), str(e.hostPort()), list(gpu.get().addresses()) if gpu.isDefined() else []))
-    return out
-
-
-def too_few(sc, needed: int, amount: float, have: int) -> str:
+def too_few(side, needed: int, amount: float, have: int) -> str:
     """What Cluster.run says when the application cannot run `needed` nodes with `amount`
     GPUs each at once (`have`: how many it can)."""
-    executors = executor_gpus(sc)
+    executors = side.executor_gpus() or []
     total = sum(len(g) for _, _, g in executors)
     asked = (f"{needed} nodes with {amount:g} GPU{'s' if amount != 1 else ''} each "
              f"({math.ceil(needed * amount - 1e-9)} GPUs), all at once (Spark barrier execution)")
     if total == 0:
         return (f"Cluster.run needs {needed} nodes with {amount:g} GPU each, but the application's "
-                f"{len(executors)} executors have no GPU (master {sc.master}). Give executors GPUs: "
+                f"{len(executors)} executors have no GPU (master {side.master}). Give executors GPUs: "
                 f"spark.executor.resource.gpu.amount, with each worker's GPUs declared "
                 f"(standalone: spark.worker.resource.gpu.amount and "
                 f"spark.worker.resource.gpu.discoveryScript; YARN/Kubernetes: "
@@ -94,20 +77,24 @@ def too_few(sc, needed: int, amount: float, have: int) -> str:
             f"GPUs per node, or share GPUs with a fractional gpus_per_node (0.5: two nodes per GPU).")
 
 
-def local_gpus(sc, num_nodes: int, amount: float) -> Optional[List[str]]:
+def local_gpus(side, num_nodes: int, amount: float) -> Optional[List[str]]:
     """Local mode: the driver's GPUs the nodes share out (spark.driver.resource.gpu.*, else
     the driver's CUDA_VISIBLE_DEVICES); None when no GPU is asked or not in local mode."""
-    if amount <= 0 or not is_local(sc):
+    if amount <= 0 or not side.is_local:
         return None
-    resources = getattr(sc, "resources", None) or {}
-    if "gpu" in resources and resources["gpu"].addresses:
-        gpus, where = list(resources["gpu"].addresses), "spark.driver.resource.gpu"
+    if side.connect:
+        raise ClusterError(
+            f"Cluster.run asked {amount:g} GPU per node from a Spark Connect client of a local-mode "
+            f"server ({side.master}), whose GPUs this client cannot see: run the Connect server "
+            f"against a cluster whose executors declare GPUs (docs/deploy.md), or use a classic session.")
+    if side.driver_gpus():
+        gpus, where = side.driver_gpus(), "spark.driver.resource.gpu"
     elif os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
         gpus = _ember.gpu_split_visible_devices(os.environ["CUDA_VISIBLE_DEVICES"])
         where = f"the driver's CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']!r}"
     else:
         raise ClusterError(
-            f"Cluster.run asked {amount:g} GPU per node in local mode ({sc.master}), where Spark "
+            f"Cluster.run asked {amount:g} GPU per node in local mode ({side.master}), where Spark "
             f"assigns tasks no GPUs and the driver declares none: set spark.driver.resource.gpu.amount "
             f"and spark.driver.resource.gpu.discoveryScript (docs/deploy.md), or CUDA_VISIBLE_DEVICES "
             f"in the driver's environment, before the SparkSession starts.")

@@ -8,7 +8,6 @@ can be woken at once if it failed.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import re
@@ -16,61 +15,38 @@ import threading
 import time
 from typing import Any, Callable, List, Optional
 
+from ember._driver.spark_side import SparkSide, spark_side
 from ember._launcher.task import NodeLauncher, NodeSpec, run_partition, run_replacement
 from ember.errors import ClusterError, DeadlineExceeded
 
-
-def spark_context(spark: Any):
-    """The SparkContext of a SparkSession or SparkContext."""
-    sc = getattr(spark, "sparkContext", spark)
-    if not hasattr(sc, "_jsc"):
-        raise TypeError(f"Cluster.run needs a SparkSession or SparkContext, got {type(spark).__name__}")
-    return sc
+__all__ = ["NodesJob", "check_executor_python", "check_slots", "spark_error_summary", "spark_failure_reason",
+           "spark_side", "task_slots"]
 
 
-def task_slots(sc, profile=None) -> int:
-    """How many tasks the Spark application can run at once (what a barrier stage needs),
-    under `profile` (a registered pyspark ResourceProfile, e.g. GPUs per task) or the default."""
-    def ask() -> int:
-        jsc = sc._jsc.sc()
-        java = profile._java_resource_profile if profile is not None else \
-            jsc.resourceProfileManager().defaultResourceProfile()
-        return int(jsc.maxNumConcurrentTasks(java))
-
-    return _retrying_a_reset_gateway(ask, "the task slot count")
+def task_slots(spark: Any, profile=None) -> Optional[int]:
+    """How many tasks the Spark application (a SparkSide, session or context) can run at once
+    (what a barrier stage needs), under `profile` (a registered pyspark ResourceProfile, e.g.
+    GPUs per task) or the default; None where Spark does not say (Spark Connect, a profile)."""
+    return spark_side(spark).task_slots(profile)
 
 
-def _retrying_a_reset_gateway(call: Callable[[], Any], what: str) -> Any:
-    """`call()` (a read-only question to Spark's JVM), asked once more if Py4J's connection of
-    this thread was reset under it (seen once in a full test run: 'Connection reset by peer' on
-    the driver's main thread, idle while the nodes' job ran on another; Py4J opens a new
-    connection for the next call).  An error the JVM raised is not retried."""
-    from py4j.protocol import Py4JError, Py4JJavaError
-
-    try:
-        return call()
-    except Py4JJavaError:
-        raise
-    except Py4JError as e:
-        import logging
-        logging.getLogger("ember").warning("asking Spark for %s failed in Py4J (%s); asking once more", what, e)
-        return call()
-
-
-def check_slots(sc, needed: int, timeout: float, profile=None, gpus_per_node: float = 0.0) -> None:
+def check_slots(spark: Any, needed: int, timeout: float, profile=None, gpus_per_node: float = 0.0) -> None:
     """Returns once `needed` task slots exist; raises ClusterError after `timeout`.
 
     A barrier stage without enough slots makes Spark retry for minutes, so look
     first.  local[N] has all its slots from the start; on a cluster, executors
     register a little after the context starts, hence the wait.  Spark has no
     event for "an executor registered" that Python can wait on, so this one wait
-    looks again every half second (it never waits on Ember's own state).
+    looks again every half second (it never waits on Ember's own state).  Where Spark
+    does not say (Spark Connect on a cluster master) it returns at once: the nodes'
+    reservation_timeout then names the nodes that never started.
     """
-    local = sc.master.startswith("local")
+    side = spark_side(spark)
+    local = side.is_local
     start = time.monotonic()
     while True:
-        have = task_slots(sc, profile)
-        if have >= needed:
+        have = task_slots(side, profile)
+        if have is None or have >= needed:
             return
         waited = time.monotonic() - start
         if local or waited >= timeout:
@@ -78,21 +54,21 @@ def check_slots(sc, needed: int, timeout: float, profile=None, gpus_per_node: fl
         time.sleep(min(0.5, timeout - waited))
     if gpus_per_node > 0 and not local:
         from ember._driver.gpus import too_few
-        raise ClusterError(too_few(sc, needed, gpus_per_node, have))
+        raise ClusterError(too_few(side, needed, gpus_per_node, have))
     if local:
         advice = f"Use local[{needed}] or more"
-        where = f"master {sc.master}"
+        where = f"master {side.master}"
     else:
         advice = ("Add executors or cores (spark.executor.instances, spark.executor.cores, "
                   "spark.task.cpus), or raise slot_timeout if executors are still starting")
-        where = f"master {sc.master}, after waiting {waited:.0f}s"
+        where = f"master {side.master}, after waiting {waited:.0f}s"
     raise ClusterError(
         f"Cluster.run needs {needed} free task slots (one per node, Spark barrier execution) "
         f"but the Spark application has {have} ({where}). {advice}.")
 
 
-def spark_error_summary(error: BaseException, sc=None) -> str:
-    """The Python traceback inside a Spark job failure, or the start of its text; with `sc`,
+def spark_error_summary(error: BaseException, side: Optional[SparkSide] = None) -> str:
+    """The Python traceback inside a Spark job failure, or the start of its text; with `side`,
     what to do when the executors' Python cannot import Ember."""
     text = str(error)
     m = re.search(r"Traceback \(most recent call last\):.*?(?=\n\s*at [\w$.]+\(|\Z)", text, re.S)
@@ -102,7 +78,7 @@ def spark_error_summary(error: BaseException, sc=None) -> str:
         summary = f"{last}\n(Python traceback of the Spark task:)\n{tb[-4000:]}"
     else:
         summary = text[:2000]
-    return (ember_import_hint(sc, summary) if sc is not None else "") + summary
+    return (ember_import_hint(side, summary) if side is not None else "") + summary
 
 
 _STAGE_FAILURE = re.compile(r"Job aborted due to stage failure: (.*?)(?=\n\s*at [\w$.]+\(|\nDriver stacktrace:|\Z)",
@@ -121,41 +97,26 @@ def spark_failure_reason(error: BaseException) -> Optional[str]:
     return reason[:1000] or None
 
 
-@contextlib.contextmanager
-def job_group(sc, group: str, description: str):
-    """Runs the Spark jobs the calling thread starts in the block under job group `group`
-    (their tasks interrupted when it is cancelled), then gives the thread back the job group
-    and description it had.  Only that thread's jobs are affected (PySpark pins threads)."""
-    keys = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
-    before = {key: sc.getLocalProperty(key) for key in keys}
-    sc.setJobGroup(group, description, interruptOnCancel=True)
-    try:
-        yield
-    finally:
-        for key, value in before.items():
-            sc.setLocalProperty(key, value)
-
-
 _NO_EMBER = re.compile(r"ModuleNotFoundError: No module named 'ember(\._ember)?'|ImportError: .*ember[./]_ember")
 
 
-def ember_import_hint(sc, summary: str) -> str:
+def ember_import_hint(side: SparkSide, summary: str) -> str:
     """When `summary` (a failed Spark job's text) says Spark's Python workers could not import
     Ember: which Python they run and the fix (a paragraph ending in a blank line); else "".
     The check before the first nodes (check_executor_python) catches this; this hint covers
     executors that join later (e.g. dynamic allocation on a host without Ember)."""
     if not _NO_EMBER.search(summary):
         return ""
-    return executor_python_advice(sc, None, "see the Python error below") + "\n\n"
+    return executor_python_advice(side, None, "see the Python error below") + "\n\n"
 
 
-def executor_python_advice(sc, seen: Optional[dict], why: str) -> str:
+def executor_python_advice(side: SparkSide, seen: Optional[dict], why: str) -> str:
     """The one message for "Spark's Python workers cannot import this Ember": which Python they
     run (`seen`: what the check's task reported, or None), `why`, and the fix."""
     import os
     import sys
 
-    python = getattr(sc, "pythonExec", None) or "python3"
+    python = side.python_exec
     how = ("PYSPARK_PYTHON is unset, so it is python3 from the executors' PATH"
            if not os.environ.get("PYSPARK_PYTHON") else "from PYSPARK_PYTHON")
     runs = f"`{python}` ({how})"
@@ -168,7 +129,7 @@ def executor_python_advice(sc, seen: Optional[dict], why: str) -> str:
             f"executors: `ember pack` makes the archive and prints the settings "
             f"(spark.archives=<archive>#environment, PYSPARK_PYTHON=./environment/bin/python; "
             f"docs/deploy.md).")
-    if str(sc.master).startswith("local"):
+    if side.is_local and not side.connect:
         text += (f" In local mode the executors are this process's machine, and the driver's own "
                  f"interpreter is the one to use: PYSPARK_PYTHON={sys.executable}.")
     return text
@@ -184,7 +145,8 @@ def _ember_probe():
     it by value: shipped by reference, unpickling it would import ember._driver.spark_job, and a
     Python without Ember would fail before it could say why.  Only the standard library."""
 
-    def probe(_rows):
+    def probe(_partition):
+        import json
         import socket
         import sys
         import traceback
@@ -196,7 +158,7 @@ def _ember_probe():
             out["ember_file"] = getattr(ember, "__file__", None)
         except BaseException as e:  # noqa: BLE001 - the reason is the answer
             out["error"] = "".join(traceback.format_exception_only(type(e), e)).strip()
-            yield out
+            yield json.dumps(out)
             return
         try:
             from ember import _ember
@@ -204,7 +166,7 @@ def _ember_probe():
             out["native_names"] = sorted(n for n in dir(_ember) if not n.startswith("_"))
         except BaseException as e:  # noqa: BLE001 - the reason is the answer
             out["native_error"] = "".join(traceback.format_exception_only(type(e), e)).strip()
-        yield out
+        yield json.dumps(out)
 
     return probe
 
@@ -229,7 +191,7 @@ _checked: set = set()   # (application id, pythonExec) whose executors passed th
 _checked_lock = threading.Lock()
 
 
-def check_executor_python(sc, num_tasks: int, timeout: float) -> None:
+def check_executor_python(spark: Any, num_tasks: int, timeout: float) -> None:
     """Returns once Spark's Python workers import this driver's Ember: the same version, and a
     native module ember._ember that loads and has every name this driver's has.
 
@@ -247,27 +209,27 @@ def check_executor_python(sc, num_tasks: int, timeout: float) -> None:
     import ember
     from ember import _ember
 
-    key = (sc.applicationId, getattr(sc, "pythonExec", None))
+    side = spark_side(spark)
+    key = (side.app_id, side.python_exec)
     with _checked_lock:
         if key in _checked:
             return
         version = getattr(ember, "__version__", "?")
         native = {n for n in dir(_ember) if not n.startswith("_")}
-        seen_all = _run_probe(sc, max(1, int(num_tasks)), timeout)
+        seen_all = _run_probe(side, max(1, int(num_tasks)), timeout)
         bad = [(s, p) for s in seen_all if (p := _probe_problem(s, version, native)) is not None]
         if bad:
             seen, why = bad[0]
             hosts = sorted({s.get("host") for s, _ in bad})
             where = f" ({len(bad)} of {len(seen_all)} check tasks failed, on {', '.join(map(str, hosts))})"
-            raise ClusterError(executor_python_advice(sc, seen, why + where) + " No node was launched.")
+            raise ClusterError(executor_python_advice(side, seen, why + where) + " No node was launched.")
         _checked.add(key)
 
 
-def _run_probe(sc, n: int, timeout: float) -> list:
+def _run_probe(side: SparkSide, n: int, timeout: float) -> list:
     """What each of `n` tasks' Python reported (a list of dicts), within `timeout` seconds."""
+    import json
     import uuid
-
-    from pyspark import InheritableThread
 
     group = f"ember-check-{uuid.uuid4().hex[:12]}"
     outcome: dict = {}
@@ -275,19 +237,16 @@ def _run_probe(sc, n: int, timeout: float) -> list:
 
     def job() -> None:
         try:
-            sc.setJobGroup(group, "Ember: can the executors' Python import Ember?", interruptOnCancel=True)
-            outcome["seen"] = sc.parallelize(range(n), n).mapPartitions(_ember_probe()).collect()
+            lines = side.run_tasks(n, _ember_probe(), group, "Ember: can the executors' Python import Ember?")
+            outcome["seen"] = [json.loads(line) for line in lines]
         except BaseException as e:  # noqa: BLE001 - raised below
             outcome["error"] = e
         finally:
             done.set()
 
-    InheritableThread(job, daemon=True, name=group).start()
+    side.thread(job, group).start()
     if not done.wait(timeout):
-        try:
-            sc.cancelJobGroup(group)
-        except Exception:  # noqa: BLE001 - the context may be gone
-            pass
+        side.cancel(group)
         raise DeadlineExceeded(
             f"the check that Spark's Python workers import Ember ({n} tiny tasks, Spark job group "
             f"{group}) did not end within {timeout:g}s; look at the Spark UI for why its tasks do "
@@ -295,7 +254,7 @@ def _run_probe(sc, n: int, timeout: float) -> list:
     if "error" in outcome:
         e = outcome["error"]
         raise ClusterError(executor_python_advice(
-            sc, None, f"the check's Spark job failed: {spark_error_summary(e)}") + " No node was launched.") from e
+            side, None, f"the check's Spark job failed: {spark_error_summary(e)}") + " No node was launched.") from e
     return outcome["seen"]
 
 
@@ -308,11 +267,11 @@ class NodesJob:
     cancelled), and when a launcher on the driver fails.
     """
 
-    def __init__(self, sc, job_id: str, num_nodes: int, on_end: Callable[["NodesJob"], None],
+    def __init__(self, side: SparkSide, job_id: str, num_nodes: int, on_end: Callable[["NodesJob"], None],
                  driver_nodes: int = 0, profile=None):
         if not 0 <= driver_nodes < num_nodes:
             raise ValueError(f"driver_nodes must be in [0, {num_nodes}), got {driver_nodes}")
-        self._sc = sc
+        self._side = side
         self.job_id = job_id
         self.num_nodes = num_nodes
         self.driver_nodes = driver_nodes
@@ -339,26 +298,20 @@ class NodesJob:
         task runs a new node under `executor_id`, a worker the job went on without; the
         coordinator lets it take the lost node's place.  `on_error` gets the Spark job's
         failure (the node's own failure reaches the coordinator as any node's does)."""
-        from pyspark import InheritableThread
-
         def main() -> None:
             try:
-                self._sc.setJobGroup(self.job_id, f"Ember job {self.job_id}: a replacement for executor "
-                                                  f"{executor_id}", interruptOnCancel=True)
-                self._sc.parallelize([executor_id], 1).mapPartitions(
-                    functools.partial(run_replacement, spec)).collect()
+                self._side.run_tasks(1, functools.partial(run_replacement, spec, executor_id), self.job_id,
+                                     f"Ember job {self.job_id}: a replacement for executor {executor_id}")
             except BaseException as e:  # noqa: BLE001 - reported through on_error
                 if not self.cancelled:
                     on_error(e)
 
-        t = InheritableThread(main, daemon=True, name=f"{self.job_id}-replace-{executor_id}")
+        t = self._side.thread(main, f"{self.job_id}-replace-{executor_id}")
         self._replacements.append(t)
         t.start()
 
     def start(self, spec: NodeSpec) -> None:
-        from pyspark import InheritableThread
-
-        sc, first, n = self._sc, self.driver_nodes, self.num_nodes - self.driver_nodes
+        side, first, n = self._side, self.driver_nodes, self.num_nodes - self.driver_nodes
         driver_spec = dataclasses.replace(spec, echo_logs=False)  # the driver's console shows node output
         for executor_id in range(first):
             def launch(executor_id: int = executor_id) -> None:
@@ -377,12 +330,8 @@ class NodesJob:
 
         def spark_main() -> None:
             try:
-                sc.setJobGroup(self.job_id, f"Ember job {self.job_id}: {n} nodes", interruptOnCancel=True)
-                rdd = sc.parallelize(range(n), n).barrier().mapPartitions(
-                    functools.partial(run_partition, spec, first))
-                if self._profile is not None:
-                    rdd = rdd.withResources(self._profile)
-                rdd.collect()
+                side.run_tasks(n, functools.partial(run_partition, spec, first), self.job_id,
+                               f"Ember job {self.job_id}: {n} nodes", barrier=True, profile=self._profile)
             except BaseException as e:  # noqa: BLE001 - reported by the waits on the driver
                 if self.error is None:
                     self.error = e
@@ -390,14 +339,14 @@ class NodesJob:
                 self._spark_done.set()
                 self._on_end(self)
 
-        self._thread = InheritableThread(spark_main, daemon=True, name=f"{self.job_id}-spark")
+        self._thread = side.thread(spark_main, f"{self.job_id}-spark")
         self._thread.start()
 
     def failure_text(self) -> str:
         if self._driver_error is not None:
             return f"the launcher of a node on the driver (driver_ps_nodes) failed: {self._driver_error}"
         return f"the Spark job running the {self.num_nodes - self.driver_nodes} nodes failed: " \
-               f"{spark_error_summary(self.error, self._sc)}"
+               f"{spark_error_summary(self.error, self._side)}"
 
     def cancel(self) -> None:
         """Cancels the job group (its tasks are interrupted); idempotent.  Nodes on the
@@ -405,10 +354,7 @@ class NodesJob:
         if self.cancelled or self._thread is None or self.done:
             return
         self.cancelled = True
-        try:
-            self._sc.cancelJobGroup(self.job_id)
-        except Exception:  # noqa: BLE001 - the SparkContext may be gone already
-            pass
+        self._side.cancel(self.job_id)
 
     def wait(self, timeout: float) -> bool:
         """Waits up to `timeout` seconds for the Spark job and the nodes on the driver to end;

@@ -80,23 +80,20 @@ class NodeAborted(RuntimeError):
     """The job was aborted while this node ran."""
 
 
-def run_partition(spec: NodeSpec, first_executor_id: int, _rows: Iterable) -> Iterator[int]:
-    """mapPartitions function of the barrier stage: runs one node, yields its executor id
-    (`first_executor_id` + the partition: ids below it are nodes on the driver)."""
-    from pyspark import BarrierTaskContext
-
-    partition = BarrierTaskContext.get().partitionId()
+def run_partition(spec: NodeSpec, first_executor_id: int, partition: int) -> Iterator[str]:
+    """The task body of the nodes' barrier stage (ember._driver.spark_side.SparkSide.run_tasks):
+    runs one node, yields its executor id (`first_executor_id` + the partition: ids below it
+    are nodes on the driver)."""
     addresses = _gpus.task_addresses(spec.local_gpus, spec.gpus_per_node, partition)
     NodeLauncher(spec, first_executor_id + partition, gpu_addresses=addresses).run()
-    yield first_executor_id + partition
+    yield str(first_executor_id + partition)
 
 
-def run_replacement(spec: NodeSpec, rows: Iterable) -> Iterator[int]:
-    """mapPartitions function of a one-task Spark job that replaces a lost worker: runs the node
-    of the executor id in its one row (Cluster.run's replace_lost_workers)."""
-    executor_id = int(next(iter(rows)))
+def run_replacement(spec: NodeSpec, executor_id: int, _partition: int) -> Iterator[str]:
+    """The task body of a one-task Spark job that replaces a lost worker: runs the node of
+    `executor_id` (Cluster.run's replace_lost_workers)."""
     NodeLauncher(spec, executor_id).run()
-    yield executor_id
+    yield str(executor_id)
 
 
 def routable_address(peer_host: str, peer_port: int) -> str:

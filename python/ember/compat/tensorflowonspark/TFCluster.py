@@ -279,9 +279,11 @@ def run(sc: Any, map_fun: Callable[[Any, Any], Any], tf_args: Any, num_executors
         ember.ClusterError / ember.NodeError / DeadlineExceeded: as ``ember.Cluster.run``.
     """
     import ember
-    from ember._driver.spark_job import spark_context
 
-    sc = spark_context(sc)
+    sc = getattr(sc, "sparkContext", sc)  # TFoS's API is the classic SparkContext's
+    if not hasattr(sc, "_jsc"):
+        raise TypeError(f"TFCluster.run needs a SparkContext (TFoS's API), got {type(sc).__name__}; "
+                        f"with Spark Connect use ember.Cluster.run(spark, ...)")
     _check_arguments(sc, num_executors, num_ps, input_mode, driver_ps_nodes, master_node, eval_node, queues)
     if not release_port:
         logger.info("release_port=False: Ember releases each node's port before map_fun starts; "

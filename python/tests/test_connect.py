@@ -1,0 +1,151 @@
+"""Ember from a Spark Connect client (issue 22): a real Spark Connect server (pyspark's own
+distribution, tests/connect_server.py) on local[4], and clients in processes of their own that
+reach it with ``SparkSession.builder.remote("sc://...")``: no SparkContext, no RDD, no JVM in
+the client.
+
+The same verbs as with a classic session: ``Cluster.run`` (InputMode.TENSORFLOW, the nodes'
+collectives), InputMode.SPARK's ``train`` and ordered ``inference`` with passthrough columns, a
+failing node named by the client, the executors' Python check, ``run_parallel``; nothing left
+behind.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from conftest import no_leftovers
+from connect_server import ConnectServer, run_client
+
+pytestmark = pytest.mark.timeout(600)
+
+PRELUDE = r'''
+import json, sys
+from pyspark.sql import SparkSession
+import ember
+
+spark = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
+assert type(spark).__module__.startswith("pyspark.sql.connect"), type(spark)
+from pyspark import SparkContext
+assert SparkContext._active_spark_context is None  # nothing classic in this process
+def say(**kw):
+    print("RESULT " + json.dumps(kw), flush=True)
+'''
+
+TENSORFLOW_MODE = PRELUDE + r'''
+def main_fun(args, ctx):
+    import numpy as np
+    total = ctx.allreduce(np.full(3, ctx.task_index + 1, np.float32), op="sum")
+    ctx._coordinator_client().kv_set(f"test/sum/{ctx.task_index}", json.dumps(total.tolist()).encode())
+    print(f"node says sum={total.tolist()}", flush=True)
+
+cluster = ember.Cluster.run(spark, main_fun, {}, num_executors=2, input_mode=ember.InputMode.TENSORFLOW,
+                            reservation_timeout=120)
+kv = cluster._gang.server
+cluster.shutdown(timeout=120)
+say(job_id=cluster.job_id, sums=[json.loads(kv.kv_get(f"test/sum/{i}")) for i in range(2)],
+    spec=cluster.cluster_spec)
+'''
+
+SPARK_MODE = PRELUDE + r'''
+def main_fun(args, ctx):
+    import numpy as np
+    feed = ctx.get_data_feed(train_mode=True)
+    seen = []
+    for _ in range(2):
+        seen.append(int(sum(len(b["x"]) for b in feed.epoch_batches(20))))
+    ctx._coordinator_client().kv_set(f"test/seen/{ctx.task_index}", json.dumps(seen).encode())
+    feed = ctx.get_data_feed(train_mode=False)
+    while not feed.should_stop():
+        cols = feed.next_batch_columns(7)
+        if cols:
+            feed.batch_results({"double_x": np.asarray(cols["x"]) * 2,
+                                "tag": [f"{ctx.job_name}:{ctx.task_index}"] * len(cols["x"])})
+
+cluster = ember.Cluster.run(spark, main_fun, {}, num_executors=2, input_mode=ember.InputMode.SPARK,
+                            reservation_timeout=120)
+train = spark.range(0, 200, 1, 5).selectExpr("id", "cast(id as double) as x")
+cluster.train(train, num_epochs=2)
+test = spark.range(0, 37, 1, 1).selectExpr("id as x", "concat('r', cast(id as string)) as name")
+test = test.repartitionByRange(9, "x").filter("x % 5 != 0 or x < 10")
+out = cluster.inference(test, output_schema="double_x long, tag string").collect()
+kv = cluster._gang.server
+seen = [json.loads(kv.kv_get(f"test/seen/{i}")) for i in range(2)]
+cluster.shutdown(timeout=120)
+say(job_id=cluster.job_id, seen=seen, rows=[[r.x, r.name, r.double_x, r.tag] for r in out])
+'''
+
+FAILING_NODE = PRELUDE + r'''
+def main_fun(args, ctx):
+    if ctx.task_index == 1:
+        raise ValueError("worker one gives up under Connect")
+    import time
+    time.sleep(600)
+
+cluster = ember.Cluster.run(spark, main_fun, {}, num_executors=2, reservation_timeout=120)
+try:
+    cluster.shutdown(timeout=120)
+except Exception as e:
+    say(job_id=cluster.job_id, error=type(e).__name__, text=str(e))
+else:
+    say(job_id=cluster.job_id, error=None)
+'''
+
+PARALLEL_RUNS = PRELUDE + r'''
+def fn(args, ctx):
+    return {"run": ctx.run_index, "of": ctx.num_runs, "square": (ctx.run_index + args) ** 2}
+
+values = ember.run_parallel(spark, fn, 1, num_executors=3, timeout=240)
+say(values=values)
+'''
+
+
+@pytest.fixture(scope="module")
+def connect_server(tmp_path_factory):
+    server = ConnectServer("local[4]", tmp_path_factory.mktemp("connect") / "server.log")
+    yield server
+    server.stop()
+
+
+def _result(proc, server) -> dict:
+    found = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and found, (
+        f"client exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-6000:]}"
+        f"\n--- server log\n{server.log_tail()}")
+    return json.loads(found[-1][len("RESULT "):])
+
+
+def test_cluster_run_with_the_nodes_collectives_from_a_connect_client(connect_server):
+    proc = run_client(TENSORFLOW_MODE, connect_server.url)
+    r = _result(proc, connect_server)
+    assert r["sums"] == [[3.0, 3.0, 3.0], [3.0, 3.0, 3.0]]
+    assert len(r["spec"]["worker"]) == 2
+    # Node output reaches the client, prefixed with the node's role.
+    assert re.search(r"worker:0.*node says sum=\[3\.0, 3\.0, 3\.0\]", proc.stdout + proc.stderr)
+    no_leftovers(r["job_id"])
+
+
+def test_spark_mode_train_and_ordered_inference_from_a_connect_client(connect_server):
+    proc = run_client(SPARK_MODE, connect_server.url)
+    r = _result(proc, connect_server)
+    # 200 rows in 5 partitions of 40 per epoch: 100 on each node (the equal-rows rule), both epochs.
+    assert r["seen"] == [[100, 100], [100, 100]]
+    expected = [i for i in range(37) if i % 5 != 0 or i < 10]
+    assert [row[0] for row in r["rows"]] == expected  # order kept
+    assert all(row[1] == f"r{row[0]}" and row[2] == 2 * row[0] for row in r["rows"])  # passthrough columns
+    assert {row[3] for row in r["rows"]} <= {"worker:0", "worker:1"}
+    no_leftovers(r["job_id"])
+
+
+def test_a_failing_node_is_named_to_the_connect_client(connect_server):
+    proc = run_client(FAILING_NODE, connect_server.url)
+    r = _result(proc, connect_server)
+    assert r["error"] == "NodeError", r
+    assert "worker:1" in r["text"] and "worker one gives up under Connect" in r["text"]
+    no_leftovers(r["job_id"])
+
+
+def test_run_parallel_from_a_connect_client(connect_server):
+    r = _result(run_client(PARALLEL_RUNS, connect_server.url), connect_server)
+    assert r["values"] == [{"run": i, "of": 3, "square": (i + 1) ** 2} for i in range(3)]
