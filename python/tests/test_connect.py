@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -100,6 +104,16 @@ values = ember.run_parallel(spark, fn, 1, num_executors=3, timeout=240)
 say(values=values)
 '''
 
+INTERRUPTED = PRELUDE + r'''
+def main_fun(args, ctx):
+    import time
+    time.sleep(600)
+
+cluster = ember.Cluster.run(spark, main_fun, {}, num_executors=2, reservation_timeout=120)
+print("STARTED " + cluster.job_id, flush=True)
+cluster.shutdown(timeout=600)
+'''
+
 
 @pytest.fixture(scope="module")
 def connect_server(tmp_path_factory):
@@ -149,3 +163,29 @@ def test_a_failing_node_is_named_to_the_connect_client(connect_server):
 def test_run_parallel_from_a_connect_client(connect_server):
     r = _result(run_client(PARALLEL_RUNS, connect_server.url), connect_server)
     assert r["values"] == [{"run": i, "of": 3, "square": (i + 1) ** 2} for i in range(3)]
+
+
+def test_ctrl_c_in_a_connect_client_ends_the_job_on_the_server(connect_server):
+    """Ctrl-C while the client waits in shutdown(): the job is aborted, its Spark operation
+    interrupted by tag on the server, and no process of it is left (on the server's side)."""
+    proc = subprocess.Popen([sys.executable, "-c", INTERRUPTED, connect_server.url], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        line = ""
+        while not line.startswith("STARTED "):
+            assert proc.poll() is None and time.monotonic() < deadline, \
+                f"the client did not start its nodes: {proc.communicate(timeout=30)}"
+            line = proc.stdout.readline()
+        job_id = line.split()[1]
+        time.sleep(2.0)  # in shutdown()'s wait
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        took = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err, err[-3000:]
+    assert took < 90, f"the client took {took:.0f}s to end after Ctrl-C"
+    no_leftovers(job_id, timeout=60)
