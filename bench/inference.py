@@ -19,18 +19,29 @@ shape, synthetic), same Spark application (local[N] by default):
              when tensorflowonspark is importable (bench/.tfos-site, see _common.ensure_tfos;
              --tfos installs it).
 
+With --connect, the Ember contenders (ember, ember_ci) run once more from a Spark Connect client
+(``SparkSession.builder.remote``), against a Spark Connect server from pyspark's own distribution
+on the same master and driver memory, over the same synthetic data (made and cached by that
+application), after the classic session has stopped: the ``connect`` column, and its ratio to
+the classic figures.
+
 Every contender's output is written to Spark's ``noop`` sink (the whole DataFrame is computed,
 nothing stored).  Each runs --repeats times after one warm-up run at --warmup-rows (workers
 load TensorFlow and the model); the best time counts.  The last line is:
   inference_rows_per_sec: ember=<v> predict_batch_udf=<v> ratio=<v>
+(with --connect: ... ember_connect=<v> connect_vs_classic=<v>, Ember's transform under Connect
+over Ember's under a classic session).
 
   .venv/bin/python bench/inference.py                       # 1,000,000 rows, local[4], 2 repeats
+  .venv/bin/python bench/inference.py --connect             # and the Connect column
   .venv/bin/python bench/inference.py --rows 50000 --repeats 1   # quick
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Iterator
@@ -91,6 +102,9 @@ def main(argv=None) -> None:
                    help="also time Spark's hand-over alone: the input column to Python and zeros back, no model "
                         "(the most any evaluator in a Python worker can reach)")
     p.add_argument("--tfos", action="store_true", help="install TFoS into bench/.tfos-site if missing and run it")
+    p.add_argument("--connect", action="store_true",
+                   help="also run the Ember contenders from a Spark Connect client (a Connect server on --master)")
+    p.add_argument("--remote", help=argparse.SUPPRESS)  # internal: be that Connect client, of this server URL
     a = p.parse_args(argv)
 
     C.log(C.machine_info())
@@ -113,13 +127,16 @@ def main(argv=None) -> None:
 
     conf = {"spark.ui.showConsoleProgress": "false", "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
             "spark.driver.memory": a.driver_memory}
-    if tfos_note:
-        conf["spark.executorEnv.PYTHONPATH"] = C.pythonpath_with(C.TFOS_SITE)
-    builder = SparkSession.builder.master(a.master).appName("ember-bench-inference")
-    for k, v in conf.items():
-        builder = builder.config(k, v)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    if a.remote:  # the Connect client: the server was started with `conf`
+        spark = SparkSession.builder.remote(a.remote).getOrCreate()
+    else:
+        if tfos_note:
+            conf["spark.executorEnv.PYTHONPATH"] = C.pythonpath_with(C.TFOS_SITE)
+        builder = SparkSession.builder.master(a.master).appName("ember-bench-inference")
+        for k, v in conf.items():
+            builder = builder.config(k, v)
+        spark = builder.getOrCreate()
+        spark.sparkContext.setLogLevel("WARN")
     C.log(C.versions())
     model = build_model()
     model_bytes = keras_model_bytes(model)
@@ -160,7 +177,9 @@ def main(argv=None) -> None:
         "pbu": lambda d: d.withColumn("prediction", pbu(vector_to_array("features", "float32")
                                                         if a.input == "vector" else F.col("features"))),
     }
-    if a.floor:
+    if a.remote:
+        del contenders["pbu"]  # the Connect run measures Ember's two paths only
+    if a.floor and not a.remote:
         contenders["floor"] = lambda d: d.withColumn("prediction", floor_udf(
             vector_to_array("features", "float32") if a.input == "vector" else F.col("features")))
     rates = {}
@@ -182,20 +201,56 @@ def main(argv=None) -> None:
     finally:
         cluster.shutdown(timeout=120)
 
+    if a.remote:
+        print("CONNECT_RATES " + json.dumps(rates), flush=True)
+        spark.stop()
+        return
     if tfos_note:
         try:
             rates["tfos"] = _tfos(spark, model, warm, df, a)
         except Exception as e:  # noqa: BLE001 - report and go on: the headline is ember vs pbu
             C.log(f"tfos: failed: {type(e).__name__}: {str(e)[:500]}")
     spark.stop()
+    connect = _connect_rates(a, conf, argv) if a.connect else {}
     for name, rate in rates.items():
         C.log(f"{name}: {rate:,.0f} rows/s")
+    for name, rate in connect.items():
+        C.log(f"{name} (Spark Connect client): {rate:,.0f} rows/s = {rate / rates[name]:.3f} of classic")
     if "floor" in rates:
         print(f"floor_rows_per_sec={rates['floor']:.0f} (Spark to Python and back, no model)")
     print(f"ember_cluster_inference_rows_per_sec={rates['ember_ci']:.0f} tfos_rows_per_sec="
           f"{rates.get('tfos', float('nan')):.0f}")
+    tail = ""
+    if connect:
+        print(f"connect_rows_per_sec: ember={connect['ember']:.0f} ({connect['ember'] / rates['ember']:.3f} of classic) "
+              f"ember_cluster_inference={connect['ember_ci']:.0f} ({connect['ember_ci'] / rates['ember_ci']:.3f} of classic)")
+        tail = f" ember_connect={connect['ember']:.0f} connect_vs_classic={connect['ember'] / rates['ember']:.3f}"
     print(f"inference_rows_per_sec: ember={rates['ember']:.0f} predict_batch_udf={rates['pbu']:.0f} "
-          f"ratio={rates['ember'] / rates['pbu']:.2f}")
+          f"ratio={rates['ember'] / rates['pbu']:.2f}{tail}")
+
+
+def _connect_rates(a, conf: dict, argv) -> dict:
+    """The Ember contenders' rates from a Spark Connect client: a Connect server (pyspark's own
+    distribution) on a.master with `conf`, and this script run again as its client."""
+    import subprocess
+
+    from connect_server import ConnectServer  # python/tests (on sys.path through _common)
+
+    log = Path(tempfile.mkdtemp(prefix="ember-bench-connect-")) / "server.log"
+    server = ConnectServer(a.master, log, conf={k: v for k, v in conf.items() if k != "spark.executorEnv.PYTHONPATH"})
+    try:
+        args = [sys.executable, str(Path(__file__).resolve()), "--remote", server.url] + \
+            [x for x in (argv if argv is not None else sys.argv[1:]) if x not in ("--connect", "--floor", "--tfos")]
+        C.log(f"Spark Connect: server {server.url} (log {log}); running the Ember contenders as its client")
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=7200)
+        sys.stderr.write(proc.stderr[-20000:])
+        found = [line for line in proc.stdout.splitlines() if line.startswith("CONNECT_RATES ")]
+        if proc.returncode or not found:
+            raise RuntimeError(f"the Connect client exited {proc.returncode}: {proc.stdout[-3000:]}\n"
+                               f"server log:\n{server.log_tail()}")
+        return json.loads(found[-1][len("CONNECT_RATES "):])
+    finally:
+        server.stop()
 
 
 def _tfos(spark, model, warm, df, a) -> float:

@@ -332,6 +332,12 @@ class Cluster:
         self._require_spark_mode("train_stream")
         if not getattr(stream_df, "isStreaming", False):
             raise TypeError("train_stream takes a streaming DataFrame; use train() for a static one")
+        if self._side.connect:
+            # Connect runs a foreachBatch function in a Python process of the server, away from
+            # this client's coordinator and feed state (issue 22: not built yet).
+            raise ClusterError("Cluster.train_stream does not work from a Spark Connect client yet: Connect runs "
+                               "foreachBatch functions on the server, away from this job's driver. Feed each new "
+                               "batch with Cluster.train(df) from the client, or use a classic session")
 
         # Py4J's callback server keeps this function until the JVM gateway closes, so it
         # holds the cluster only weakly: a shut-down cluster can then be freed.

@@ -388,15 +388,17 @@ _loaded_lock = threading.Lock()
 _MAX_LOADED = 4
 
 
-def _worker_model(key: str, broadcast: Any) -> Any:
-    """The model `key`, loaded from the broadcast bytes the first time this Python worker needs
-    it and kept for the tasks that follow (Spark reuses its Python workers)."""
+def _worker_model(key: str, source: Any) -> Any:
+    """The model `key`, loaded from `source` (a classic session's broadcast of its bytes, or
+    under Spark Connect the bytes themselves, carried in the UDF: Spark ships a stage's closure
+    to the executors once per stage, as a broadcast) the first time this Python worker needs it,
+    and kept for the tasks that follow (Spark reuses its Python workers)."""
     with _loaded_lock:
         model = _loaded.get(key)
         if model is not None:
             _loaded.move_to_end(key)
             return model
-    model = parallel.load_keras_model(broadcast.value)
+    model = parallel.load_keras_model(source if isinstance(source, bytes) else source.value)
     with _loaded_lock:
         _loaded[key] = model
         while len(_loaded) > _MAX_LOADED:
@@ -438,7 +440,7 @@ def _series_to_matrix(s: Any, kind: str, width: int, column: str) -> np.ndarray:
     return np.stack(rows).astype(np.float32, copy=False)
 
 
-def _predict_batches(key: str, broadcast: Any, kind: str, in_shape: List[Optional[int]], mode: str,
+def _predict_batches(key: str, source: Any, kind: str, in_shape: List[Optional[int]], mode: str,
                      out_type: str, chunk: int, column: str, series: Iterator[Any]) -> Iterator[Any]:
     """The scalar-iterator pandas UDF of KerasModel.transform: the input column's batches in,
     the output column's batches out (Spark keeps every other column on the JVM side)."""
@@ -450,7 +452,7 @@ def _predict_batches(key: str, broadcast: Any, kind: str, in_shape: List[Optiona
         n = len(s)
         if n:
             if model is None:
-                model = _worker_model(key, broadcast)
+                model = _worker_model(key, source)
             x = _series_to_matrix(s, kind, width, column).reshape([-1] + list(in_shape[1:]))
             outs = [np.asarray(model.predict_on_batch(x[i:i + chunk])) for i in range(0, n, chunk)]
             y = np.concatenate(outs).reshape(n, -1)
@@ -521,10 +523,17 @@ class KerasModel(Model, _KerasParams, MLWritable, MLReadable):
     def _model_key(self) -> str:
         return f"{self.uid}-{hashlib.sha256(self.model_bytes).hexdigest()[:16]}"
 
-    def _get_broadcast(self, sc: Any) -> Any:
+    def _model_source(self, spark: Any) -> Any:
+        """How the executors get the model: a broadcast of its bytes (made once per model), or
+        under Spark Connect, which has no broadcasts, the bytes in the UDF itself."""
+        from ember._driver.spark_side import spark_side
+
+        side = spark_side(spark)
+        if side.connect:
+            return self.model_bytes
         with self._broadcast_lock:
             if self._broadcast is None:
-                self._broadcast = sc.broadcast(self.model_bytes)
+                self._broadcast = side.sc.broadcast(self.model_bytes)
             return self._broadcast
 
     def _transform(self, dataset: Any) -> Any:
@@ -550,8 +559,8 @@ class KerasModel(Model, _KerasParams, MLWritable, MLReadable):
                              f"input {tuple(in_shape[1:])} takes {width}")
         out_type = "double" if mode == "argmax" or out_width == 1 else "array"
         spark_type = DoubleType() if out_type == "double" else ArrayType(FloatType(), False)
-        broadcast = self._get_broadcast(dataset.sparkSession.sparkContext)
-        fn = functools.partial(_predict_batches, self._model_key(), broadcast, "scalar" if kind == "scalar" else
+        source = self._model_source(dataset.sparkSession)
+        fn = functools.partial(_predict_batches, self._model_key(), source, "scalar" if kind == "scalar" else
                                "array", in_shape, mode, out_type, self.getPredictBatchSize(), in_col)
 
         def predict(series):
@@ -582,12 +591,14 @@ class KerasModel(Model, _KerasParams, MLWritable, MLReadable):
         return _KerasModelReader(cls)
 
 
-def _resolve(sc: Any, path: str):
-    """(URI of `path` with TFoS hdfs_path semantics, the core's ResolveOptions) for Spark `sc`."""
+def _resolve(spark: Any, path: str):
+    """(URI of `path` with TFoS hdfs_path semantics, the core's ResolveOptions) for session
+    `spark` (classic or Spark Connect)."""
     from ember import _hadoop
+    from ember._driver.spark_side import spark_side
     from ember.context import absolute_path
 
-    default_fs, http = _hadoop.spark_fs_conf(sc)
+    default_fs, http = spark_side(spark).hadoop_fs_conf()
     return absolute_path(path, default_fs, os.getcwd()), _hadoop.resolve_options(default_fs, http)
 
 
@@ -598,9 +609,9 @@ class _KerasModelWriter(MLWriter):
 
     def saveImpl(self, path: str) -> None:
         from ember import _ember
-        sc = self.sparkSession.sparkContext
-        uri, resolve = _resolve(sc, path)
-        DefaultParamsWriter.saveMetadata(self.instance, uri, sc,
+        spark = self.sparkSession
+        uri, resolve = _resolve(spark, path)
+        DefaultParamsWriter.saveMetadata(self.instance, uri, spark,
                                          extraMetadata={"modelInfo": self.instance._model_info()})
         _ember.fs_write_file(f"{uri.rstrip('/')}/{_MODEL_FILE}", self.instance.model_bytes, resolve)
 
@@ -612,9 +623,9 @@ class _KerasModelReader(MLReader):
 
     def load(self, path: str) -> KerasModel:
         from ember import _ember
-        sc = self.sparkSession.sparkContext
-        uri, resolve = _resolve(sc, path)
-        metadata = DefaultParamsReader.loadMetadata(uri, sc)
+        spark = self.sparkSession
+        uri, resolve = _resolve(spark, path)
+        metadata = DefaultParamsReader.loadMetadata(uri, spark)
         model = self.cls(model_bytes=bytes(_ember.fs_read_file(f"{uri.rstrip('/')}/{_MODEL_FILE}", resolve)),
                          model_info=metadata.get("modelInfo"))
         model._resetUid(metadata["uid"])

@@ -114,6 +114,57 @@ print("STARTED " + cluster.job_id, flush=True)
 cluster.shutdown(timeout=600)
 '''
 
+ML_PIPELINE = PRELUDE + r'''
+import numpy as np
+from pyspark.ml import Pipeline
+from pyspark.ml.feature import VectorAssembler
+from ember.ml import KerasEstimator, KerasModel
+
+def linear_model():
+    import keras
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.2), loss="mse")
+    return model
+
+rng = np.random.default_rng(3)
+x = rng.uniform(-1, 1, size=(600, 2))
+rows = [(i, float(a), float(b), float(3.14 * a + 1.618 * b)) for i, (a, b) in enumerate(x)]
+df = spark.createDataFrame(rows, "id long, x1 double, x2 double, y double").repartition(3)
+est = KerasEstimator(model=linear_model, labelCol="y", epochs=8, batchSize=32, numWorkers=2, seed=1)
+fitted = Pipeline(stages=[VectorAssembler(inputCols=["x1", "x2"], outputCol="features"), est]).fit(df)
+out = fitted.transform(df).orderBy("id").collect()
+stage = fitted.stages[-1]
+stage.write().save(sys.argv[2])
+loaded = KerasModel.load(sys.argv[2])
+features = fitted.stages[0].transform(df)
+again = loaded.transform(features).orderBy("id").collect()
+say(kernel=stage.keras_model().layers[0].get_weights()[0].ravel().tolist(),
+    errors=[abs(r["prediction"] - r["y"]) for r in out], columns=fitted.transform(df).columns,
+    same=[r["prediction"] for r in out] == [r["prediction"] for r in again], job_id=stage.training_summary["job_id"])
+'''
+
+TFRECORDS = PRELUDE + r'''
+import ember.data
+df = spark.range(0, 50, 1, 3).selectExpr("id", "cast(id as float) * 0.5 as x", "array(id, id + 1) as pair",
+                                         "concat('s', cast(id as string)) as name")
+written = ember.data.save_as_tfrecords(df, sys.argv[2])
+back = ember.data.load_tfrecords(spark, sys.argv[2]).orderBy("id").collect()
+say(written=written, rows=[[r["id"], r["x"], list(r["pair"]), r["name"]] for r in back])
+'''
+
+TUNE = PRELUDE + r'''
+import ember.tune as tune
+
+def trial(params, ctx):
+    for epoch in (1, 2):
+        ctx.report(epoch=epoch, score=float(params["k"] * epoch))
+    return {"score": float(params["k"] * 2)}
+
+search = tune.run(spark, trial, {"k": tune.grid([1, 2, 3, 4])}, metric="score", mode="max", parallelism=2)
+say(status=[t.status for t in search.trials], best=search.best_params, metric=search.best_trial.metric,
+    jobs=sorted({t.job_id for t in search.trials}))
+'''
+
 
 @pytest.fixture(scope="module")
 def connect_server(tmp_path_factory):
@@ -189,3 +240,29 @@ def test_ctrl_c_in_a_connect_client_ends_the_job_on_the_server(connect_server):
     assert proc.returncode != 0 and "KeyboardInterrupt" in err, err[-3000:]
     assert took < 90, f"the client took {took:.0f}s to end after Ctrl-C"
     no_leftovers(job_id, timeout=60)
+
+
+def test_spark_ml_pipeline_fit_transform_save_load_from_a_connect_client(connect_server, tmp_path):
+    """KerasEstimator in a Pipeline with Spark's VectorAssembler, fitted, applied (the model
+    reaches the executors inside the UDF: Connect has no broadcasts), saved and loaded."""
+    r = _result(run_client(ML_PIPELINE, connect_server.url, str(tmp_path / "keras")), connect_server)
+    assert r["kernel"] == pytest.approx([3.14, 1.618], abs=0.01)
+    assert max(r["errors"]) < 0.03
+    assert r["columns"] == ["id", "x1", "x2", "y", "features", "prediction"]
+    assert r["same"]
+    no_leftovers(r["job_id"])
+
+
+def test_dataframe_to_tfrecords_and_back_from_a_connect_client(connect_server, tmp_path):
+    r = _result(run_client(TFRECORDS, connect_server.url, str(tmp_path / "records")), connect_server)
+    assert r["written"] == 50
+    assert r["rows"] == [[i, i * 0.5, [i, i + 1], f"s{i}"] for i in range(50)]
+    assert len(list((tmp_path / "records").glob("part-r-*"))) == 3
+
+
+def test_tune_from_a_connect_client(connect_server):
+    r = _result(run_client(TUNE, connect_server.url), connect_server)
+    assert r["status"] == ["ok"] * 4
+    assert r["best"] == {"k": 4} and r["metric"] == 8.0
+    for job_id in r["jobs"]:
+        no_leftovers(job_id)

@@ -17,10 +17,11 @@ PACKAGE = Path(ember.__file__).parent
 
 # Lowest first.  A module may import only from layers before its own.
 LAYERS = [
-    {"_names", "errors", "input_mode", "config", "_launcher.proc", "_arrow_rows", "collective", "_hadoop",
+    {"_names", "_net", "errors", "input_mode", "config", "_launcher.proc", "_arrow_rows", "collective", "_hadoop",
      "_driver", "_launcher", "_feeder", "_node"},  # the rooms' __init__: a docstring only
     # the driver's console (reads config); a node's environment and rank rule; rings that die with their launcher; GPUs on each side
-    {"_driver.console", "_node.env", "_launcher.ring_owner", "_launcher.gpus", "_driver.gpus"},
+    {"_driver.console", "_node.env", "_launcher.ring_owner", "_launcher.gpus", "_driver.gpus",
+     "_driver.spark_side"},  # ... and the one seam to Spark: a classic session or a Spark Connect one
     {"summary"},              # TensorBoard event files, written by the core
     {"checkpoint"},           # checkpoints, written and verified by the core
     {"ps"},                   # the parameter server's client and server (shards checkpoint through the above)
@@ -30,7 +31,6 @@ LAYERS = [
     {"context", "_feeder.task"},  # the node's ctx; the feeding tasks' Spark glue
     # the launching task; the node's process; data/: TFRecord datasets, DataFrame <-> TFRecord
     {"_launcher.task", "_node.main", "data"},
-    {"_driver.spark_side"},  # the one seam to Spark: a classic session or a Spark Connect one
     {"_driver.spark_job", "_driver.watcher"},
     # a job's nodes (coordinator, barrier job, watcher; start, stop, recover); the feeding jobs and the epoch loop
     {"_driver.gang", "_driver.feed"},

@@ -317,7 +317,7 @@ class ConnectSide(SparkSide):
     def coordinator_host(self) -> str:
         """This client's address on the route to the Spark driver's host (the Connect server's
         application, whose executors reach their driver there)."""
-        from ember._launcher.task import routable_address
+        from ember._net import routable_address
         driver = self.conf("spark.driver.host") or getattr(self.spark.client, "host", None) or "localhost"
         return routable_address(driver, int(self.conf("spark.driver.port", "7077") or 7077))
 

@@ -35,6 +35,7 @@ from ember._launcher import gpus as _gpus
 from ember._launcher import proc as _proc
 from ember._launcher import ring_owner as _ring_owner
 from ember._names import FEED_ENDPOINT_KEY, GPUS_KEY, NODE_END_KEY, TENSORBOARD_URL_KEY, WORKER_ROLES
+from ember._net import routable_address
 from ember._node.env import node_env, notice_filter
 from ember.context import absolute_path
 from ember.errors import EmberError
@@ -94,20 +95,6 @@ def run_replacement(spec: NodeSpec, executor_id: int, _partition: int) -> Iterat
     `executor_id` (Cluster.run's replace_lost_workers)."""
     NodeLauncher(spec, executor_id).run()
     yield str(executor_id)
-
-
-def routable_address(peer_host: str, peer_port: int) -> str:
-    """This host's address on the route to `peer_host`, which peers can therefore reach."""
-    try:
-        family, _, _, _, sockaddr = socket.getaddrinfo(peer_host, peer_port, type=socket.SOCK_DGRAM)[0]
-        with socket.socket(family, socket.SOCK_DGRAM) as s:
-            s.connect(sockaddr)  # UDP: picks a route, sends nothing
-            address = s.getsockname()[0]
-        if address not in ("0.0.0.0", "::"):
-            return address
-    except OSError:
-        pass
-    return socket.gethostname()
 
 
 def _bind_free_port() -> socket.socket:

@@ -15,7 +15,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ember import _ember, _hadoop
+from ember import _ember
+from ember._driver.spark_side import spark_side
 from ember.data import _features, _fs, _schema
 
 _READ_BATCH = 8192  # rows per Arrow batch load_tfrecords' tasks hand Spark
@@ -146,9 +147,8 @@ def save_as_tfrecords(df, path: str, columns: Optional[Sequence[str]] = None, *,
         raise ValueError(f"compression {compression!r}: use 'none', 'gzip' or 'zlib'")
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    spark = df.sparkSession
     features = _schema.features_of(to_arrow_schema(df.schema), columns)
-    default_fs, http = _hadoop.spark_fs_conf(spark.sparkContext)
+    default_fs, http = spark_side(df.sparkSession).hadoop_fs_conf()
     resolve = _fs.options_from(default_fs, http)
     base = path.rstrip("/")
     existing = _list_or_none(base, resolve)
@@ -230,8 +230,8 @@ def load_tfrecords(spark, path: Union[str, Sequence[str]], schema=None, binary_f
     A record whose features do not fit the schema fails its task with the file, the record's
     byte offset and the feature named.
     """
-    sc = spark.sparkContext
-    default_fs, http = _hadoop.spark_fs_conf(sc)
+    side = spark_side(spark)
+    default_fs, http = side.hadoop_fs_conf()
     resolve = _fs.options_from(default_fs, http)
     uris = _fs.expand(path, resolve)
     arrow = _arrow_schema(schema)
@@ -242,7 +242,7 @@ def load_tfrecords(spark, path: Union[str, Sequence[str]], schema=None, binary_f
         features = _schema.features_from_arrow_schema(arrow)
     specs = [_features.Spec(f.name, f.kind, f.shape) for f in features]
     core = _features.core_schema(specs)
-    n = num_partitions or max(1, min(len(uris), sc.defaultParallelism * 4))
+    n = num_partitions or max(1, min(len(uris), side.default_parallelism() * 4))
     from pyspark.sql.pandas.types import from_arrow_schema
 
     def read_files(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
