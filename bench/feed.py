@@ -17,8 +17,16 @@ script), over a cached Fashion-MNIST-shaped DataFrame (image: 784-byte binary, l
          rows: the rate at which Spark hands this data to Python at all (the limit).
 
 Each contender runs --repeats times (ember and bare interleaved); medians are reported.
+
+With --connect, ember and bare run once more, the same way, from a Spark Connect client
+(``SparkSession.builder.remote``) of a Spark Connect server (pyspark's own distribution) that runs
+its application on the same standalone cluster, after the classic application has stopped: the
+``connect`` column, over the same synthetic data (made and cached by that application).
+
 The last line is:
   feed_rows_per_sec: ember=<v> tfos=<v> bare=<v> ratio_vs_tfos=<v> ratio_vs_bare=<v>
+(with --connect: ... ember_connect=<v> connect_vs_classic=<v>, Ember's feed from a Connect client
+over Ember's from the classic session).
 
   .venv/bin/python bench/feed.py                 # defaults: 1,000,000 rows, 3 repeats
   .venv/bin/python bench/feed.py --rows 200000 --tfos-rows 50000 --repeats 1   # quick
@@ -106,12 +114,18 @@ def bare_drain(batches):
 
 
 # ----------------------------------------------------------------------------- contenders
+def _cpu(cluster) -> dict:
+    """CPU snapshot of the standalone cluster's processes; {} in the Connect client (which does
+    not know them)."""
+    return C.cpu_snapshot(cluster) if cluster is not None else {}
+
+
 def run_bare(df, cluster) -> dict:
-    cpu0 = C.cpu_snapshot(cluster)
+    cpu0 = _cpu(cluster)
     t0 = time.time()
     res = df.mapInArrow(bare_drain, "n long, secs double").collect()
     secs = time.time() - t0
-    cpu = C.cpu_delta(cpu0, C.cpu_snapshot(cluster))
+    cpu = C.cpu_delta(cpu0, _cpu(cluster))
     rows = sum(r.n for r in res)
     return {"rows": rows, "secs": secs, "rate": rows / secs, "task_secs": sum(r.secs for r in res), "cpu": cpu}
 
@@ -136,7 +150,7 @@ class EmberBench:
         self.epoch = 0
 
     def run(self, df) -> dict:
-        cpu0 = C.cpu_snapshot(self.spark_cluster)
+        cpu0 = _cpu(self.spark_cluster)
         t0 = time.time()
         self.cluster.train(df, num_epochs=1)
         t1 = time.time()
@@ -144,7 +158,7 @@ class EmberBench:
         C.wait_for(lambda: all(f.exists() for f in files), 600, "both Ember nodes to finish the epoch")
         time.sleep(0.05)
         nodes = [json.loads(f.read_text()) for f in files]
-        cpu = C.cpu_delta(cpu0, C.cpu_snapshot(self.spark_cluster))
+        cpu = C.cpu_delta(cpu0, _cpu(self.spark_cluster))
         self.epoch += 1
         rows = sum(n["rows"] for n in nodes)
         end = max([t1] + [n["t_end"] for n in nodes])
@@ -237,8 +251,13 @@ def main(argv=None) -> None:
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                    help="extra Spark conf for every application (experiments)")
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--connect", action="store_true",
+                   help="also run ember and bare from a Spark Connect client (a Connect server on the cluster)")
+    p.add_argument("--remote", help=argparse.SUPPRESS)  # internal: be that Connect client, of this server URL
     args = p.parse_args(argv)
     args.spark_conf = dict(kv.split("=", 1) for kv in args.conf)
+    if args.remote:
+        return connect_client(args)
 
     C.log(f"machine: {C.machine_info()}")
     C.log(f"versions: {C.versions()}")
@@ -254,33 +273,13 @@ def main(argv=None) -> None:
         df = C.synthetic_df(spark, args.rows, args.partitions)
         C.log(f"data: {args.rows} rows x ({C.IMAGE_BYTES}-byte image + int label) in {args.partitions} "
               f"partitions, generated+cached in {time.time() - t:.1f}s; {C.cached_fraction(sc)}")
-        bench = EmberBench(spark, args, out, cluster)
-        bare, emb, warm = [], [], {}
-        try:
-            for w in range(args.warmup):  # untimed: JIT, Python workers, first-use costs
-                warm["bare"], warm["ember"] = run_bare(df, cluster), bench.run(df)
-                C.log(f"warm-up {w + 1}: bare {warm['bare']['secs']:.2f}s, ember {warm['ember']['secs']:.2f}s "
-                      "(not counted)")
-            if args.profile:
-                import _feedprof
-                shutil.rmtree(_feedprof.PROF_DIR, ignore_errors=True)
-            for r in range(args.repeats):
-                bare.append(run_bare(df, cluster))
-                b = bare[-1]
-                C.log(f"bare  repeat {r + 1}: {b['rows']} rows in {b['secs']:.2f}s = {b['rate']:.0f} rows/s "
-                      f"(sum of task times {b['task_secs']:.2f}s; {C.fmt_cpu(b['cpu'])})")
-                emb.append(bench.run(df))
-                e = emb[-1]
-                C.log(f"ember repeat {r + 1}: {e['rows']} rows in {e['secs']:.2f}s = {e['rate']:.0f} rows/s "
-                      f"(train() {e['train_secs']:.2f}s; last row consumed "
-                      f"{e['consumed_lag_secs']:+.2f}s after train() returned; per node {e['node_rows']}; "
-                      f"{C.fmt_cpu(e['cpu'])})")
-        finally:
-            bench.close()
+        emb, bare = run_ember_and_bare(spark, args, out, cluster, df)
         if args.profile:
             print_profile(out, bare)
         spark.stop()
         results.update(ember=emb, bare=bare)
+        if args.connect:
+            results["connect"] = connect_runs(cluster, args)
         tfos = []
         if not args.skip_tfos:
             tfos, env = run_tfos(cluster, args, out)
@@ -309,8 +308,94 @@ def main(argv=None) -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     C.log(f"machine at end: {C.machine_info()}")
+    tail = ""
+    if args.connect:
+        ce = C.median([r["rate"] for r in results["connect"]["ember"]])
+        cb = C.median([r["rate"] for r in results["connect"]["bare"]])
+        print(f"connect (Spark Connect client): ember {ce:12.0f} (runs "
+              f"{[round(r['rate']) for r in results['connect']['ember']]}; {ce / e_rate:.3f} of classic), "
+              f"bare {cb:12.0f} ({cb / b_rate:.3f} of classic)")
+        tail = f" ember_connect={C.fmt_rate(ce)} connect_vs_classic={ce / e_rate:.3f}"
     print(f"feed_rows_per_sec: ember={C.fmt_rate(e_rate)} tfos={C.fmt_rate(t_rate)} bare={C.fmt_rate(b_rate)} "
-          f"ratio_vs_tfos={e_rate / t_rate:.2f} ratio_vs_bare={e_rate / b_rate:.2f}")
+          f"ratio_vs_tfos={e_rate / t_rate:.2f} ratio_vs_bare={e_rate / b_rate:.2f}{tail}")
+
+
+def run_ember_and_bare(spark, args, out: Path, cluster, df) -> tuple:
+    """The warm-up, then --repeats of bare and ember interleaved: (ember runs, bare runs)."""
+    bench = EmberBench(spark, args, out, cluster)
+    bare, emb, warm = [], [], {}
+    try:
+        for w in range(args.warmup):  # untimed: JIT, Python workers, first-use costs
+            warm["bare"], warm["ember"] = run_bare(df, cluster), bench.run(df)
+            C.log(f"warm-up {w + 1}: bare {warm['bare']['secs']:.2f}s, ember {warm['ember']['secs']:.2f}s "
+                  "(not counted)")
+        if args.profile:
+            import _feedprof
+            shutil.rmtree(_feedprof.PROF_DIR, ignore_errors=True)
+        for r in range(args.repeats):
+            bare.append(run_bare(df, cluster))
+            b = bare[-1]
+            C.log(f"bare  repeat {r + 1}: {b['rows']} rows in {b['secs']:.2f}s = {b['rate']:.0f} rows/s "
+                  f"(sum of task times {b['task_secs']:.2f}s; {C.fmt_cpu(b['cpu'])})")
+            emb.append(bench.run(df))
+            e = emb[-1]
+            C.log(f"ember repeat {r + 1}: {e['rows']} rows in {e['secs']:.2f}s = {e['rate']:.0f} rows/s "
+                  f"(train() {e['train_secs']:.2f}s; last row consumed "
+                  f"{e['consumed_lag_secs']:+.2f}s after train() returned; per node {e['node_rows']}; "
+                  f"{C.fmt_cpu(e['cpu'])})")
+    finally:
+        bench.close()
+    return emb, bare
+
+
+def connect_runs(cluster, args) -> dict:
+    """ember and bare from a Spark Connect client: a Connect server whose application runs on
+    the standalone `cluster` with the classic session's settings, and this script again as its
+    client.  {"ember": runs, "bare": runs}."""
+    import subprocess
+
+    from connect_server import ConnectServer  # python/tests (on sys.path through _common)
+
+    conf = {"spark.sql.shuffle.partitions": "4", "spark.executor.memory": "2g", "spark.python.worker.reuse": "true",
+            "spark.app.name": "bench-feed-ember-connect"}
+    conf.update(args.spark_conf)
+    log = Path(tempfile.mkdtemp(prefix="ember-bench-connect-")) / "server.log"
+    server = ConnectServer(cluster.master_url, log, conf=conf)
+    try:
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--remote", server.url, "--rows", str(args.rows),
+               "--partitions", str(args.partitions), "--batch-size", str(args.batch_size),
+               "--repeats", str(args.repeats), "--warmup", str(args.warmup)]
+        C.log(f"Spark Connect: server {server.url} on {cluster.master_url} (log {log}); ember and bare from its client")
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=7200)
+        sys.stderr.write(proc.stderr[-20000:])
+        found = [line for line in proc.stdout.splitlines() if line.startswith("CONNECT_RUNS ")]
+        if proc.returncode or not found:
+            raise RuntimeError(f"the Connect client exited {proc.returncode}: {proc.stdout[-3000:]}\n"
+                               f"server log:\n{server.log_tail()}")
+        return json.loads(found[-1][len("CONNECT_RUNS "):])
+    finally:
+        server.stop()
+
+
+def connect_client(args) -> None:
+    """The Connect client of connect_runs: the same data, warm-up and repeats; prints the runs."""
+    from pyspark.sql import SparkSession
+
+    from ember._driver.spark_side import spark_side
+
+    spark = SparkSession.builder.remote(args.remote).getOrCreate()
+    side = spark_side(spark)
+    C.wait_for(lambda: side.default_parallelism() >= 4, 120, "the Connect server's 2 executors (4 cores)")
+    out = Path(tempfile.mkdtemp(prefix="ember-bench-feed-connect-"))
+    try:
+        t = time.time()
+        df = C.synthetic_df(spark, args.rows, args.partitions)
+        C.log(f"connect data: {args.rows} rows generated+cached in {time.time() - t:.1f}s")
+        emb, bare = run_ember_and_bare(spark, args, out, None, df)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    print("CONNECT_RUNS " + json.dumps({"ember": emb, "bare": bare}), flush=True)
+    spark.stop()
 
 
 if __name__ == "__main__":
