@@ -112,6 +112,11 @@ in each executor's working directory, and the executors run its Python):
              .config("spark.archives", "{a}#{ALIAS}")
              .getOrCreate())
 
+  From a Spark Connect client (the archive goes to this client's session on the server; the
+  session's Python workers run from it):
+    spark.addArtifacts("{a}#{ALIAS}", archive=True)
+    spark.conf.set("spark.sql.execution.pyspark.python", "{ALIAS}/bin/python")
+
 The archive links, and does not hold, the interpreter: executors need Python {self.python_version}
 in {self.python_home} (else pack with --python-prefix=<its prefix there>). See docs/deploy.md."""
 

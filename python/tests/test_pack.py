@@ -80,6 +80,8 @@ def test_cli_packs_and_prints_the_spark_settings(packed):
     assert f"PYSPARK_PYTHON=./environment/bin/python spark-submit --archives {archive}#environment app.py" in out
     assert f"--archives {archive}#environment --conf spark.pyspark.python=./environment/bin/python" in out
     assert f'.config("spark.archives", "{archive}#environment")' in out
+    assert f'spark.addArtifacts("{archive}#environment", archive=True)' in out
+    assert 'spark.conf.set("spark.sql.execution.pyspark.python", "environment/bin/python")' in out
     assert f"in {sys.base_prefix}/bin" in out, out  # the interpreter the archive links to
 
     # The archive holds Ember as a regular install: package files, the native module, no hook.
@@ -139,4 +141,57 @@ def test_executors_get_ember_only_from_the_archive(packed, spark_sessions, tmp_p
                                      / "site-packages" / "ember" / "__init__.py"), r
             assert r["native"].startswith(str(env_dir) + "/"), r
             assert r["executable"].startswith(str(env_dir.parent)), r
+    assert standalone.processes() == []
+
+
+CONNECT_CLIENT = r'''
+import json, sys
+from pyspark.sql import SparkSession
+import ember
+
+url, archive, out = sys.argv[1:4]
+spark = SparkSession.builder.remote(url).getOrCreate()
+spark.addArtifacts(f"{archive}#environment", archive=True)          # what `ember pack` prints
+spark.conf.set("spark.sql.execution.pyspark.python", "environment/bin/python")
+
+def where_is_ember(args, ctx):
+    import json, sys
+    import ember
+    from ember import _ember
+    with open(f"{args['out']}/{ctx.task_index}.json", "w") as f:
+        json.dump({"ember": ember.__file__, "native": _ember.__file__, "prefix": sys.prefix}, f)
+
+cluster = ember.Cluster.run(spark, where_is_ember, {"out": out}, num_executors=2, reservation_timeout=120)
+cluster.shutdown(timeout=120)
+print("JOB " + cluster.job_id, flush=True)
+'''
+
+
+def test_a_connect_client_ships_the_archive_with_add_artifacts(packed, tmp_path):
+    """`ember pack`'s Spark Connect form: the client adds the archive to its session and names
+    its Python; a standalone cluster's executors without Ember run the nodes from it."""
+    from connect_server import ConnectServer
+
+    _, proc, archive = packed
+    assert proc.returncode == 0, proc.stderr
+    out = tmp_path / "reports"
+    out.mkdir()
+    with StandaloneCluster(num_workers=1, cores_per_worker=2, memory="2g",
+                           python=str(Path(sys.base_prefix) / "bin" / "python3")) as standalone:
+        server = ConnectServer(standalone.master_url, tmp_path / "connect.log",
+                               conf={"spark.pyspark.python": str(Path(sys.base_prefix) / "bin" / "python3")})
+        try:
+            client = subprocess.run([sys.executable, "-c", CONNECT_CLIENT, server.url, str(archive), str(out)],
+                                    capture_output=True, text=True, timeout=360)
+        finally:
+            server.stop()
+        assert client.returncode == 0, f"{client.stdout[-3000:]}\n{client.stderr[-6000:]}\n{server.log_tail()}"
+        job_id = next(line.split()[1] for line in client.stdout.splitlines() if line.startswith("JOB "))
+        no_leftovers(job_id)
+        work = standalone.base_dir / "work"
+        for i in range(2):
+            r = json.loads((out / f"{i}.json").read_text())
+            env_dir = Path(r["prefix"])
+            assert env_dir.name == "environment" and env_dir.is_relative_to(work), r  # unpacked by Spark
+            assert r["ember"].startswith(str(env_dir) + "/") and r["native"].startswith(str(env_dir) + "/"), r
     assert standalone.processes() == []

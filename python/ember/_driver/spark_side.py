@@ -253,7 +253,9 @@ class ConnectSide(SparkSide):
 
     @property
     def python_exec(self) -> str:
-        return (self.conf("spark.pyspark.python") or self.conf("spark.executorEnv.PYSPARK_PYTHON")
+        # The session's own setting first (ember pack's Connect form sets it beside addArtifacts).
+        return (self.conf("spark.sql.execution.pyspark.python") or self.conf("spark.pyspark.python")
+                or self.conf("spark.executorEnv.PYSPARK_PYTHON")
                 or "python3 (the Spark Connect server's PYSPARK_PYTHON, else python3)")
 
     def default_parallelism(self) -> int:
