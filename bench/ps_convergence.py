@@ -13,6 +13,8 @@ Variants (each --workers training nodes; the async ones add 1 ps node serving on
             (dist-keras's AEASGD: window 32, alpha = rho x eta = 5 x 0.1 = 0.5)
   ssp2      AsyncCallback(algorithm=--ssp-algorithm (default "downpour"), frequency=--ssp-window
             (default --window), ssp=2)
+  ssp2avg   ssp2 with average=True: each delta divided by the workers (the shards move by their
+            mean delta; summed, the deltas of workers held in step overshoot: docs/ps.md)
 
 Data: Debian's dataset-fashion-mnist through examples/fashion_mnist/data.py; every worker trains
 on its shard of the 60,000 training images (rank r takes images r, r+W, ...), --batch-size per
@@ -30,11 +32,16 @@ the workers' start/end skew (wall clock), exchanges per worker, the shard's push
 per exchange), the longest SSP wait and the staleness histogram (shard updates between a push's
 pull and the push; the last bucket counts 16 and more).
 
-Last line: ps_convergence: downpour=<pt> adag=<pt> easgd=<pt> ssp2=<pt> (goals 1.0/1.0/1.0/0.5) met=<k>/<n>
+--trace DIR: each worker also writes a per-exchange trace (wall times of push / clock return /
+pull, versions, staleness, wait, delta norm; Keras's running loss per batch) and evaluates its own
+model when its fit ends; a line per run then gives those accuracies in finishing order and the
+pushes the first and last worker made alone (DOWNPOUR's solo tail: docs/benchmarks.md).
+
+Last line: ps_convergence: downpour=<pt> adag=<pt> easgd=<pt> ssp2=<pt> ssp2avg=<pt> (goals 1.0/1.0/1.0/0.5/0.5) met=<k>/<n>
 (points = 100 x (variant accuracy - sync accuracy), means over --repeats; a goal is met when the
 variant is no more than its goal below sync).
 
-  .venv/bin/python bench/ps_convergence.py        # ~2 min (each variant ~20 s); --repeats 3: ~6 min
+  .venv/bin/python bench/ps_convergence.py        # ~2.5 min (each variant ~20-30 s); --repeats 3: ~7 min
 """
 from __future__ import annotations
 
@@ -49,9 +56,44 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402  (sets PYTHONPATH/PYSPARK_PYTHON before Spark starts)
 
 EXAMPLE_DIR = C.REPO / "examples" / "fashion_mnist"
-VARIANTS = ("sync", "downpour", "adag", "easgd", "ssp2")
-GOALS = {"downpour": 1.0, "adag": 1.0, "easgd": 1.0, "ssp2": 0.5}  # points below sync, at most
+VARIANTS = ("sync", "downpour", "adag", "easgd", "ssp2", "ssp2avg")
+GOALS = {"downpour": 1.0, "adag": 1.0, "easgd": 1.0, "ssp2": 0.5, "ssp2avg": 0.5}  # points below sync, at most
 RESULT_KEY = "bench/ps_convergence/result"
+
+
+class TracingClient:
+    """--trace: an ember.ps.Client that records, per exchange, the wall times of push / clock
+    return / pull, the versions pushed from and pulled, the push's staleness, the clock's wait
+    and the delta's norm (Exchange calls push_many, then clock, then pull_many)."""
+
+    def __init__(self, ps, records):
+        self._ps, self.records = ps, records
+
+    def __getattr__(self, name):
+        return getattr(self._ps, name)
+
+    def push_many(self, names, updates, versions):
+        import numpy as np
+        t = time.time()
+        results = self._ps.push_many(names, updates, versions)
+        self.records.append({"push": t, "pushed": time.time(), "base": list(versions[0].per_slice),
+                             "after": list(results[0].versions.per_slice),
+                             "staleness": max(int(r.max_staleness) for r in results),
+                             "delta_norm": float(np.sqrt(sum(float(np.sum(np.square(u))) for u in updates)))})
+        return results
+
+    def clock(self, clock, *a, **kw):
+        r = self._ps.clock(clock, *a, **kw)
+        if self.records and "clock" not in self.records[-1]:
+            self.records[-1].update(clock=r.clock, min_clock=r.min_clock, waited=r.waited_us / 1e6,
+                                    clocked=time.time())
+        return r
+
+    def pull_many(self, names, shapes=None):
+        values, versions = self._ps.pull_many(names, shapes)
+        if self.records and "pulled" not in self.records[-1]:
+            self.records[-1].update(pulled=list(versions[0].per_slice), pulled_at=time.time())
+        return values, versions
 
 
 def node_main(args, ctx):
@@ -91,15 +133,24 @@ def node_main(args, ctx):
         callback = ember.keras.SyncCallback()
     else:
         ps = ember.ps.connect(ctx, timeout=120)
+        if args["trace"]:
+            ps = TracingClient(ps, [])
         knobs = {"downpour": dict(algorithm="downpour", frequency=args["window"]),
                  "adag": dict(algorithm="adag", frequency=args["adag_window"]),
                  "easgd": dict(algorithm="easgd", frequency=args["easgd_window"], alpha=args["alpha"]),
-                 "ssp2": dict(algorithm=args["ssp_algorithm"], frequency=args["ssp_window"], ssp=2)}[variant]
+                 "ssp2": dict(algorithm=args["ssp_algorithm"], frequency=args["ssp_window"], ssp=2),
+                 "ssp2avg": dict(algorithm=args["ssp_algorithm"], frequency=args["ssp_window"], ssp=2,
+                                 average=True)}[variant]
         callback = ember.keras.AsyncCallback(ps, **knobs)
     model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
-    batches = []
-    counter = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: batches.append(batch))
+    batches, losses = [], []  # losses: Keras's running mean over the epoch at each batch
+
+    def count(batch, logs):
+        batches.append(batch)
+        losses.append(float(logs["loss"]))
+
+    counter = keras.callbacks.LambdaCallback(on_train_batch_end=count)
     start, fit_start = time.monotonic(), time.time()  # wall clock too: the workers' skew (one host)
     history = model.fit(train, epochs=args["epochs"], callbacks=[callback, counter], verbose=0)
     train_secs, fit_end = time.monotonic() - start, time.time()
@@ -111,6 +162,16 @@ def node_main(args, ctx):
         ex = callback.exchange
         shared = sum("float" in str(v.dtype) for v in model.weights)  # Exchange counts a push per tensor
         mine.update(exchanges=ex.pushes // shared, rejected=ex.rejected, ssp_waited_secs=ex.waited_secs)
+    if args["trace"]:
+        # This worker's model when its fit ended (async: the shards' weights then, before the
+        # other workers' remaining pushes): the accuracy the job would have ended with here.
+        tx, ty = data.load_split("test")
+        _, acc_at_end = model.evaluate(tx.reshape(-1, 784).astype(np.float32) / 255.0, ty.astype(np.int64),
+                                       batch_size=1000, verbose=0)
+        trace = {"rank": rank, "steps_per_epoch": steps, "fit_start": fit_start, "fit_end": fit_end,
+                 "acc_at_end": float(acc_at_end), "losses": losses,
+                 "exchanges": ps.records if ps is not None else []}
+        Path(args["trace"], f"{variant}-seed{args['seed']}-w{rank}.json").write_text(json.dumps(trace))
     kv = ctx._coordinator_client()
     kv.kv_set(f"{RESULT_KEY}/worker/{rank}", json.dumps(mine).encode())
     comm.barrier()  # every worker's last push is in
@@ -147,7 +208,7 @@ def run_variant(spark, variant: str, seed: int, args) -> dict:
     node_args = {"variant": variant, "seed": seed, "epochs": args.epochs, "batch_size": args.batch_size,
                  "lr": lr_of(variant, args), "window": args.window, "ssp_window": args.ssp_window or args.window,
                  "ssp_algorithm": args.ssp_algorithm, "adag_window": args.adag_window, "easgd_window": args.easgd_window, "alpha": args.alpha,
-                 "example_dir": str(EXAMPLE_DIR)}
+                 "example_dir": str(EXAMPLE_DIR), "trace": args.trace}
     num_ps = 0 if variant == "sync" else 1
     start = time.monotonic()
     cluster = ember.Cluster.run(spark, node_main, node_args, num_executors=args.workers + num_ps, num_ps=num_ps,
@@ -184,6 +245,29 @@ def describe(r: dict) -> str:
     return text
 
 
+def trace_text(trace_dir: str, variant: str, seed: int, workers: int) -> str:
+    """--trace's summary of one run: each worker's test accuracy when its fit ended (in finishing
+    order), the pushes the first and the last worker made alone at the start and the end, the
+    longest run of one worker's pushes, and the staleness of the pushes by share."""
+    ws = [json.loads(Path(trace_dir, f"{variant}-seed{seed}-w{r}.json").read_text()) for r in range(workers)]
+    ends = " ".join(f"w{w['rank']}={w['acc_at_end']:.4f}" for w in sorted(ws, key=lambda w: w["fit_end"]))
+    pushes = sorted((e["push"], w["rank"]) for w in ws for e in w["exchanges"])
+    if not pushes:
+        return f"acc at each worker's end: {ends}"
+    runs, n = [], 1
+    for (_, a), (_, b) in zip(pushes, pushes[1:]):
+        if a == b:
+            n += 1
+        else:
+            runs.append(n)
+            n = 1
+    runs.append(n)
+    stale = [e["staleness"] for w in ws for e in w["exchanges"]]
+    shares = " ".join(f"{k}:{stale.count(k) / len(stale):.2f}" for k in sorted(set(stale)) if k < 4)
+    return (f"acc at each worker's end: {ends}; pushes alone: first {runs[0]}, last {runs[-1]}, longest "
+            f"{max(runs)} (of {len(pushes)}); staleness shares {shares}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--epochs", type=int, default=5)
@@ -203,7 +287,12 @@ def main() -> None:
     p.add_argument("--easgd-window", type=int, default=32)
     p.add_argument("--alpha", type=float, default=0.5, help="easgd's moving rate")
     p.add_argument("--json", help="write every result here")
+    p.add_argument("--trace", help="directory: each worker writes <variant>-seed<s>-w<rank>.json there, per "
+                   "exchange the wall times of push / clock return / pull, versions, staleness, wait")
     args = p.parse_args()
+    if args.trace:
+        args.trace = str(Path(args.trace).resolve())
+        Path(args.trace).mkdir(parents=True, exist_ok=True)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
@@ -224,6 +313,8 @@ def main() -> None:
                 r = run_variant(spark, v, args.seed + rep, args)
                 results[v].append(r)
                 C.log(f"repeat {rep} seed {args.seed + rep} {v}: {describe(r)}")
+                if args.trace:
+                    C.log(f"  trace: {trace_text(args.trace, v, args.seed + rep, args.workers)}")
     finally:
         spark.stop()
     C.log(f"machine at end: {C.machine_info()}")

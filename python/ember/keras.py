@@ -484,7 +484,10 @@ class AsyncCallback(keras.callbacks.Callback):
     pushes based on weights more than s updates old; ``ssp=s`` holds a node at each exchange
     until the slowest is at most s exchanges behind (``ssp=0``: BSP); ``warmup=n`` makes the
     first n exchanges synchronous.  A node that ends leaves the clocks; one that dies is
-    dropped when its connection closes.
+    dropped when its connection closes.  ``average=True`` divides each pushed delta by the
+    number of workers (`workers`, default the job's training nodes): the shards move by the
+    nodes' mean delta, not their sum; with ``ssp`` (nodes in step) summed deltas overshoot and
+    training ends on a swinging model (docs/ps.md, Consistency).
 
     The first node to start creates the shards' tensors from its initial weights (the others'
     creates change nothing), so every node starts from the same weights.  Every float weight of
@@ -499,7 +502,7 @@ class AsyncCallback(keras.callbacks.Callback):
     def __init__(self, ps: "_ps.Client", frequency: Any = "batch", prefix: str = "model/",
                  staleness_bound: Optional[int] = None, elastic: bool = False, alpha: float = 0.1,
                  hogwild: bool = False, algorithm: Optional[str] = None, ssp: Optional[int] = None,
-                 warmup: int = 0, workers: int = 0):
+                 warmup: int = 0, workers: int = 0, average: bool = False):
         super().__init__()
         if frequency == "batch":
             self._every = 1
@@ -517,7 +520,8 @@ class AsyncCallback(keras.callbacks.Callback):
             raise ValueError(f"AsyncCallback: algorithm={algorithm!r} contradicts elastic/hogwild")
         self.ps, self.prefix = ps, prefix
         self.exchange = _ps.Exchange(ps, algorithm, window=self._every or 1, alpha=alpha,
-                                     staleness_bound=staleness_bound, ssp=ssp, warmup=warmup, workers=workers)
+                                     staleness_bound=staleness_bound, ssp=ssp, warmup=warmup, workers=workers,
+                                     average=average)
         self._since = 0
 
     @property

@@ -274,6 +274,13 @@ class Exchange:
       the shards move by ``alpha * (local - center)`` and the worker by the same amount back;
       no pull.
 
+    ``average=True`` (every algorithm but easgd) divides the pushed delta by `workers` as well:
+    a round of exchanges moves the shards by the workers' mean delta, not their sum (model
+    averaging).  Summed deltas overshoot wherever each worker's window already reaches the
+    loss's valley floor, so the shards' weights swing between exchanges; while the workers
+    exchange in step (``ssp``, BSP, or equal speeds) that swing is where training ends
+    (docs/ps.md, Consistency).
+
     ``staleness_bound=s`` drops (and counts) pushes based on weights more than s updates old.
     ``ssp=s`` makes a worker wait at each exchange until the slowest is at most s exchanges
     behind (``ssp=0``: BSP); ``warmup=n`` makes the first n exchanges synchronous whatever
@@ -285,7 +292,7 @@ class Exchange:
 
     def __init__(self, ps: Client, algorithm: str = "downpour", window: int = 1, alpha: float = 0.1,
                  staleness_bound: Optional[int] = None, ssp: Optional[int] = None, warmup: int = 0,
-                 workers: int = 0) -> None:
+                 workers: int = 0, average: bool = False) -> None:
         if algorithm not in ALGORITHMS:
             raise ValueError(f"ember.ps: algorithm must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}")
         if not (isinstance(window, int) and window > 0):
@@ -297,6 +304,12 @@ class Exchange:
         self.ps, self.algorithm, self.window, self.alpha = ps, algorithm, window, alpha
         self.staleness_bound, self.ssp, self.warmup = staleness_bound, ssp, warmup
         self.workers = workers or getattr(ps, "job_workers", 0)
+        if average and algorithm == "easgd":
+            raise ValueError("ember.ps: average divides a delta; easgd pushes weights (its alpha sets the step)")
+        if average and self.workers < 1:
+            raise ValueError("ember.ps: average=True needs the number of workers (workers=, or a client from "
+                             "ember.ps.connect(ctx))")
+        self.average = average
         self.pushes = self.rejected = 0
         self.clock = 0
         self.waited_secs = 0.0
@@ -335,9 +348,10 @@ class Exchange:
             updates = locals_
         else:
             updates = [local - self._base[n][0] for n, local in zip(names, locals_)]
-            if self.algorithm == "adag":
+            divisor = (steps or self.window if self.algorithm == "adag" else 1) * (self.workers if self.average else 1)
+            if divisor != 1:
                 for u in updates:
-                    u /= steps or self.window
+                    u /= divisor
         results = self.ps.push_many(names, updates, [self._base[n][1] for n in names])  # one round trip
         for name, local, result in zip(names, locals_, results):
             if self.algorithm == "easgd":

@@ -301,3 +301,69 @@ def test_a_shard_checkpoints_and_a_new_one_resumes_from_it(tmp_path):
         with pytest.raises(ember.errors.Corruption, match="blob 'dense/w'"):
             s2.restore(broken)
         assert np.all(ps.pull("w", shape=(BIG,))[0] == 2.0)  # unchanged
+
+
+def _in_step(exchanges, rounds, window=5, h=0.5):
+    """Workers in step (as an SSP bound holds them, and BSP) on f(w) = w^2 / 2: each takes
+    `window` local steps w -= h * w from the same pulled weights (reaching nearly the floor, 0),
+    then exchanges; every push lands before the workers continue from the center.  The center
+    after every round."""
+    ws = [ex.start({"w": np.full(4, 1.0, np.float32)})["w"] for ex in exchanges]
+    centers = []
+    for _ in range(rounds):
+        for ex, w in zip(exchanges, ws):
+            ex.exchange({"w": w * (1 - h) ** window})
+        ws = [ex.pull()["w"] for ex in exchanges]  # the center with every worker's push
+        assert all(np.array_equal(w, ws[0]) for w in ws)
+        centers.append(float(ws[0][0]))
+    return centers
+
+
+def test_summed_deltas_of_workers_in_step_swing_and_averaged_ones_converge():
+    # The SSP(2) accuracy gap (docs/ps.md, Consistency): 2 workers in step each reach the valley
+    # floor in their window, and the shards add both deltas: the center overshoots to -0.94 and
+    # swings, shrinking by 6 % a round.  average=True moves it by the mean delta: it converges.
+    with ember.ps.Server.start("ps:0", SECRET, bind_host="127.0.0.1") as s:
+        def pair(name, **kw):
+            clients = [ember.ps.Client.connect([f"127.0.0.1:{s.port}"], SECRET) for _ in range(2)]
+            return [ember.ps.Exchange(_Renamed(c, name), "downpour", window=5, workers=2, **kw) for c in clients]
+
+        summed = _in_step(pair("summed"), rounds=6)
+        assert all(abs(c) > 0.6 and (c < 0) == (i % 2 == 0) for i, c in enumerate(summed)), summed  # -0.94, +0.88, ...
+        averaged = _in_step(pair("averaged", average=True), rounds=6)
+        assert abs(averaged[-1]) < 1e-6 < abs(averaged[0]) < 0.05, averaged
+        # adag's division by the window and average's by the workers combine
+        ex = ember.ps.Exchange(_Renamed(ember.ps.Client.connect([f"127.0.0.1:{s.port}"], SECRET), "adag"),
+                               "adag", window=5, workers=2, average=True)
+        w = ex.start({"w": np.zeros(3, np.float32)})["w"]
+        assert np.allclose(ex.exchange({"w": w + 10})["w"], 1.0)
+        ex = ember.ps.Exchange(_Renamed(ember.ps.Client.connect([f"127.0.0.1:{s.port}"], SECRET), "once"),
+                               workers=4, average=True)
+        w = ex.start({"w": np.zeros(3, np.float32)})["w"]
+        assert np.allclose(ex.exchange({"w": w + 2}, steps=1)["w"], 0.5)  # steps count for adag only
+    with pytest.raises(ValueError, match="easgd pushes weights"):
+        ember.ps.Exchange(None, "easgd", workers=2, average=True)
+    with pytest.raises(ValueError, match="needs the number of workers"):
+        ember.ps.Exchange(None, "downpour", average=True)
+
+
+class _Renamed:
+    """A client whose tensor 'w' is '<prefix>/w' on the shard: several tests' tensors on one."""
+
+    def __init__(self, ps, prefix):
+        self._ps, self._prefix = ps, prefix
+
+    def __getattr__(self, name):
+        return getattr(self._ps, name)
+
+    def _n(self, names):
+        return [f"{self._prefix}/{n}" for n in names]
+
+    def create_dense(self, name, initial, **kw):
+        self._ps.create_dense(f"{self._prefix}/{name}", initial, **kw)
+
+    def pull_many(self, names, shapes=None):
+        return self._ps.pull_many(self._n(names), shapes)
+
+    def push_many(self, names, updates, versions):
+        return self._ps.push_many(self._n(names), updates, versions)
