@@ -165,6 +165,39 @@ say(status=[t.status for t in search.trials], best=search.best_params, metric=se
     jobs=sorted({t.job_id for t in search.trials}))
 '''
 
+RECOVERY = PRELUDE + r'''
+from pathlib import Path
+
+def spark_mode_ids(args, ctx):
+    """test_recovery's node: records the ids fed each epoch; worker:1 SIGKILLs itself in epoch 1, once."""
+    import os, signal
+    out = Path(args["out"])
+    ckpt = out / "epoch.txt"
+    start = int(ckpt.read_text()) if ckpt.exists() else 0
+    feed = ctx.get_data_feed()
+    for epoch in range(start, args["epochs"]):
+        ids = []
+        for k, batch in enumerate(feed.epoch_batches(10)):
+            ids.extend(int(i) for i in batch["id"])
+            if epoch == 1 and k == 2 and ctx.training_rank == 1 and not (out / "killed").exists():
+                (out / "killed").write_text("yes")
+                os.kill(os.getpid(), signal.SIGKILL)
+        (out / f"ids-{ctx.training_rank}-{epoch}.json").write_text(json.dumps(sorted(ids)))
+        ctx.barrier(f"epoch-{epoch}", timeout=120)
+        if ctx.training_rank == 0:
+            (out / "epoch.tmp").write_text(str(epoch + 1))
+            os.replace(out / "epoch.tmp", ckpt)
+
+out = sys.argv[2]
+cluster = ember.Cluster.run(spark, spark_mode_ids, {"out": out, "epochs": 3}, num_executors=2,
+                            input_mode=ember.InputMode.SPARK, reservation_timeout=120, max_restarts=1)
+cluster.train(spark.range(0, 400, 1, 4), num_epochs=3)
+cluster.shutdown(timeout=120)
+say(restarts=[r.node for r in cluster.restarts], jobs=[cluster.job_id, cluster.node_job_id],
+    epochs=[sorted(json.loads((Path(out) / f"ids-0-{e}.json").read_text())
+                   + json.loads((Path(out) / f"ids-1-{e}.json").read_text())) for e in range(3)])
+'''
+
 
 @pytest.fixture(scope="module")
 def connect_server(tmp_path_factory):
@@ -264,5 +297,15 @@ def test_tune_from_a_connect_client(connect_server):
     r = _result(run_client(TUNE, connect_server.url), connect_server)
     assert r["status"] == ["ok"] * 4
     assert r["best"] == {"k": 4} and r["metric"] == 8.0
+    for job_id in r["jobs"]:
+        no_leftovers(job_id)
+
+
+def test_a_killed_node_restarts_the_gang_under_connect(connect_server, tmp_path):
+    """max_restarts from a Connect client: worker:1 SIGKILLed mid-epoch, the gang restarts (a new
+    barrier stage, the old one's tag interrupted) and is fed the interrupted epoch again whole."""
+    r = _result(run_client(RECOVERY, connect_server.url, str(tmp_path)), connect_server)
+    assert r["restarts"] == ["worker:1"]
+    assert r["epochs"] == [list(range(400))] * 3  # no row lost or repeated
     for job_id in r["jobs"]:
         no_leftovers(job_id)
