@@ -366,8 +366,10 @@ def connect_runs(cluster, args) -> dict:
                "--partitions", str(args.partitions), "--batch-size", str(args.batch_size),
                "--repeats", str(args.repeats), "--warmup", str(args.warmup)]
         C.log(f"Spark Connect: server {server.url} on {cluster.master_url} (log {log}); ember and bare from its client")
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=7200)
-        sys.stderr.write(proc.stderr[-20000:])
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=7200)
+        for line in proc.stdout.splitlines():  # its log lines, marked as the Connect client's
+            if line.startswith("["):
+                print(f"{line}   (Connect client)", flush=True)
         found = [line for line in proc.stdout.splitlines() if line.startswith("CONNECT_RUNS ")]
         if proc.returncode or not found:
             raise RuntimeError(f"the Connect client exited {proc.returncode}: {proc.stdout[-3000:]}\n"
@@ -385,7 +387,7 @@ def connect_client(args) -> None:
 
     spark = SparkSession.builder.remote(args.remote).getOrCreate()
     side = spark_side(spark)
-    C.wait_for(lambda: side.default_parallelism() >= 4, 120, "the Connect server's 2 executors (4 cores)")
+    C.wait_for(lambda: side.default_parallelism(fresh=True) >= 4, 120, "the Connect server's 2 executors (4 cores)")
     out = Path(tempfile.mkdtemp(prefix="ember-bench-feed-connect-"))
     try:
         t = time.time()

@@ -242,8 +242,10 @@ def _connect_rates(a, conf: dict, argv) -> dict:
         args = [sys.executable, str(Path(__file__).resolve()), "--remote", server.url] + \
             [x for x in (argv if argv is not None else sys.argv[1:]) if x not in ("--connect", "--floor", "--tfos")]
         C.log(f"Spark Connect: server {server.url} (log {log}); running the Ember contenders as its client")
-        proc = subprocess.run(args, capture_output=True, text=True, timeout=7200)
-        sys.stderr.write(proc.stderr[-20000:])
+        proc = subprocess.run(args, stdout=subprocess.PIPE, text=True, timeout=7200)
+        for line in proc.stdout.splitlines():  # its log lines, marked as the Connect client's
+            if line.startswith("["):
+                print(f"{line}   (Connect client)", flush=True)
         found = [line for line in proc.stdout.splitlines() if line.startswith("CONNECT_RATES ")]
         if proc.returncode or not found:
             raise RuntimeError(f"the Connect client exited {proc.returncode}: {proc.stdout[-3000:]}\n"

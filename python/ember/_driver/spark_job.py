@@ -23,11 +23,12 @@ __all__ = ["NodesJob", "check_executor_python", "check_slots", "spark_error_summ
            "spark_side", "task_slots"]
 
 
-def task_slots(spark: Any, profile=None) -> Optional[int]:
+def task_slots(spark: Any, profile=None, fresh: bool = False) -> Optional[int]:
     """How many tasks the Spark application (a SparkSide, session or context) can run at once
     (what a barrier stage needs), under `profile` (a registered pyspark ResourceProfile, e.g.
-    GPUs per task) or the default; None where Spark does not say (Spark Connect, a profile)."""
-    return spark_side(spark).task_slots(profile)
+    GPUs per task) or the default; None where Spark does not say (Spark Connect under a
+    profile).  `fresh`: not an answer kept from the last minute (Spark Connect counts with a job)."""
+    return spark_side(spark).task_slots(profile, fresh)
 
 
 def check_slots(spark: Any, needed: int, timeout: float, profile=None, gpus_per_node: float = 0.0) -> None:
@@ -44,14 +45,16 @@ def check_slots(spark: Any, needed: int, timeout: float, profile=None, gpus_per_
     side = spark_side(spark)
     local = side.is_local
     start = time.monotonic()
+    fresh = False
     while True:
-        have = task_slots(side, profile)
+        have = task_slots(side, profile, fresh)
         if have is None or have >= needed:
             return
         waited = time.monotonic() - start
         if local or waited >= timeout:
             break
         time.sleep(min(0.5, timeout - waited))
+        fresh = True  # executors may have registered since
     if gpus_per_node > 0 and not local:
         from ember._driver.gpus import too_few
         raise ClusterError(too_few(side, needed, gpus_per_node, have))

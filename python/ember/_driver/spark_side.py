@@ -81,12 +81,14 @@ class SparkSide:
     def is_local(self) -> bool:
         return str(self.master).startswith("local")
 
-    def default_parallelism(self) -> int:
+    def default_parallelism(self, fresh: bool = False) -> int:
+        """The application's default parallelism (`fresh`: not a recent answer kept)."""
         raise NotImplementedError
 
-    def task_slots(self, profile: Any = None) -> Optional[int]:
+    def task_slots(self, profile: Any = None, fresh: bool = False) -> Optional[int]:
         """How many tasks can run at once (under `profile`, a ResourceProfile); None where
-        Spark does not say (Connect on a cluster master)."""
+        Spark does not say (Connect under a profile).  `fresh`: ask now, not a recent answer
+        kept (a wait for executors to register)."""
         raise NotImplementedError
 
     def run_tasks(self, n: int, fn: TaskFn, group: str, description: str, barrier: bool = False,
@@ -158,10 +160,10 @@ class ClassicSide(SparkSide):
     def python_exec(self) -> str:
         return getattr(self.sc, "pythonExec", None) or "python3"
 
-    def default_parallelism(self) -> int:
+    def default_parallelism(self, fresh: bool = False) -> int:
         return int(self.sc.defaultParallelism)
 
-    def task_slots(self, profile: Any = None) -> Optional[int]:
+    def task_slots(self, profile: Any = None, fresh: bool = False) -> Optional[int]:
         def ask() -> int:
             jsc = self.sc._jsc.sc()
             java = profile._java_resource_profile if profile is not None else \
@@ -236,8 +238,13 @@ class ConnectSide(SparkSide):
 
     connect = True
 
+    # How long a counted default parallelism is taken as still true: counting it is a Spark job,
+    # which would otherwise run before every train() and inference() (their slot check).
+    PARALLELISM_TTL_SECS = 60.0
+
     def __init__(self, spark: Any):
         self.spark = spark
+        self._parallelism: Optional[Tuple[float, int]] = None  # (time.monotonic(), the count)
 
     @property
     def master(self) -> str:
@@ -258,7 +265,7 @@ class ConnectSide(SparkSide):
                 or self.conf("spark.executorEnv.PYSPARK_PYTHON")
                 or "python3 (the Spark Connect server's PYSPARK_PYTHON, else python3)")
 
-    def default_parallelism(self) -> int:
+    def default_parallelism(self, fresh: bool = False) -> int:
         text = self.conf("spark.default.parallelism")
         if text:
             return int(text)
@@ -267,10 +274,17 @@ class ConnectSide(SparkSide):
             return slots
         # spark.range without numPartitions has the application's default parallelism (local[*]:
         # the server's CPUs; a cluster: its executors' cores), which one small job counts.
-        from pyspark.sql import functions as F
-        return int(self.spark.range(0, 1 << 16).select(F.spark_partition_id().alias("p")).distinct().count())
+        import time
 
-    def task_slots(self, profile: Any = None) -> Optional[int]:
+        from pyspark.sql import functions as F
+        cached = self._parallelism
+        if cached is not None and not fresh and time.monotonic() - cached[0] < self.PARALLELISM_TTL_SECS:
+            return cached[1]
+        n = int(self.spark.range(0, 1 << 16).select(F.spark_partition_id().alias("p")).distinct().count())
+        self._parallelism = (time.monotonic(), n)
+        return n
+
+    def task_slots(self, profile: Any = None, fresh: bool = False) -> Optional[int]:
         """A local master's slots, or the application's default parallelism (its executors'
         cores) over spark.task.cpus; None under a profile (Connect does not say)."""
         if profile is not None:
@@ -278,7 +292,7 @@ class ConnectSide(SparkSide):
         slots = local_master_slots(self.master, None)
         if slots is not None:
             return slots
-        return self.default_parallelism() // max(1, int(self.conf("spark.task.cpus", "1") or 1))
+        return self.default_parallelism(fresh) // max(1, int(self.conf("spark.task.cpus", "1") or 1))
 
     def run_tasks(self, n: int, fn: TaskFn, group: str, description: str, barrier: bool = False,
                   profile: Any = None) -> List[str]:
