@@ -134,6 +134,34 @@ def wait_executors(sc, n: int, timeout: float = 90.0) -> None:
     raise RuntimeError(f"only {len(sc._jsc.sc().statusTracker().getExecutorInfos()) - 1} of {n} executors registered")
 
 
+def run_as_connect_client(master: str, conf: Dict[str, str], script_args: List[str], marker: str):
+    """Starts a Spark Connect server (pyspark's own distribution) whose application runs on
+    `master` with `conf`, runs ``python <script_args> --remote <url>`` as its client, echoes the
+    client's log lines (marked), and returns the JSON the client printed after `marker`.  The
+    server is stopped on every path."""
+    import json
+    import tempfile
+
+    from connect_server import ConnectServer  # python/tests (on sys.path above)
+
+    log_path = Path(tempfile.mkdtemp(prefix="ember-bench-connect-")) / "server.log"
+    server = ConnectServer(master, log_path, conf=conf)
+    try:
+        log(f"Spark Connect: server {server.url} on {master} (log {log_path}); the client: {' '.join(script_args)}")
+        proc = subprocess.run([sys.executable] + script_args + ["--remote", server.url], stdout=subprocess.PIPE,
+                              text=True, timeout=7200)
+        for line in proc.stdout.splitlines():  # its log lines, marked as the Connect client's
+            if line.startswith("["):
+                print(f"{line}   (Connect client)", flush=True)
+        found = [line for line in proc.stdout.splitlines() if line.startswith(marker + " ")]
+        if proc.returncode or not found:
+            raise RuntimeError(f"the Connect client exited {proc.returncode}: {proc.stdout[-3000:]}\n"
+                               f"server log:\n{server.log_tail()}")
+        return json.loads(found[-1][len(marker) + 1:])
+    finally:
+        server.stop()
+
+
 # ----------------------------------------------------------------------------- data
 def synthetic_images(batches, seed: int = 7):
     """mapInArrow function: spark.range ids -> (image binary(784), label int), deterministic

@@ -352,31 +352,14 @@ def connect_runs(cluster, args) -> dict:
     """ember and bare from a Spark Connect client: a Connect server whose application runs on
     the standalone `cluster` with the classic session's settings, and this script again as its
     client.  {"ember": runs, "bare": runs}."""
-    import subprocess
-
-    from connect_server import ConnectServer  # python/tests (on sys.path through _common)
-
     conf = {"spark.sql.shuffle.partitions": "4", "spark.executor.memory": "2g", "spark.python.worker.reuse": "true",
             "spark.app.name": "bench-feed-ember-connect"}
     conf.update(args.spark_conf)
-    log = Path(tempfile.mkdtemp(prefix="ember-bench-connect-")) / "server.log"
-    server = ConnectServer(cluster.master_url, log, conf=conf)
-    try:
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--remote", server.url, "--rows", str(args.rows),
-               "--partitions", str(args.partitions), "--batch-size", str(args.batch_size),
-               "--repeats", str(args.repeats), "--warmup", str(args.warmup)]
-        C.log(f"Spark Connect: server {server.url} on {cluster.master_url} (log {log}); ember and bare from its client")
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=7200)
-        for line in proc.stdout.splitlines():  # its log lines, marked as the Connect client's
-            if line.startswith("["):
-                print(f"{line}   (Connect client)", flush=True)
-        found = [line for line in proc.stdout.splitlines() if line.startswith("CONNECT_RUNS ")]
-        if proc.returncode or not found:
-            raise RuntimeError(f"the Connect client exited {proc.returncode}: {proc.stdout[-3000:]}\n"
-                               f"server log:\n{server.log_tail()}")
-        return json.loads(found[-1][len("CONNECT_RUNS "):])
-    finally:
-        server.stop()
+    return C.run_as_connect_client(
+        cluster.master_url, conf,
+        [str(Path(__file__).resolve()), "--rows", str(args.rows), "--partitions", str(args.partitions),
+         "--batch-size", str(args.batch_size), "--repeats", str(args.repeats), "--warmup", str(args.warmup)],
+        "CONNECT_RUNS")
 
 
 def connect_client(args) -> None:

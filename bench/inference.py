@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Iterator
@@ -232,27 +231,9 @@ def main(argv=None) -> None:
 def _connect_rates(a, conf: dict, argv) -> dict:
     """The Ember contenders' rates from a Spark Connect client: a Connect server (pyspark's own
     distribution) on a.master with `conf`, and this script run again as its client."""
-    import subprocess
-
-    from connect_server import ConnectServer  # python/tests (on sys.path through _common)
-
-    log = Path(tempfile.mkdtemp(prefix="ember-bench-connect-")) / "server.log"
-    server = ConnectServer(a.master, log, conf={k: v for k, v in conf.items() if k != "spark.executorEnv.PYTHONPATH"})
-    try:
-        args = [sys.executable, str(Path(__file__).resolve()), "--remote", server.url] + \
-            [x for x in (argv if argv is not None else sys.argv[1:]) if x not in ("--connect", "--floor", "--tfos")]
-        C.log(f"Spark Connect: server {server.url} (log {log}); running the Ember contenders as its client")
-        proc = subprocess.run(args, stdout=subprocess.PIPE, text=True, timeout=7200)
-        for line in proc.stdout.splitlines():  # its log lines, marked as the Connect client's
-            if line.startswith("["):
-                print(f"{line}   (Connect client)", flush=True)
-        found = [line for line in proc.stdout.splitlines() if line.startswith("CONNECT_RATES ")]
-        if proc.returncode or not found:
-            raise RuntimeError(f"the Connect client exited {proc.returncode}: {proc.stdout[-3000:]}\n"
-                               f"server log:\n{server.log_tail()}")
-        return json.loads(found[-1][len("CONNECT_RATES "):])
-    finally:
-        server.stop()
+    rest = [x for x in (argv if argv is not None else sys.argv[1:]) if x not in ("--connect", "--floor", "--tfos")]
+    return C.run_as_connect_client(a.master, {k: v for k, v in conf.items() if k != "spark.executorEnv.PYTHONPATH"},
+                                   [str(Path(__file__).resolve())] + rest, "CONNECT_RATES")
 
 
 def _tfos(spark, model, warm, df, a) -> float:

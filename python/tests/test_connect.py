@@ -167,26 +167,7 @@ say(status=[t.status for t in search.trials], best=search.best_params, metric=se
 
 RECOVERY = PRELUDE + r'''
 from pathlib import Path
-
-def spark_mode_ids(args, ctx):
-    """test_recovery's node: records the ids fed each epoch; worker:1 SIGKILLs itself in epoch 1, once."""
-    import os, signal
-    out = Path(args["out"])
-    ckpt = out / "epoch.txt"
-    start = int(ckpt.read_text()) if ckpt.exists() else 0
-    feed = ctx.get_data_feed()
-    for epoch in range(start, args["epochs"]):
-        ids = []
-        for k, batch in enumerate(feed.epoch_batches(10)):
-            ids.extend(int(i) for i in batch["id"])
-            if epoch == 1 and k == 2 and ctx.training_rank == 1 and not (out / "killed").exists():
-                (out / "killed").write_text("yes")
-                os.kill(os.getpid(), signal.SIGKILL)
-        (out / f"ids-{ctx.training_rank}-{epoch}.json").write_text(json.dumps(sorted(ids)))
-        ctx.barrier(f"epoch-{epoch}", timeout=120)
-        if ctx.training_rank == 0:
-            (out / "epoch.tmp").write_text(str(epoch + 1))
-            os.replace(out / "epoch.tmp", ckpt)
+from test_recovery import spark_mode_ids  # worker:1 SIGKILLs itself in epoch 1, once (python/tests)
 
 out = sys.argv[2]
 cluster = ember.Cluster.run(spark, spark_mode_ids, {"out": out, "epochs": 3}, num_executors=2,
