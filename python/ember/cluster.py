@@ -38,7 +38,8 @@ from ember._driver import feed as _feed_driver
 from ember._driver.console import Console
 from ember._driver.gang import Gang, Launch, Restart  # noqa: F401 - Restart: Cluster.restarts' items
 from ember._driver import gpus as _gpus
-from ember._driver.spark_job import check_executor_python, check_slots, spark_side
+from ember._driver.spark_job import check_executor_python, check_slots
+from ember._driver.spark_side import spark_side
 from ember._names import WORKER_ROLES
 from ember.errors import ClusterError, NodeError
 from ember.input_mode import InputMode

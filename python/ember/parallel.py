@@ -383,7 +383,8 @@ def run_parallel(spark: Any, fn: Callable[[Any, Any], Any], args: Any = None, nu
         ClusterError: too few task slots for the runs.
     """
     from ember import config
-    from ember._driver.spark_job import check_executor_python, check_slots, spark_side, task_slots
+    from ember._driver.spark_job import check_executor_python, check_slots
+    from ember._driver.spark_side import spark_side
 
     side = spark_side(spark)
     n = int(num_executors) if num_executors is not None else side.default_parallelism()
@@ -391,7 +392,7 @@ def run_parallel(spark: Any, fn: Callable[[Any, Any], Any], args: Any = None, nu
         raise ValueError(f"run_parallel needs num_executors >= 1, got {n}")
     if not side.is_local:  # executors may still be registering: wait for them
         check_slots(side, n, config.get("slot_timeout", side, cluster_options.get("slot_timeout")))
-    have = task_slots(side)
+    have = side.task_slots()
     if have is not None and have < n:
         raise ClusterError(f"run_parallel runs {n} runs at once, one Spark task slot each, but the Spark "
                            f"application has {have} (master {side.master}); add executors or cores, or run fewer")

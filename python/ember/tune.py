@@ -567,14 +567,14 @@ def run(spark: Any, fn: Callable[[Dict[str, Any], Any], Any], space: Dict[str, A
     Returns:
         a :class:`SearchResult`.
     """
-    from ember._driver.spark_job import spark_side, task_slots
+    from ember._driver.spark_side import spark_side
 
     if mode not in ("max", "min"):
         raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
     scheduler = scheduler if scheduler is not None else FIFO()
     scheduler.setup(metric, mode)
     search = _sampler(sampler)
-    slots = task_slots(spark_side(spark))
+    slots = spark_side(spark).task_slots()
     if nodes_per_trial < 1 or nodes_per_trial > slots:
         raise ValueError(f"nodes_per_trial={nodes_per_trial} but the Spark application has {slots} task slots")
     width = int(parallelism) if parallelism else max(1, slots // nodes_per_trial)

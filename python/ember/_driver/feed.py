@@ -15,7 +15,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 import pyarrow as pa
 
 from ember import _ember, config, errors
-from ember._driver.spark_job import spark_error_summary, task_slots
+from ember._driver.spark_job import spark_error_summary
 from ember._feeder import task as feeding
 from ember._names import FEED_ENDPOINT_KEY, WORKER_ROLES
 
@@ -33,7 +33,7 @@ def _is_rdd(data: Any) -> bool:
 def check_feed_slots(side, num_nodes: int) -> None:
     """Feeding tasks need slots the nodes' barrier tasks do not hold (not checked where Spark
     does not say how many there are: Spark Connect on a cluster master)."""
-    have = task_slots(side)
+    have = side.task_slots()
     if have is not None and have <= num_nodes:
         raise errors.ClusterError(
             f"InputMode.SPARK feeds the {num_nodes} nodes from Spark tasks that run beside them, but "

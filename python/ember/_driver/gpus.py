@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 from ember import _ember
 from ember._names import GPUS_KEY

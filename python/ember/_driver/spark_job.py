@@ -19,17 +19,6 @@ from ember._driver.spark_side import SparkSide, spark_side
 from ember._launcher.task import NodeLauncher, NodeSpec, run_partition, run_replacement
 from ember.errors import ClusterError, DeadlineExceeded
 
-__all__ = ["NodesJob", "check_executor_python", "check_slots", "spark_error_summary", "spark_failure_reason",
-           "spark_side", "task_slots"]
-
-
-def task_slots(spark: Any, profile=None, fresh: bool = False) -> Optional[int]:
-    """How many tasks the Spark application (a SparkSide, session or context) can run at once
-    (what a barrier stage needs), under `profile` (a registered pyspark ResourceProfile, e.g.
-    GPUs per task) or the default; None where Spark does not say (Spark Connect under a
-    profile).  `fresh`: not an answer kept from the last minute (Spark Connect counts with a job)."""
-    return spark_side(spark).task_slots(profile, fresh)
-
 
 def check_slots(spark: Any, needed: int, timeout: float, profile=None, gpus_per_node: float = 0.0) -> None:
     """Returns once `needed` task slots exist; raises ClusterError after `timeout`.
@@ -47,7 +36,7 @@ def check_slots(spark: Any, needed: int, timeout: float, profile=None, gpus_per_
     start = time.monotonic()
     fresh = False
     while True:
-        have = task_slots(side, profile, fresh)
+        have = side.task_slots(profile, fresh)
         if have is None or have >= needed:
             return
         waited = time.monotonic() - start

@@ -17,10 +17,11 @@ bar).  The questions:
 """
 from __future__ import annotations
 
+import abc
 import contextlib
 import re
 import threading
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, ContextManager, Iterator, List, Optional, Tuple
 
 TaskFn = Callable[[int], Iterator[str]]  # a task's body: its partition index -> lines of text
 
@@ -55,68 +56,69 @@ def local_master_slots(master: str, cpus: Optional[int]) -> Optional[int]:
     return cpus if m.group(1) == "*" else int(m.group(1))
 
 
-class SparkSide:
-    """What the driver asks of Spark (see the module doc).  Thread-safe."""
+class SparkSide(abc.ABC):
+    """What the driver asks of Spark (see the module doc); ClassicSide and ConnectSide answer.
+    Thread-safe."""
 
     connect = False
 
     @property
+    @abc.abstractmethod
     def master(self) -> str:
-        raise NotImplementedError
+        """The application's master URL."""
 
     @property
+    @abc.abstractmethod
     def app_id(self) -> str:
-        raise NotImplementedError
+        """The application's id."""
 
+    @abc.abstractmethod
     def conf(self, key: str, default: Optional[str] = None) -> Optional[str]:
         """The application's setting `key`, or `default`."""
-        raise NotImplementedError
 
     @property
+    @abc.abstractmethod
     def python_exec(self) -> str:
         """The Python the executors run (PYSPARK_PYTHON as Spark resolves it)."""
-        raise NotImplementedError
 
     @property
     def is_local(self) -> bool:
         return str(self.master).startswith("local")
 
+    @abc.abstractmethod
     def default_parallelism(self, fresh: bool = False) -> int:
         """The application's default parallelism (`fresh`: not a recent answer kept)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def task_slots(self, profile: Any = None, fresh: bool = False) -> Optional[int]:
         """How many tasks can run at once (under `profile`, a ResourceProfile); None where
         Spark does not say (Connect under a profile).  `fresh`: ask now, not a recent answer
         kept (a wait for executors to register)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def run_tasks(self, n: int, fn: TaskFn, group: str, description: str, barrier: bool = False,
                   profile: Any = None) -> List[str]:
         """Runs `n` tasks, task p yielding the lines of ``fn(p)``, as one Spark job (a barrier
         stage if `barrier`; under `profile` if given) in `group`, which :meth:`cancel` ends;
         returns every task's lines.  Blocks until the job ends; raises what it raised.  `fn`
         is pickled by value where it is a closure: it should import what it needs."""
-        raise NotImplementedError
 
-    @contextlib.contextmanager
-    def job_group(self, group: str, description: str):
+    @abc.abstractmethod
+    def job_group(self, group: str, description: str) -> ContextManager[None]:
         """The Spark jobs the calling thread starts in the block run in `group` (cancel()
         ends them); other threads' jobs are not affected."""
-        raise NotImplementedError
-        yield  # pragma: no cover
 
+    @abc.abstractmethod
     def cancel(self, group: str) -> None:
         """Cancels the jobs of `group` (their tasks are interrupted).  Never raises."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def hadoop_fs_conf(self) -> Tuple[str, str]:
         """(fs.defaultFS, the NameNode's WebHDFS host:port or "")."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def coordinator_host(self) -> str:
         """The address of this process that executors can reach (no coordinator_host set)."""
-        raise NotImplementedError
 
     def coordinator_bind(self) -> Optional[str]:
         """Where a server of this process listens by default (None: on coordinator_host())."""

@@ -28,7 +28,7 @@ import sys
 import tempfile
 import threading
 import traceback
-from typing import Deque, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Deque, Dict, Iterator, List, Optional, Tuple
 
 from ember import _ember
 from ember._launcher import gpus as _gpus

@@ -554,8 +554,8 @@ class ElephasEstimator(Estimator, _EstimatorParams):
     def _num_workers(self, sc: Any) -> int:
         if self.isSet(self.num_workers):
             return self.get_num_workers()
-        from ember._driver.spark_job import task_slots
-        return max(1, min(self.get_num_workers(), task_slots(sc) - 1))  # Elephas's 8 where it fits
+        from ember._driver.spark_side import spark_side
+        return max(1, min(self.get_num_workers(), spark_side(sc).task_slots() - 1))  # Elephas's 8 where it fits
 
     def _fit(self, dataset: Any) -> "ElephasTransformer":
         import keras
