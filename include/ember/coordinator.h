@@ -224,4 +224,137 @@ class CoordinatorClient {
   std::unique_ptr<Impl> impl_;
 };
 
+// ---- the coordinator's endpoint inside the job -----------------------------
+//
+// Where the executors cannot dial the client that runs the CoordinatorServer
+// (Spark Connect, NAT, firewalls) but the client can dial out to them, a
+// CoordinatorRelay runs in a process on an executor and a RelayAgent in the
+// client, next to the server:
+//
+//   node ──dial──> relay node port   relay agent port <──dial── agent ──dial──> coordinator
+//        (job secret)                   (derived secret)                (job secret)
+//
+// The agent holds one control connection to the relay.  For each node that
+// dials the relay's node port (exactly as it would dial the coordinator: same
+// secret, same handshake) the relay asks the agent, on the control
+// connection, to open a tunnel; the agent dials the relay's agent port again
+// for it, dials the coordinator, and both sides copy bytes until either end
+// closes.  After the two handshakes the coordinator's protocol is plain
+// frames, so the node and the server talk end to end as if connected
+// directly; a node that disconnects reaches the server as a disconnect.  The
+// agent port takes a key derived from the job's secret
+// (HMAC-SHA256(secret, "ember-relay-agent")), so a node can never pass for the
+// agent.  docs/wire.md, "Coordinator relay", has the messages.
+
+struct RelayOptions {
+  std::string bind_host = "0.0.0.0";
+  int node_port = 0;   // nodes dial this one; 0 = any free port
+  int agent_port = 0;  // the client's agent dials this one; 0 = any free port
+  std::string secret;  // the job's secret, at least 16 bytes; required
+  Duration handshake_timeout{5000};  // a peer on either port must finish the handshake (and say
+                                     // what it is, on the agent port) within this
+  // The agent's lease: its control connection must arrive within this of Start(), and the
+  // relay ends when the connection is silent this long (the agent heartbeats every
+  // RelayAgentOptions::heartbeat_interval).
+  Duration agent_timeout{30000};
+  Duration open_timeout{30000};  // a node waits at most this for its tunnel, then is closed
+  size_t max_parked = 256;       // nodes waiting for their tunnel at once; more are closed
+};
+
+struct RelayStats {
+  bool agent_connected = false;  // the agent's control connection is up (and the relay has not ended)
+  uint64_t tunnels_opened = 0;  // node connections joined to the coordinator
+  uint64_t tunnels_active = 0;  // of those, still open
+  uint64_t nodes_refused = 0;   // node connections closed without a tunnel: no agent,
+                                // max_parked reached, open_timeout passed, or the relay ended
+};
+
+// Runs on an executor.  Thread-safe: every method may be called from any thread.
+class CoordinatorRelay {
+ public:
+  // Binds both ports and starts serving on background threads.  InvalidArgument
+  // for a secret shorter than 16 bytes or a non-positive timeout or cap; IOError
+  // naming the address if a port cannot be bound.
+  static Result<std::unique_ptr<CoordinatorRelay>> Start(const RelayOptions& options);
+
+  // Close()s.
+  ~CoordinatorRelay();
+  CoordinatorRelay(const CoordinatorRelay&) = delete;
+  CoordinatorRelay& operator=(const CoordinatorRelay&) = delete;
+
+  int node_port() const;
+  int agent_port() const;
+
+  // Blocks until the relay has ended, up to `timeout`, and returns why; nullopt
+  // if it is still running when `timeout` passes.  The relay ends, closing every
+  // node connection and tunnel (the nodes then see their coordinator go away), with:
+  //   OK                when the agent closed its control connection (RelayAgent::Close());
+  //   DeadlineExceeded  "no agent connected to the relay at <host>:<agent_port> within <N>s",
+  //                     or "the relay's agent at <peer> was silent for <N>s";
+  //   Unavailable       the control connection failed (reset, not closed);
+  //   Corruption        the agent sent a frame the relay does not take;
+  //   Cancelled         after Close().
+  std::optional<Status> Wait(Duration timeout);
+
+  RelayStats stats() const;
+
+  // Ends the relay (if it has not ended), closes both ports and every
+  // connection, and joins every thread.  Idempotent.
+  void Close();
+
+ private:
+  CoordinatorRelay();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+struct RelayAgentOptions {
+  Duration connect_timeout{10000};    // each dial (relay or coordinator), connect + handshake
+  Duration heartbeat_interval{1000};  // keep well below the relay's agent_timeout
+};
+
+struct RelayAgentStats {
+  uint64_t tunnels_opened = 0;  // tunnels joined to the coordinator
+  uint64_t tunnels_active = 0;  // of those, still open
+};
+
+// Runs in the client, next to the CoordinatorServer.  Thread-safe.
+class RelayAgent {
+ public:
+  // Dials the relay's agent port with the key derived from `secret`, takes the
+  // control connection and serves the relay's tunnel requests on background
+  // threads, each tunnel dialling the coordinator at
+  // coordinator_host:coordinator_port with `secret`.  Unavailable (naming the
+  // relay's address) if it cannot be reached within connect_timeout;
+  // Unauthenticated if it does not take the key (another job's relay);
+  // InvalidArgument for a secret shorter than 16 bytes or a non-positive interval.
+  static Result<std::unique_ptr<RelayAgent>> Connect(const std::string& relay_host, int agent_port,
+                                                     const std::string& secret,
+                                                     const std::string& coordinator_host, int coordinator_port,
+                                                     const RelayAgentOptions& options = {});
+
+  // Close()s.
+  ~RelayAgent();
+  RelayAgent(const RelayAgent&) = delete;
+  RelayAgent& operator=(const RelayAgent&) = delete;
+
+  // OK while the control connection is up.  Unavailable "the coordinator relay
+  // at <host>:<port> closed its connection" once the relay ended (or the read
+  // error that ended it); the agent's tunnels are closed then.  Cancelled after
+  // Close() when nothing failed before.
+  bool ok() const;
+  Status status() const;
+
+  RelayAgentStats stats() const;
+
+  // Closes the control connection (the relay then ends with OK) and every
+  // tunnel, and joins every thread.  Idempotent.
+  void Close();
+
+ private:
+  RelayAgent();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 }  // namespace ember

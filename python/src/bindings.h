@@ -90,7 +90,7 @@ void RegisterStatusErrors(nb::module_& m);
 // Defined in roles_binding.cc: ClusterLayout, AssignRole and the training-rank
 // rules of ember/roles.h.
 void BindRoles(nb::module_& m);
-// Binds CoordinatorServer, CoordinatorClient and the value types they use.
+// Binds CoordinatorServer, CoordinatorClient, CoordinatorRelay, RelayAgent and the value types they use.
 // Defined in coordinator_binding.cc; after BindRoles (it uses ClusterLayout).
 void BindCoordinator(nb::module_& m);
 // Defined in feed_binding.cc: shm::Ring, FeedServer, FeedClient.

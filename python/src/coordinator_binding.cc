@@ -265,12 +265,134 @@ void BindClient(nb::module_& m) {
       .def("close", &CoordinatorClient::Close, Release());
 }
 
+// Seconds (None: without end) to a Deadline.
+Deadline DeadlineAfter(std::optional<double> seconds) {
+  return seconds ? Deadline::After(SecondsToDuration(*seconds)) : Deadline::Infinite();
+}
+
+void BindRelay(nb::module_& m) {
+  nb::class_<CoordinatorRelay>(m, "CoordinatorRelay",
+                               "The coordinator's endpoint inside the job: nodes dial its node port, the client's "
+                               "RelayAgent its agent port.  Thread-safe.")
+      .def_static(
+          "start",
+          [](nb::bytes secret, std::optional<std::string> bind_host, int node_port, int agent_port,
+             std::optional<double> agent_timeout, std::optional<double> open_timeout,
+             std::optional<double> handshake_timeout, std::optional<size_t> max_parked) {
+            RelayOptions options;  // its defaults stand where Python passes None
+            options.secret = BytesToString(secret);
+            if (bind_host) options.bind_host = std::move(*bind_host);
+            options.node_port = node_port;
+            options.agent_port = agent_port;
+            if (agent_timeout) options.agent_timeout = SecondsToDuration(*agent_timeout);
+            if (open_timeout) options.open_timeout = SecondsToDuration(*open_timeout);
+            if (handshake_timeout) options.handshake_timeout = SecondsToDuration(*handshake_timeout);
+            if (max_parked) options.max_parked = *max_parked;
+            nb::gil_scoped_release release;
+            return ValueOrThrow(CoordinatorRelay::Start(options));
+          },
+          "secret"_a, "bind_host"_a = nb::none(), "node_port"_a = 0, "agent_port"_a = 0,
+          "agent_timeout"_a = nb::none(), "open_timeout"_a = nb::none(), "handshake_timeout"_a = nb::none(),
+          "max_parked"_a = nb::none(),
+          "Starts the relay (port 0: any free port); None keeps ember/coordinator.h's default.")
+      .def_prop_ro("node_port", &CoordinatorRelay::node_port)
+      .def_prop_ro("agent_port", &CoordinatorRelay::agent_port)
+      .def_prop_ro(
+          "ended", [](CoordinatorRelay& r) { return r.Wait(Duration(0)).has_value(); },
+          "Whether the relay has ended (wait() then returns or raises at once).")
+      .def(
+          "wait",
+          [](CoordinatorRelay& r, std::optional<double> timeout) {
+            // WaitInterruptibly's slices, with the relay's own answer: an end by DeadlineExceeded
+            // (no agent, a silent agent) is not a slice running out.
+            const Deadline deadline = DeadlineAfter(timeout);
+            constexpr Duration kSlice{250};
+            std::optional<Status> why;
+            for (;;) {
+              {
+                nb::gil_scoped_release release;
+                why = r.Wait(std::min(deadline.remaining(), kSlice));
+              }
+              if (why || deadline.expired()) break;
+              if (PyErr_CheckSignals() != 0) throw nb::python_error();
+            }
+            if (!why) {
+              ThrowIfError(Status::DeadlineExceeded("the coordinator relay is still running after " +
+                                                    FormatDuration(SecondsToDuration(timeout.value_or(0)))));
+            }
+            ThrowIfError(*why);
+          },
+          "timeout"_a = nb::none(),
+          "Blocks until the relay ended (None: however long); returns None if its agent closed the control "
+          "connection, raises why otherwise (DeadlineExceeded: no agent came, or it fell silent; Cancelled: "
+          "close()).  Raises DeadlineExceeded 'still running' if `timeout` passes first (see `ended`).")
+      .def(
+          "stats",
+          [](CoordinatorRelay& r) {
+            RelayStats s;
+            {
+              nb::gil_scoped_release release;
+              s = r.stats();
+            }
+            nb::dict d;
+            d["agent_connected"] = s.agent_connected;
+            d["tunnels_opened"] = s.tunnels_opened;
+            d["tunnels_active"] = s.tunnels_active;
+            d["nodes_refused"] = s.nodes_refused;
+            return d;
+          },
+          "{agent_connected, tunnels_opened, tunnels_active, nodes_refused}.")
+      .def("close", &CoordinatorRelay::Close, Release(),
+           "Ends the relay, closes every connection, joins its threads.  Idempotent.");
+
+  nb::class_<RelayAgent>(m, "RelayAgent",
+                         "The client's side of the coordinator relay: tunnels the relay's nodes to the local "
+                         "coordinator.  Thread-safe.")
+      .def_static(
+          "connect",
+          [](std::string relay_host, int agent_port, nb::bytes secret, std::string coordinator_host,
+             int coordinator_port, std::optional<double> connect_timeout, std::optional<double> heartbeat_interval) {
+            RelayAgentOptions options;  // its defaults stand where Python passes None
+            if (connect_timeout) options.connect_timeout = SecondsToDuration(*connect_timeout);
+            if (heartbeat_interval) options.heartbeat_interval = SecondsToDuration(*heartbeat_interval);
+            std::string key = BytesToString(secret);
+            nb::gil_scoped_release release;
+            return ValueOrThrow(
+                RelayAgent::Connect(relay_host, agent_port, key, coordinator_host, coordinator_port, options));
+          },
+          "relay_host"_a, "agent_port"_a, "secret"_a, "coordinator_host"_a, "coordinator_port"_a,
+          "connect_timeout"_a = nb::none(), "heartbeat_interval"_a = nb::none(),
+          "Dials the relay's agent port and serves its tunnels; None keeps ember/coordinator.h's default.")
+      .def_prop_ro("ok", &RelayAgent::ok, "True while the control connection to the relay is up.")
+      .def_prop_ro(
+          "error",
+          [](RelayAgent& a) -> std::optional<std::string> {
+            const Status s = a.status();
+            if (s.ok()) return std::nullopt;
+            return s.message();
+          },
+          "Why the agent stopped (the relay closed, the connection failed, close()), or None.")
+      .def(
+          "stats",
+          [](RelayAgent& a) {
+            const RelayAgentStats s = a.stats();
+            nb::dict d;
+            d["tunnels_opened"] = s.tunnels_opened;
+            d["tunnels_active"] = s.tunnels_active;
+            return d;
+          },
+          "{tunnels_opened, tunnels_active}.")
+      .def("close", &RelayAgent::Close, Release(),
+           "Closes the control connection (the relay then ends) and every tunnel.  Idempotent.");
+}
+
 }  // namespace
 
 void BindCoordinator(nb::module_& m) {
   BindValueTypes(m);
   BindServer(m);
   BindClient(m);
+  BindRelay(m);
 }
 
 }  // namespace ember::python

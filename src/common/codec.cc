@@ -58,6 +58,11 @@ Status Reader::GetI32(int32_t* out) {
   *out = static_cast<int32_t>(static_cast<uint32_t>(TakeLE(4)));
   return Status::OK();
 }
+Status Reader::GetU64(uint64_t* out) {
+  EMBER_RETURN_NOT_OK(Need(8, "u64"));
+  *out = TakeLE(8);
+  return Status::OK();
+}
 Status Reader::GetI64(int64_t* out) {
   EMBER_RETURN_NOT_OK(Need(8, "i64"));
   *out = static_cast<int64_t>(TakeLE(8));

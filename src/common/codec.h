@@ -23,6 +23,7 @@ class Writer {
   void PutU16(uint16_t v) { PutLE(v, 2); }
   void PutU32(uint32_t v) { PutLE(v, 4); }
   void PutI32(int32_t v) { PutLE(static_cast<uint32_t>(v), 4); }
+  void PutU64(uint64_t v) { PutLE(v, 8); }
   void PutI64(int64_t v) { PutLE(static_cast<uint64_t>(v), 8); }
   void PutF64(double v);
   void PutString(std::string_view s);
@@ -48,6 +49,7 @@ class Reader {
   [[nodiscard]] Status GetU16(uint16_t* out);
   [[nodiscard]] Status GetU32(uint32_t* out);
   [[nodiscard]] Status GetI32(int32_t* out);
+  [[nodiscard]] Status GetU64(uint64_t* out);
   [[nodiscard]] Status GetI64(int64_t* out);
   [[nodiscard]] Status GetF64(double* out);
   [[nodiscard]] Status GetString(std::string* out);

@@ -102,6 +102,9 @@ std::string_view MsgTypeName(uint16_t type) {
     case MsgType::kReply: return "Reply";
     case MsgType::kAbort: return "Abort";
     case MsgType::kStop: return "Stop";
+    case MsgType::kRelayControl: return "RelayControl";
+    case MsgType::kRelayData: return "RelayData";
+    case MsgType::kRelayOpen: return "RelayOpen";
   }
   return "unknown";
 }
@@ -270,6 +273,33 @@ std::string Encode(const StopPush& m) {
 
 Result<StopPush> DecodeStop(std::string_view payload) { return DecodePush<StopPush>(payload); }
 
+std::string Encode(const RelayControlMessage& m) {
+  return EncodeWith(m, [&](codec::Writer& w) { w.PutU16(m.version); });
+}
+
+Result<RelayControlMessage> DecodeRelayControl(std::string_view payload) {
+  return DecodeWith<RelayControlMessage>(
+      payload, [](codec::Reader& r, RelayControlMessage& m) { return r.GetU16(&m.version); });
+}
+
+std::string Encode(const RelayDataMessage& m) {
+  return EncodeWith(m, [&](codec::Writer& w) { w.PutU64(m.tunnel_id); });
+}
+
+Result<RelayDataMessage> DecodeRelayData(std::string_view payload) {
+  return DecodeWith<RelayDataMessage>(
+      payload, [](codec::Reader& r, RelayDataMessage& m) { return r.GetU64(&m.tunnel_id); });
+}
+
+std::string Encode(const RelayOpenPush& m) {
+  return EncodeWith(m, [&](codec::Writer& w) { w.PutU64(m.tunnel_id); });
+}
+
+Result<RelayOpenPush> DecodeRelayOpen(std::string_view payload) {
+  return DecodeWith<RelayOpenPush>(
+      payload, [](codec::Reader& r, RelayOpenPush& m) { return r.GetU64(&m.tunnel_id); });
+}
+
 std::string EncodeRegisterReply(const Registration& reg) {
   codec::Writer w;
   w.PutString(reg.role.job_name);
@@ -338,6 +368,9 @@ Status ValidateMessage(uint16_t type, std::string_view payload) {
     case MsgType::kReply: return Check(DecodeReply(payload));
     case MsgType::kAbort: return Check(DecodeAbort(payload));
     case MsgType::kStop: return Check(DecodeStop(payload));
+    case MsgType::kRelayControl: return Check(DecodeRelayControl(payload));
+    case MsgType::kRelayData: return Check(DecodeRelayData(payload));
+    case MsgType::kRelayOpen: return Check(DecodeRelayOpen(payload));
   }
   return Status::Corruption("unknown message type " + std::to_string(type));
 }

@@ -29,6 +29,10 @@
 //   Reply      u32 id | u8 status code | string message | body
 //   Abort      u32 0  | string reason
 //   Stop       u32 0  | string reason
+// The coordinator relay's (relay.h), agent <-> relay only:
+//   RelayControl  u32 0 | u16 relay version
+//   RelayData     u32 0 | u64 tunnel id
+//   RelayOpen     u32 0 | u64 tunnel id
 // Reply bodies (when the status is OK; empty otherwise):
 //   Register   Registration: string job_name | i32 task_index | string cluster_spec_json |
 //              i32 num_nodes | u32 count | count x node
@@ -58,10 +62,15 @@ enum class MsgType : uint16_t {
   kHeartbeat = 8,
   kDone = 9,
   kFail = 10,
+  // relay agent -> coordinator relay (relay.h): the first frame of an agent's connection
+  kRelayControl = 32,
+  kRelayData = 33,
   // server -> client
   kReply = 64,
   kAbort = 65,
   kStop = 66,
+  // coordinator relay -> relay agent, on the control connection
+  kRelayOpen = 80,
 };
 
 // "Register", ...; "unknown" otherwise.
@@ -181,6 +190,38 @@ struct StopPush {
 };
 std::string Encode(const StopPush& m);
 Result<StopPush> DecodeStop(std::string_view payload);
+
+// ---- relay agent <-> coordinator relay (relay.h) ------------------------
+
+// The relay protocol's version: RelayControl carries it, the relay refuses another.
+inline constexpr uint16_t kRelayVersion = 1;
+
+// The first frame of the agent's control connection.
+struct RelayControlMessage {
+  static constexpr MsgType kType = MsgType::kRelayControl;
+  uint32_t request_id = 0;
+  uint16_t version = kRelayVersion;
+};
+std::string Encode(const RelayControlMessage& m);
+Result<RelayControlMessage> DecodeRelayControl(std::string_view payload);
+
+// The first frame of an agent's data connection: it carries tunnel `tunnel_id`.
+struct RelayDataMessage {
+  static constexpr MsgType kType = MsgType::kRelayData;
+  uint32_t request_id = 0;
+  uint64_t tunnel_id = 0;
+};
+std::string Encode(const RelayDataMessage& m);
+Result<RelayDataMessage> DecodeRelayData(std::string_view payload);
+
+// Relay -> agent: a node connected; open a data connection for `tunnel_id`.
+struct RelayOpenPush {
+  static constexpr MsgType kType = MsgType::kRelayOpen;
+  uint32_t request_id = 0;
+  uint64_t tunnel_id = 0;
+};
+std::string Encode(const RelayOpenPush& m);
+Result<RelayOpenPush> DecodeRelayOpen(std::string_view payload);
 
 // Reply bodies.  Register's: the Registration (nodes ordered by executor_id).
 std::string EncodeRegisterReply(const Registration& reg);

@@ -213,6 +213,35 @@ TEST(CoordinatorCodec, AbortAndStopPushes) {
   ExpectCutsAndExtrasRejected(w.data(), DecodeStop, "malformed Stop message");
 }
 
+TEST(CoordinatorCodec, RelayMessagesBytesAndRoundTrip) {
+  codec::Writer control;
+  control.PutU32(0);
+  control.PutU16(1);
+  EXPECT_EQ(Encode(RelayControlMessage{}), control.data());  // the version defaults to kRelayVersion
+  auto c = DecodeRelayControl(control.data());
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->version, kRelayVersion);
+  EXPECT_EQ(Encode(*c), control.data());
+  ExpectCutsAndExtrasRejected(control.data(), DecodeRelayControl, "malformed RelayControl message");
+
+  codec::Writer data;
+  data.PutU32(0);
+  data.PutI64(int64_t{0x0102030405060708});
+  EXPECT_EQ(Encode(RelayDataMessage{0, 0x0102030405060708}), data.data());
+  auto d = DecodeRelayData(data.data());
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->tunnel_id, 0x0102030405060708u);
+  ExpectCutsAndExtrasRejected(data.data(), DecodeRelayData, "malformed RelayData message");
+
+  // RelayOpen has RelayData's layout; u64 ids keep their top bit.
+  const RelayOpenPush open{0, ~uint64_t{0} - 1};
+  auto o = DecodeRelayOpen(Encode(open));
+  ASSERT_TRUE(o.ok());
+  EXPECT_EQ(o->tunnel_id, open.tunnel_id);
+  EXPECT_EQ(Encode(RelayOpenPush{0, 7}), Encode(RelayDataMessage{0, 7}));
+  ExpectCutsAndExtrasRejected(Encode(open), DecodeRelayOpen, "malformed RelayOpen message");
+}
+
 Registration SampleRegistration() {
   Registration reg;
   reg.role = {"chief", 0};
@@ -308,6 +337,9 @@ TEST(CoordinatorCodec, ValidateMessageKnowsEveryKind) {
       {MsgType::kReply, Encode(Reply{1, Status::OK(), ""})},
       {MsgType::kAbort, Encode(AbortPush{0, "r"})},
       {MsgType::kStop, Encode(StopPush{0, "r"})},
+      {MsgType::kRelayControl, Encode(RelayControlMessage{})},
+      {MsgType::kRelayData, Encode(RelayDataMessage{0, 1})},
+      {MsgType::kRelayOpen, Encode(RelayOpenPush{0, 1})},
   };
   for (const auto& [type, bytes] : samples) {
     const auto t = static_cast<uint16_t>(type);

@@ -1,6 +1,7 @@
 // libFuzzer target for every decoder of the coordinator's messages
 // (coordinator/codec.h): the server reads the requests from any peer that
-// passed the handshake, a node reads the replies and pushes.  The first byte
+// passed the handshake, a node reads the replies and pushes, the relay and
+// its agent read each other's Relay* frames.  The first byte
 // picks the decoder; none may crash, read out of bounds or over-allocate, and
 // what decodes must re-encode to the same bytes (Report and Reply: to bytes
 // that decode and re-encode to themselves, since a map's keys may arrive
@@ -39,7 +40,7 @@ void Stable(std::string_view bytes, Decode decode) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
-  const uint8_t pick = data[0] % 17;
+  const uint8_t pick = data[0] % 20;
   std::string_view bytes(reinterpret_cast<const char*>(data + 1), size - 1);
   switch (pick) {
     case 0: Same(bytes, DecodeRegister); break;
@@ -65,6 +66,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (value.ok() && EncodeKvGetReply(*value) != bytes) std::abort();
       break;
     }
+    case 15: Same(bytes, DecodeRelayControl); break;
+    case 16: Same(bytes, DecodeRelayData); break;
+    case 17: Same(bytes, DecodeRelayOpen); break;
     default: {
       // Any frame type, as the server's and client's dispatch see it.
       if (bytes.size() < 2) break;

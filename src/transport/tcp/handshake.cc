@@ -30,12 +30,8 @@ Status RandomNonce(Nonce* out) {
   return Status::OK();
 }
 
-// HMAC-SHA256(secret, label | first | second).
-Status ComputeMac(const std::string& secret, std::string_view label, const Nonce& first,
-                  const Nonce& second, Mac* out) {
-  std::string msg(label);
-  msg.append(reinterpret_cast<const char*>(first.data()), first.size());
-  msg.append(reinterpret_cast<const char*>(second.data()), second.size());
+// HMAC-SHA256(secret, msg).
+Status Hmac(const std::string& secret, std::string_view msg, Mac* out) {
   unsigned int len = 0;
   if (HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
            reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), out->data(),
@@ -44,6 +40,15 @@ Status ComputeMac(const std::string& secret, std::string_view label, const Nonce
     return Status::Internal("HMAC-SHA256 failed");
   }
   return Status::OK();
+}
+
+// HMAC-SHA256(secret, label | first | second).
+Status ComputeMac(const std::string& secret, std::string_view label, const Nonce& first,
+                  const Nonce& second, Mac* out) {
+  std::string msg(label);
+  msg.append(reinterpret_cast<const char*>(first.data()), first.size());
+  msg.append(reinterpret_cast<const char*>(second.data()), second.size());
+  return Hmac(secret, msg, out);
 }
 
 }  // namespace
@@ -148,6 +153,12 @@ Status ClientHandshakeImpl(int fd, const std::string& secret, Deadline deadline,
 }
 
 }  // namespace
+
+Result<std::string> DeriveSecret(const std::string& secret, std::string_view label) {
+  Mac key;
+  EMBER_RETURN_NOT_OK(Hmac(secret, label, &key));
+  return std::string(reinterpret_cast<const char*>(key.data()), key.size());
+}
 
 Status ClientHandshake(int fd, const std::string& secret, Deadline deadline, const std::string& peer) {
   bool closed = false;

@@ -15,6 +15,7 @@
 
 #include <functional>
 #include <string>
+#include <string_view>
 
 #include "ember/deadline.h"
 #include "common/fd.h"
@@ -43,6 +44,12 @@ Status ServerHandshake(int fd, const std::string& secret, Deadline deadline,
 // another protocol version, or closes the connection before its verdict.
 Status ClientHandshake(int fd, const std::string& secret, Deadline deadline,
                        const std::string& peer);
+
+// HMAC-SHA256(secret, label): a 32-byte key derived from the job's secret for
+// a second kind of peer, so that a peer holding one key can never pass the
+// other's handshake (the coordinator relay's agent port uses
+// label "ember-relay-agent").  Internal if OpenSSL's HMAC fails.
+Result<std::string> DeriveSecret(const std::string& secret, std::string_view label);
 
 // Connects to host:port and runs the client handshake, all within
 // `deadline`.  A server that closes the connection before its verdict (it
