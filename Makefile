@@ -74,14 +74,15 @@ test-tsan: build/tsan/build.ninja setup-hdfs
 build/fuzz/build.ninja: $(STAMPS)/system
 	cmake -S . -B build/fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DEMBER_BUILD_TESTS=OFF -DEMBER_BUILD_FUZZERS=ON
 
+# The targets run $(JOBS) at a time (each is one process on one core); a failing one fails the
+# target, and its lines, prefixed with its name, say which.
 fuzz: build/fuzz/build.ninja
 	cmake --build build/fuzz -j $(JOBS) --target $(FUZZERS)
-	for f in $(FUZZERS); do \
-	  mkdir -p build/fuzz/corpus/$$f && \
-	  build/fuzz/src/$$f -max_total_time=$(FUZZ_SECS) -print_final_stats=1 -artifact_prefix=build/fuzz/ \
-	    build/fuzz/corpus/$$f 2>&1 | grep -E '^(Done|stat::number_of_executed_units)|ERROR|SUMMARY'; \
-	  test $${PIPESTATUS[0]} -eq 0 || exit 1; \
-	done
+	printf '%s\n' $(FUZZERS) | xargs -P $(JOBS) -I{} bash -c '\
+	  mkdir -p build/fuzz/corpus/{} && \
+	  build/fuzz/src/{} -max_total_time=$(FUZZ_SECS) -print_final_stats=1 -artifact_prefix=build/fuzz/{}- \
+	    build/fuzz/corpus/{} 2>&1 | grep -E "^(Done|stat::number_of_executed_units)|ERROR|SUMMARY" | sed "s/^/{}: /"; \
+	  test $${PIPESTATUS[0]} -eq 0'
 
 # The C++ node example (examples/cpp_trainer): build/cpp_trainer/cpp_trainer, linking the core and
 # Arrow C++ from the venv's pyarrow wheel.  Its pytest (test_cpp_trainer.py) calls this target.

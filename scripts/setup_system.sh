@@ -10,6 +10,7 @@ pkgs=(
   dataset-fashion-mnist               # the main job's data (IDX gzip files)
   libgloo-dev                         # the peer of bench/allreduce.py (Gloo's ring allreduce)
   iproute2                            # ip netns: the two-"host" collective tests
+  nftables                            # a client host no executor can dial (python/tests/test_connect_netns.py)
   zlib1g-dev                          # gzip / zlib TFRecord files (src/record)
   libcurl4-openssl-dev                # HTTP client of the WebHDFS file system (src/fs)
   nlohmann-json3-dev                  # WebHDFS's JSON answers (header-only)

@@ -25,6 +25,13 @@ node_bind                  spark.ember.node.bind              see meaning       
                                                                                 interface (docs/network.md)
 coordinator_port           spark.ember.coordinator.port       0 (any free)      port the coordinator listens on
                            EMBER_COORDINATOR_PORT
+coordinator_placement      spark.ember.coordinator.placement  auto              where the nodes reach the coordinator:
+                           EMBER_COORDINATOR_PLACEMENT                          "client" (they dial this process),
+                                                                                "job" (they dial a relay on an executor
+                                                                                that this process dials out to), "auto"
+                                                                                (client under a classic session; under
+                                                                                Spark Connect client if an executor can
+                                                                                dial it, else job)
 connect_timeout            spark.ember.connectTimeout         30                seconds a node may take to connect to the
                            EMBER_CONNECT_TIMEOUT                                coordinator (connect + handshake)
 executor_check_timeout     spark.ember.executorCheckTimeout   120               seconds the check that the executors' Python
@@ -85,6 +92,8 @@ SETTINGS = {
                 "address a node's listeners bind (default: the node's own published address)"),
         Setting("coordinator_port", "spark.ember.coordinator.port", "EMBER_COORDINATOR_PORT", 0,
                 int, "port the coordinator listens on (0 = any free port)"),
+        Setting("coordinator_placement", "spark.ember.coordinator.placement", "EMBER_COORDINATOR_PLACEMENT",
+                "auto", str, "where the nodes reach the coordinator: auto, client or job (a relay in the job)"),
         Setting("connect_timeout", "spark.ember.connectTimeout", "EMBER_CONNECT_TIMEOUT", 30.0,
                 float, "seconds a node may take to connect to the coordinator"),
         Setting("executor_check_timeout", "spark.ember.executorCheckTimeout", "EMBER_EXECUTOR_CHECK_TIMEOUT",

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
 
 import pyspark
 
@@ -32,18 +32,31 @@ def free_port() -> int:
 class ConnectServer:
     """One Spark Connect server process; :meth:`stop` ends its whole process group."""
 
-    def __init__(self, master: str, log: Path, conf: Optional[Dict[str, str]] = None, timeout: float = 180.0):
+    def __init__(self, master: str, log: Path, conf: Optional[Dict[str, str]] = None, timeout: float = 180.0,
+                 host: Any = None, env: Optional[Dict[str, str]] = None):
+        """`host`: a spark_cluster.Host to run on (a network namespace of netns_cluster.py),
+        listening on its address; by default here, on loopback.  `env`: the server's
+        environment (by default this process's)."""
+        address = host.address if host is not None else "127.0.0.1"
         self.port = free_port()
-        self.url = f"sc://127.0.0.1:{self.port}"
+        self.url = f"sc://{address}:{self.port}"
         self.log = log
-        args = [str(SPARK_HOME / "bin" / "spark-submit"), "--class", SERVER_CLASS, "--master", master,
+        args = [*(host.prefix if host is not None else ()),
+                str(SPARK_HOME / "bin" / "spark-submit"), "--class", SERVER_CLASS, "--master", master,
                 "--conf", f"spark.connect.grpc.binding.port={self.port}",
-                "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
+                "--conf", f"spark.connect.grpc.binding.address={address}",
                 "--conf", "spark.ui.enabled=false", "--conf", "spark.ui.showConsoleProgress=false",
                 "--conf", "spark.sql.shuffle.partitions=4"]
         for key, value in (conf or {}).items():
             args += ["--conf", f"{key}={value}"]
-        env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_HOME=str(SPARK_HOME))
+        env = dict(env or os.environ, PYSPARK_PYTHON=sys.executable, SPARK_HOME=str(SPARK_HOME))
+
+        def listening() -> bool:
+            try:
+                with socket.create_connection((address, self.port), timeout=1.0):
+                    return True
+            except OSError:
+                return False
         self._log_file = open(log, "wb")
         self.proc = subprocess.Popen(args, stdout=self._log_file, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
@@ -53,11 +66,8 @@ class ConnectServer:
                 self.stop()
                 raise RuntimeError(f"the Spark Connect server exited with {self.proc.returncode} before "
                                    f"listening on port {self.port}:\n{self.log_tail()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1.0):
-                    break
-            except OSError:
-                pass
+            if host.call(listening) if host is not None and hasattr(host, "call") else listening():
+                break
             if time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"the Spark Connect server did not listen on port {self.port} within "

@@ -293,10 +293,11 @@ class NetnsCluster:
 
     def __init__(self, hosts: Sequence[str] = ("h1", "h2"), cores_per_worker: int = 2,
                  memory: str = "2g", shaping: Optional[Mapping[str, str]] = None,
-                 start_timeout: float = 120.0) -> None:
-        if self.DRIVER in hosts:
-            raise ValueError(f"{self.DRIVER!r} is the driver's host; name worker hosts otherwise")
-        self.network = NetnsNetwork([self.DRIVER, *hosts], shaping=shaping)
+                 start_timeout: float = 120.0, clients: Sequence[str] = ()) -> None:
+        if self.DRIVER in hosts or set(clients) & {self.DRIVER, *hosts}:
+            raise ValueError(f"{self.DRIVER!r} is the driver's host; name worker and client hosts otherwise")
+        # Client hosts are on the bridge and run no Spark daemon (e.g. a Spark Connect client).
+        self.network = NetnsNetwork([self.DRIVER, *hosts, *clients], shaping=shaping)
         drv = self.network.hosts[self.DRIVER]
         self.spark = StandaloneCluster(
             cores_per_worker=cores_per_worker, memory=memory, start_timeout=start_timeout,
@@ -311,6 +312,17 @@ class NetnsCluster:
 
     def worker_host(self, label: str) -> NetnsHost:
         return self.network.hosts[label]
+
+    def refuse_connections(self, label: str) -> None:
+        """Host `label` drops every TCP connection attempt made to it (a SYN without ACK), while
+        its own connections out work: a client behind NAT or a firewall, which nothing dials."""
+        netns = self.network.hosts[label].netns
+        for rule in (["add", "table", "inet", "ember"],
+                     ["add", "chain", "inet", "ember", "in",
+                      "{ type filter hook input priority 0; policy accept; }"],
+                     ["add", "rule", "inet", "ember", "in", "tcp", "flags", "&", "(syn", "|", "ack)", "==", "syn",
+                      "drop"]):
+            _check(["ip", "netns", "exec", netns, "nft", *rule])
 
     def __enter__(self) -> "NetnsCluster":
         reason = netns_unavailable_reason()

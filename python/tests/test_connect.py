@@ -225,6 +225,31 @@ def test_a_failing_node_is_named_to_the_connect_client(connect_server):
     no_leftovers(r["job_id"])
 
 
+def test_nodes_reach_the_coordinator_through_a_relay_in_the_job_when_told_to(connect_server):
+    """spark.ember.coordinator.placement=job (the multi-host test has a client no executor can
+    dial, where "auto" picks it): the nodes dial a relay on an executor, which the client dials
+    out to.  Their collectives, output and a failure reach the client as they do directly, and
+    the relay ends with the job."""
+    proc = run_client(TENSORFLOW_MODE.replace("def main_fun(args, ctx):", """def main_fun(args, ctx):
+    if args.get("fail") == ctx.task_index:
+        raise ValueError("worker one gives up behind the relay")""") + """
+try:
+    ember.Cluster.run(spark, main_fun, {"fail": 1}, num_executors=2, reservation_timeout=120).shutdown(timeout=120)
+except Exception as e:
+    say(failed=type(e).__name__, text=str(e))
+""", connect_server.url, env={"EMBER_COORDINATOR_PLACEMENT": "job"})
+    out = proc.stdout + proc.stderr
+    results = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and len(results) == 2, f"client exited {proc.returncode}\n{out[-6000:]}"
+    ran, failed = results
+    assert ran["sums"] == [[3.0, 3.0, 3.0], [3.0, 3.0, 3.0]]
+    assert len(re.findall(r"through a relay at [0-9.]+:\d+", out)) == 2, out[-4000:]
+    assert re.search(r"worker:0.*node says sum=\[3\.0, 3\.0, 3\.0\]", out)
+    assert failed["failed"] == "NodeError" and "worker:1" in failed["text"], failed
+    assert "worker one gives up behind the relay" in failed["text"], failed
+    no_leftovers(ran["job_id"])  # the relay carries the job's id, as its nodes do
+
+
 def test_run_parallel_from_a_connect_client(connect_server):
     r = _result(run_client(PARALLEL_RUNS, connect_server.url), connect_server)
     assert r["values"] == [{"run": i, "of": 3, "square": (i + 1) ** 2} for i in range(3)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import struct
 import sys
@@ -23,6 +24,7 @@ import pytest
 pytestmark = pytest.mark.timeout(600)
 
 HOSTS = ("h1", "h2")
+CLIENT = "cli"  # a host that no executor can dial: a Spark Connect client behind NAT or a firewall
 # The driver's and executors' JVMs do little work here: C1 only and the serial GC start faster
 # on a loaded 2-core machine (as the daemons' SPARK_DAEMON_JAVA_OPTS in spark_cluster.py).
 _JVM_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
@@ -269,6 +271,46 @@ def test_hosts_reach_each_other_only_through_the_bridge():
     assert not os.path.exists("/dev/shm/ember-probe")
 
 
+def _connect_client_nothing_dials(nc, work: Path) -> dict:
+    """Issue 22: a Spark Connect server on "drv" against the cluster, and a client on host CLIENT
+    that drops every connection made to it (nc.refuse_connections): the SPARK-mode job of
+    test_connect.py, unchanged, with the coordinator's placement left to "auto"."""
+    import subprocess
+
+    from connect_server import ConnectServer
+    from test_connect import SPARK_MODE
+
+    nc.refuse_connections(CLIENT)
+    conf = {k: v for k, v in {**nc.spark.spark_conf(), **FAST_JVM}.items() if k != "spark.master"}
+    t0 = time.monotonic()
+    server = ConnectServer(nc.spark.master_url, work / "connect-server.log", conf=conf, host=nc.driver_host,
+                           env=nc.spark.env(nc.driver_host))
+    try:
+        client = nc.network.hosts[CLIENT]
+        proc = subprocess.run([*client.prefix, sys.executable, "-c", SPARK_MODE, server.url], capture_output=True,
+                              text=True, timeout=300, env=nc.spark.env(client), stdin=subprocess.DEVNULL)
+        secs = time.monotonic() - t0
+        # The relay ends with its agent (the client's job): nothing of it stays on the executors.
+        deadline = time.monotonic() + 15
+        while True:
+            relays = [p for p in nc.network.processes() if b"ember._launcher.relay" in _cmdline(p)]
+            if not relays or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        return {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr[-8000:],
+                "relays_left": relays, "secs": secs, "server_log": server.log_tail(60)}
+    finally:
+        server.stop()
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ")
+    except OSError:
+        return b""
+
+
 @pytest.fixture(scope="module")
 def multihost(tmp_path_factory, spark_sessions):
     """Starts the namespaced cluster, runs the cases in one driver program (and the archive
@@ -282,14 +324,15 @@ def multihost(tmp_path_factory, spark_sessions):
     spark_sessions.stop()  # not needed here, but frees the memory of this process's context
     work = tmp_path_factory.mktemp("multihost")
     t0 = time.monotonic()
-    nc = NetnsCluster(hosts=HOSTS, cores_per_worker=2, memory="2g")
+    nc = NetnsCluster(hosts=HOSTS, cores_per_worker=2, memory="2g", clients=(CLIENT,))
     try:
         with nc:
             started = time.monotonic() - t0
+            results = {"connect_relay": _connect_client_nothing_dials(nc, work)}
             cases = [c for c in CASES if c != "archive"]
-            results = nc.run_driver(Path(__file__), {"work": str(work), "cases": cases,
+            results.update(nc.run_driver(Path(__file__), {"work": str(work), "cases": cases,
                                                      "executors": len(HOSTS), "executors_timeout": 120},
-                                    timeout=480, spark_conf=FAST_JVM)
+                                    timeout=480, spark_conf=FAST_JVM))
             # The environment-shipping path: a second application whose executors get Ember
             # only from the archive, served by the driver's host to the workers' hosts.
             archive = work / "env.tar.gz"
@@ -389,6 +432,26 @@ def test_executors_on_other_hosts_get_ember_only_from_the_archive(multihost):
         assert env_dir.name == "environment", r  # unpacked by Spark in the executor's work dir
         assert r["ember"].startswith(str(env_dir) + "/") and r["ember"].endswith("ember/__init__.py"), r
         assert r["native"].startswith(str(env_dir) + "/"), r
+
+
+def test_a_connect_client_no_executor_can_dial_runs_its_job_through_a_relay(multihost):
+    """Issue 22: the client's host drops every connection made to it.  An executor's try of the
+    client's coordinator fails, so the nodes (and the feeding tasks) reach it through a relay the
+    placement job starts on an executor and the client dials out to; training, ordered inference
+    and the nodes' output work as with a reachable client, and the relay ends with the job."""
+    case = multihost["connect_relay"]
+    out = case["stdout"] + case["stderr"]
+    found = [line for line in case["stdout"].splitlines() if line.startswith("RESULT ")]
+    assert case["returncode"] == 0 and found, (f"client exited {case['returncode']}\n{out[-6000:]}\n"
+                                               f"--- server log\n{case['server_log']}")
+    r = json.loads(found[-1][len("RESULT "):])
+    relay = re.search(r"through a relay at ([0-9.]+):\d+", out)
+    assert relay and relay.group(1) in _worker_hosts(multihost), out[-4000:]
+    assert r["seen"] == [[100, 100], [100, 100]], r
+    expected = [i for i in range(37) if i % 5 != 0 or i < 10]
+    assert [row[0] for row in r["rows"]] == expected  # order kept
+    assert all(row[1] == f"r{row[0]}" and row[2] == 2 * row[0] for row in r["rows"])
+    assert case["relays_left"] == [], case["relays_left"]
 
 
 def test_nothing_is_left_after_teardown(multihost):

@@ -221,14 +221,21 @@ void CoordinatorRelay::Impl::ServeNode(tcp::Connection& link) {
   std::shared_ptr<tcp::Connection> agent;
   {
     MutexLock lock(&mu);
+    // The agent dials right after the relay reported its ports, and its control connection may
+    // be still on its way: a node waits for it as long as it would wait for its tunnel.  (Once
+    // the agent has left, the relay has ended.)
+    const Deadline arrive = Deadline::After(options.open_timeout);
+    while (!control && !ended && cv.WaitUntil(&mu, arrive.when())) {
+    }
     if (ended) {
       lock.Unlock();
       return Refuse(peer, "the relay has ended", false);
     }
     if (!control) {
       lock.Unlock();
-      return Refuse(peer, "no agent is connected to the relay (the client's RelayAgent has not dialled " +
-                              agent_address + ", or it left)", false);
+      return Refuse(peer, "no agent connected to the relay within open_timeout (" +
+                              FormatDuration(options.open_timeout) + "; the client's RelayAgent has not dialled " +
+                              agent_address + ")", false);
     }
     if (parked.size() >= options.max_parked) {
       lock.Unlock();

@@ -254,18 +254,38 @@ TEST(RelayTest, AgentCloseEndsTheRelayAndClosesItsNodes) {
   }
 }
 
+TEST(RelayTest, ANodeThatComesBeforeTheAgentWaitsForIt) {
+  // The client's agent dials the relay only after the relay reported its ports; a node that
+  // is faster (or an agent's control frame still on its way) must not be turned away.
+  auto server = StartServer(1);
+  ASSERT_TRUE(server);
+  auto relay = StartRelay();
+  ASSERT_TRUE(relay);
+  auto node = ConnectNode(relay->node_port());
+  ASSERT_TRUE(node);
+  Result<Registration> reg = Status::Internal("not run");
+  std::thread registering([&] { reg = node->Register(Addr(0), kLong); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto agent = ConnectAgent(*relay, *server);
+  ASSERT_TRUE(agent);
+  registering.join();
+  EXPECT_TRUE(reg.ok()) << reg.status().ToString();
+  EXPECT_EQ(relay->stats().nodes_refused, 0u);
+}
+
 TEST(RelayTest, NoAgentWithinAgentTimeoutEndsTheRelayAndNodesAreClosedMeanwhile) {
   LogCapture logs;
   RelayOptions o = Options();
   o.agent_timeout = Duration(1500);
   auto relay = StartRelay(o);
   ASSERT_TRUE(relay);
-  // Before the timeout, a node passes the handshake but is closed at once: no agent.
+  // Before the timeout, a node passes the handshake and waits for the agent; when the relay
+  // ends for want of one, the node is closed.
   auto node = ConnectNode(relay->node_port());
   ASSERT_TRUE(node);
-  auto reg = node->Register(Addr(0), Duration(1000));
+  auto reg = node->Register(Addr(0), Duration(5000));
   EXPECT_EQ(reg.status().code(), StatusCode::kUnavailable) << reg.status().ToString();
-  EXPECT_NE(logs.WaitFor({"WARN", "closed the connection of node 127.0.0.1:", "no agent is connected"}), "");
+  EXPECT_NE(logs.WaitFor({"WARN", "closed the connection of node 127.0.0.1:", "the relay has ended"}), "");
   EXPECT_EQ(relay->stats().nodes_refused, 1u);
 
   std::optional<Status> why = relay->Wait(kLong);
@@ -430,6 +450,31 @@ TEST(RelayTest, ANodeWithoutATunnelIsClosedAfterOpenTimeoutAndParkingIsBounded) 
   EXPECT_EQ(parked->Register(Addr(0), Duration(2000)).status().code(), StatusCode::kUnavailable);
   EXPECT_EQ(relay->stats().nodes_refused, 2u);
   EXPECT_EQ(relay->stats().tunnels_opened, 0u);
+}
+
+// The agent cannot reach its coordinator: each node's connection closes at once.
+TEST(RelayTest, ATunnelWhoseCoordinatorIsGoneClosesTheNode) {
+  LogCapture logs;
+  int gone;
+  {
+    auto l = tcp::Listen("127.0.0.1", 0);
+    ASSERT_TRUE(l.ok());
+    gone = *tcp::LocalPort(l->get());
+  }
+  auto relay = StartRelay();
+  ASSERT_TRUE(relay);
+  auto agent = RelayAgent::Connect("127.0.0.1", relay->agent_port(), kSecret, "127.0.0.1", gone,
+                                   {.connect_timeout = Duration(2000)});
+  ASSERT_TRUE(agent.ok()) << agent.status().ToString();
+  ASSERT_TRUE(Eventually([&] { return relay->stats().agent_connected; }));
+  auto node = ConnectNode(relay->node_port());
+  ASSERT_TRUE(node);
+  EXPECT_EQ(node->Register(Addr(0), Duration(5000)).status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(logs.WaitFor({"WARN", "relay agent: tunnel 1 not opened: cannot dial the coordinator at 127.0.0.1:" +
+                                      std::to_string(gone)}),
+            "");
+  EXPECT_TRUE((*agent)->ok());  // the agent serves the next node all the same
+  EXPECT_EQ((*agent)->stats().tunnels_opened, 0u);
 }
 
 TEST(RelayTest, StartAndConnectValidateTheirOptions) {

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence
 
 from ember import _ember, config
+from ember._driver import relay
 from ember._driver.console import Console
 from ember._driver.gpus import check_nodes as check_gpu_nodes
 from ember._driver.spark_job import NodesJob, spark_failure_reason
@@ -146,6 +147,7 @@ class Gang:
         self.server = None
         self.secret = b""
         self.coordinator_address: Optional[str] = None
+        self.endpoint: Optional[relay.Endpoint] = None  # where the nodes dial: this process or a relay
         self.cluster_spec: dict = {}
         self.startup_secs: Optional[float] = None
         self.tensorboard_url: Optional[str] = None
@@ -174,17 +176,28 @@ class Gang:
             raise TypeError(f"Cluster.run cannot send main_fun and args to the nodes: they do not "
                             f"pickle ({type(e).__name__}: {e})") from e
         self.secret = secrets.token_bytes(32)
+        how = relay.placement(side, config.get("coordinator_placement", side))
         host = config.get("coordinator_host", side) or side.coordinator_host()
-        # Listen where the nodes are told to connect (docs/network.md), as Spark's driver does.
-        bind = config.get("coordinator_bind", side) or side.coordinator_bind() or host
+        # Listen where the nodes are told to connect (docs/network.md), as Spark's driver does;
+        # only the relay's agent, in this process, connects when the nodes dial a relay.
+        bind = (config.get("coordinator_bind", side) or side.coordinator_bind()
+                or ("127.0.0.1" if how == "job" else host))
         self.server = _ember.CoordinatorServer.start(
             self.secret, self.layout, bind_host=bind, port=config.get("coordinator_port", side),
             heartbeat_timeout=float(launch.heartbeat_timeout),
             tolerated_worker_losses=int(launch.tolerated_worker_losses))
-        self.coordinator_address = f"{host}:{self.server.port}"
+        local = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(bind, bind)
+        self.endpoint = relay.place(side, how, self.secret, host, self.server.port, local,
+                                    self.node_job_id, config.get("node_bind", side) or "",
+                                    float(launch.connect_timeout))
+        if self.endpoint.relayed:
+            self._console.info(f"the nodes reach the coordinator through a relay {self.endpoint.where} "
+                               f"(spark.ember.coordinator.placement)")
+        host, port = self.endpoint.host, self.endpoint.port
+        self.coordinator_address = f"{host}:{port}"
         default_fs, hdfs_http_address = side.hadoop_fs_conf()
         spec = NodeSpec(
-            job_id=self.node_job_id, coordinator_host=host, coordinator_port=self.server.port,
+            job_id=self.node_job_id, coordinator_host=host, coordinator_port=port,
             secret=self.secret, payload=payload,
             num_nodes=self.num_nodes, default_fs=default_fs, hdfs_http_address=hdfs_http_address,
             working_dir=os.getcwd(),
@@ -311,6 +324,9 @@ class Gang:
     def raise_if_failed(self, spark_must_run: bool) -> None:
         """Raises the first node failure, or the Spark job's, if there is one."""
         if self.watcher is not None and self.watcher.failure is not None:
+            relay_error = self.endpoint.relay_error() if self.endpoint is not None else None
+            if relay_error and relay_error not in getattr(self.watcher.failure, "__notes__", ()):
+                self.watcher.failure.add_note(relay_error)
             raise self.watcher.failure
         if self.job is None or not self.job.done:
             return
@@ -452,6 +468,8 @@ class Gang:
             self._console.clear_progress()
             if self.server is not None:
                 self.server.close()
+            if self.endpoint is not None:
+                self.endpoint.close()
 
     def close(self, abort_reason: Optional[str] = None) -> None:
         """Ends the job's nodes and releases everything; idempotent.  Aborts them if `abort_reason`."""
