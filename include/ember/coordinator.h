@@ -257,7 +257,9 @@ struct RelayOptions {
   // relay ends when the connection is silent this long (the agent heartbeats every
   // RelayAgentOptions::heartbeat_interval).
   Duration agent_timeout{30000};
-  Duration open_timeout{30000};  // a node waits at most this for its tunnel, then is closed
+  // A node waits at most this for the agent's control connection (when it is not up yet: the
+  // agent dials after the relay reported its ports), then as long for its tunnel; else it is closed.
+  Duration open_timeout{30000};
   size_t max_parked = 256;       // nodes waiting for their tunnel at once; more are closed
 };
 

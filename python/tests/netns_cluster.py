@@ -314,14 +314,15 @@ class NetnsCluster:
         return self.network.hosts[label]
 
     def refuse_connections(self, label: str) -> None:
-        """Host `label` drops every TCP connection attempt made to it (a SYN without ACK), while
-        its own connections out work: a client behind NAT or a firewall, which nothing dials."""
+        """Host `label` drops every TCP connection attempt made to it from the network (a SYN
+        without ACK coming in on eth0), while its own connections out, and to itself, work: a
+        client behind NAT or a firewall, which nothing dials."""
         netns = self.network.hosts[label].netns
         for rule in (["add", "table", "inet", "ember"],
                      ["add", "chain", "inet", "ember", "in",
                       "{ type filter hook input priority 0; policy accept; }"],
-                     ["add", "rule", "inet", "ember", "in", "tcp", "flags", "&", "(syn", "|", "ack)", "==", "syn",
-                      "drop"]):
+                     ["add", "rule", "inet", "ember", "in", "iifname", "eth0", "tcp", "flags", "&", "(syn", "|", "ack)",
+                      "==", "syn", "drop"]):
             _check(["ip", "netns", "exec", netns, "nft", *rule])
 
     def __enter__(self) -> "NetnsCluster":

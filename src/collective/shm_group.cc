@@ -28,8 +28,10 @@ constexpr Duration kSlice{50};  // longest sleep between looks at abort, livenes
 
 // Header::abort_state
 constexpr uint32_t kNotAborted = 0, kAbortWriting = 1, kAborted = 2;
-// Slot::left
-constexpr uint32_t kInGroup = 0, kLeftFailed = 1, kLeftClosed = 2;
+using shm_group_internal::kInGroup;
+using shm_group_internal::kLeftClosed;
+using shm_group_internal::kLeftFailed;
+using shm_group_internal::PeerSeen;
 
 size_t RoundUp(size_t v, size_t m) { return (v + m - 1) / m * m; }
 
@@ -304,6 +306,7 @@ Status ShmGroup::Connect(Deadline deadline) {
 
 Status ShmGroup::Step(Call* call) {
   const uint32_t t = ++step_;
+  in_step_ = true;  // until this step succeeds (see Fail)
   Slot& me = slots_[rank_];
   const bool first = call->first;
   call->first = false;
@@ -327,6 +330,7 @@ Status ShmGroup::Step(Call* call) {
                              " and left the group");
     }
   }
+  in_step_ = false;
   return Status::OK();
 }
 
@@ -352,24 +356,31 @@ Status ShmGroup::WaitFor(int k, uint32_t target, const Call* call) {
     if ((i & 255) == 255) sched_yield();
   }
   const std::string what = call->desc ? call->desc->ToString() : "the group's start";
+  int32_t pid = 0;
   return shm::WaitShared(
       call->deadline, kSlice,
+      // The peer's liveness is part of the look (LookAtPeer orders the reads).
       [&]() -> std::optional<Status> {
-        if (Reached(s.arrived.load(std::memory_order_acquire), target)) return Status::OK();
+        const PeerSeen seen = shm_group_internal::LookAtPeer(
+            target, [&] { return s.arrived.load(std::memory_order_acquire); },
+            [&] { return s.left.load(std::memory_order_acquire); },
+            [&] {
+              pid = s.pid.load(std::memory_order_relaxed);
+              return shm::ProcessGone(pid);
+            });
+        if (seen == PeerSeen::kArrived) return Status::OK();
         if (header_->abort_state.load(std::memory_order_acquire) == kAborted) return AbortedByPeer();
-        if (const uint32_t left = s.left.load(std::memory_order_acquire); left != kInGroup) {
-          return Status::Aborted(Describe(k) +
-                                 (left == kLeftClosed ? " closed the group" : " failed and left the group") +
-                                 " before " + what);
+        switch (seen) {
+          case PeerSeen::kLeftClosed: return Status::Aborted(Describe(k) + " closed the group before " + what);
+          case PeerSeen::kLeftFailed: return Status::Aborted(Describe(k) + " failed and left the group before " + what);
+          case PeerSeen::kGone:
+            return Status::Aborted(Describe(k) + " died (process " + std::to_string(pid) + " is gone) before " + what);
+          case PeerSeen::kWaiting:
+          case PeerSeen::kArrived: break;
         }
         return std::nullopt;
       },
-      [&]() -> std::optional<Status> {
-        if (const int32_t pid = s.pid.load(std::memory_order_relaxed); shm::ProcessGone(pid)) {
-          return Status::Aborted(Describe(k) + " died (process " + std::to_string(pid) + " is gone) before " + what);
-        }
-        return std::nullopt;
-      },
+      shm::NoPeer,
       [&] {
         const auto waited = std::chrono::round<Duration>(call->deadline.when() - call->start);
         return Status::DeadlineExceeded(Describe(k) + " did not reach " + what + " within " +
@@ -399,7 +410,11 @@ Status ShmGroup::Fail(const Status& s) {
   failed_.store(true, std::memory_order_release);
   Slot& me = slots_[rank_];
   uint32_t expected = kInGroup;
-  if (me.left.load(std::memory_order_relaxed) == kInGroup) me.left_step.store(step_, std::memory_order_relaxed);
+  // Between steps (a call refused before its first), the rank finished step_
+  // and leaves before the next: a peer still finishing step_ must not fail.
+  if (me.left.load(std::memory_order_relaxed) == kInGroup) {
+    me.left_step.store(in_step_ ? step_ : step_ + 1, std::memory_order_relaxed);
+  }
   if (me.left.compare_exchange_strong(expected, kLeftFailed)) shm::FutexWake(&me.arrived);
   return first;
 }

@@ -53,6 +53,10 @@
 // awaited rank's `left`, its pid, and the deadline.  The waiter increments `waiters` before re-reading the counter
 // and the writer reads `waiters` after storing it (both seq_cst), so a
 // wake-up is never lost and an uncontended step makes no system call.
+// A rank publishes `arrived` before it can leave or exit, so a look reads
+// the counter again after `left` and the pid (LookAtPeer): a peer that
+// finished the step and closed at once is seen as arrived, never as having
+// closed "before" the step, however the waiter's reads interleave with it.
 //
 // Lifetime of the name: group rank 0 creates the segment, the others open
 // it, and once Connect() saw every rank attached rank 0 unlinks the name,
@@ -89,6 +93,36 @@ struct ShmGroupOptions {
   // needs several cores per rank when the ranks are few.
   int threads = 0;
 };
+
+namespace shm_group_internal {
+
+// Slot::left: whether a rank is still in the group, and if not, why it left.
+constexpr uint32_t kInGroup = 0, kLeftFailed = 1, kLeftClosed = 2;
+
+// What a rank waiting for a peer to reach step `target` makes of one look.
+enum class PeerSeen { kWaiting, kArrived, kLeftFailed, kLeftClosed, kGone };
+
+// One look at a peer: arrived() is its step counter (acquire), left() its
+// Slot::left (acquire), gone() whether its process is gone (kill(pid, 0)).
+// A peer stores its counter before it leaves or exits, so the counter is read
+// again after `left` and the pid: if the peer had left, or its process was
+// gone, by then, that read shows whether it reached `target` first.  (Read
+// only before them, the counter misses a peer that arrived and closed in
+// between, and the waiter reports it as having closed before the step.)  The
+// first read saves the system call when the peer is there.
+template <typename Arrived, typename Left, typename Gone>
+PeerSeen LookAtPeer(uint32_t target, Arrived&& arrived, Left&& left, Gone&& gone) {
+  auto reached = [&] { return static_cast<int32_t>(arrived() - target) >= 0; };
+  if (reached()) return PeerSeen::kArrived;
+  const uint32_t why = left();
+  const bool dead = why == kInGroup && gone();
+  if (reached()) return PeerSeen::kArrived;
+  if (why == kLeftClosed) return PeerSeen::kLeftClosed;
+  if (why != kInGroup) return PeerSeen::kLeftFailed;
+  return dead ? PeerSeen::kGone : PeerSeen::kWaiting;
+}
+
+}  // namespace shm_group_internal
 
 class ShmGroup : public Backend {
  public:
@@ -187,6 +221,7 @@ class ShmGroup : public Backend {
 
   // The calling thread's state (calls are never concurrent).
   uint32_t step_ = 0;  // last step this rank published
+  bool in_step_ = false;  // step_ has not completed (yet, or it failed)
   bool connected_ = false;
   std::vector<const void*> srcs_;  // size_ source pointers for the reductions
   std::vector<const char*> slice_srcs_;  // size_ slice pointers (allreduce)

@@ -665,6 +665,98 @@ TEST_F(ShmGroupTest, KilledRankIsNamedAsDeadBeforeTheDeadline) {
   EXPECT_NE(s.message().find("rank 1 (worker:1) died"), std::string::npos) << s.ToString();
 }
 
+// The bug: under load, a rank of a host group waiting at the broadcast after
+// an empty allreduce failed with "rank 1 ... closed the group before
+// broadcast #1": the peer had arrived and closed between the waiter's read of
+// its counter and its read of `left`.  LookAtPeer's reads are replayed with
+// the peer's "arrive, then leave" landing before each one in turn (and
+// after all of them): a peer that reached the step is seen as arrived, or as
+// not there yet, never as having left before it.
+TEST(ShmGroupLookTest, PeerThatArrivesThenClosesIsNeverSeenAsLeavingBeforeTheStep) {
+  using shm_group_internal::kInGroup;
+  using shm_group_internal::kLeftClosed;
+  using shm_group_internal::kLeftFailed;
+  using shm_group_internal::LookAtPeer;
+  using shm_group_internal::PeerSeen;
+  constexpr uint32_t kTarget = 7;
+  struct Leaving {
+    const char* what;
+    uint32_t left;  // Slot::left afterwards
+    bool gone;      // the process is gone afterwards
+  };
+  const Leaving leavings[] = {{"closes", kLeftClosed, false},
+                              {"fails", kLeftFailed, false},
+                              {"closes and exits", kLeftClosed, true},
+                              {"is killed", kInGroup, true}};
+  for (const Leaving& leaving : leavings) {
+    for (bool arrives : {true, false}) {
+      bool fired_at_all = false;
+      for (int at = 0; at < 8; ++at) {
+        uint32_t arrived = kTarget - 1, left = kInGroup;
+        bool gone = false, fired = false;
+        int reads = 0;
+        auto maybe_fire = [&] {
+          if (reads++ != at) return;
+          if (arrives) arrived = kTarget;  // stored before it leaves
+          left = leaving.left, gone = leaving.gone, fired = true;
+        };
+        const PeerSeen seen = LookAtPeer(
+            kTarget, [&] { return maybe_fire(), arrived; }, [&] { return maybe_fire(), left; },
+            [&] { return maybe_fire(), gone; });
+        const std::string where = std::string("a peer that ") + (arrives ? "arrives and " : "") + leaving.what +
+                                  " before read " + std::to_string(at);
+        fired_at_all |= fired;
+        if (arrives) {
+          EXPECT_EQ(seen, fired ? PeerSeen::kArrived : PeerSeen::kWaiting) << where;
+        } else if (!fired) {
+          EXPECT_EQ(seen, PeerSeen::kWaiting) << where;
+        } else {
+          EXPECT_NE(seen, PeerSeen::kArrived) << where;  // seen leaving now, or at the next look
+        }
+      }
+      EXPECT_TRUE(fired_at_all);
+    }
+  }
+  // A peer that left without reaching the step is named for how it left.
+  auto look = [](uint32_t arrived, uint32_t left, bool gone) {
+    return LookAtPeer(kTarget, [=] { return arrived; }, [=] { return left; }, [=] { return gone; });
+  };
+  EXPECT_EQ(look(kTarget - 1, kLeftClosed, false), PeerSeen::kLeftClosed);
+  EXPECT_EQ(look(kTarget - 1, kLeftFailed, false), PeerSeen::kLeftFailed);
+  EXPECT_EQ(look(kTarget - 1, kInGroup, true), PeerSeen::kGone);
+  EXPECT_EQ(look(kTarget - 1, kInGroup, false), PeerSeen::kWaiting);
+  EXPECT_EQ(look(kTarget + 1, kLeftClosed, true), PeerSeen::kArrived);
+  EXPECT_EQ(look(kTarget - 2u + 0x80000000u, kInGroup, false), PeerSeen::kWaiting);  // far behind
+}
+
+// The same, end to end: every kind of call with no data takes the same
+// steps on every rank, and a rank that closes the moment its last call
+// returns does not fail a peer still finishing that call.  One rank comes
+// late to the last call, so the others sleep in the wait rather than spin.
+TEST_F(ShmGroupTest, RankClosingRightAfterEmptyCallsDoesNotFailItsPeers) {
+  for (int round = 0; round < (EMBER_SLOW_BUILD ? 20 : 50); ++round) {
+    const int n = 3;
+    auto group = MakeGroup(n, 4096);
+    ASSERT_EQ(group.size(), static_cast<size_t>(n));
+    const int late = round % n;
+    RunRanks(n, [&](int r) {
+      const uint64_t zero[3] = {0, 0, 0};
+      std::vector<Status> got;
+      got.push_back(group[r]->Allreduce(Desc(1, Kind::kAllreduce, DataType::kFloat32, 0), nullptr, Soon()));
+      got.push_back(group[r]->Broadcast(Desc(2, Kind::kBroadcast, DataType::kFloat32, 0, ReduceOp::kSum, round % n),
+                                        nullptr, Soon()));
+      got.push_back(group[r]->Allgather(Desc(3, Kind::kAllgather, DataType::kFloat32, 0), nullptr, zero, nullptr,
+                                        Soon()));
+      got.push_back(group[r]->ReduceScatter(Desc(4, Kind::kReduceScatter, DataType::kFloat32, 0), nullptr, nullptr,
+                                            Soon()));
+      if (r == late) std::this_thread::sleep_for(std::chrono::milliseconds(60));
+      got.push_back(group[r]->Allreduce(Desc(5, Kind::kAllreduce, DataType::kFloat32, 0), nullptr, Soon()));
+      group[r].reset();  // closes at once
+      for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(got[i].ok()) << "rank " << r << " call " << i + 1 << ": " << got[i].ToString();
+    });
+  }
+}
+
 }  // namespace
 }  // namespace ember::collective
 

@@ -2,7 +2,8 @@
 //
 // Two tcp::Servers, one per port, each serving a connection on its own
 // thread after the handshake:
-//   node port   ServeNode: park the node's connection (nothing of it read),
+//   node port   ServeNode: park the node's connection (nothing of it read;
+//               first waiting for the control connection if it is not up),
 //               send RelayOpen{id} on the control connection, wait for the
 //               agent's data connection of that id (open_timeout), then splice
 //               the two on this thread.
