@@ -107,6 +107,9 @@ TEST_P(CommunicatorTest, AllreduceEveryOpMatchesReferenceAndIsIdenticalEverywher
         ASSERT_OK(c.Allreduce(v.data(), count, DataType::kFloat32, op));
         results[r] = v;
       });
+      for (int r = 0; r < size; ++r) {
+        ASSERT_EQ(results[r].size(), count) << topo.name << ": rank " << r << " has no result";
+      }
       for (size_t i = 0; i < count; ++i) {
         double sum = 0, mn = 1e30, mx = -1e30;
         for (int r = 0; r < size; ++r) {
