@@ -186,7 +186,7 @@ def test_fashion_mnist_cnn_pipeline(spark, tmp_path):
     test = _fmnist_df(spark, "test", tmp_path).cache()
     assert train.count() == 60000 and test.count() == 10000
     # VectorAssembler stores each row dense or sparse, whichever is smaller: both kinds reach the model.
-    est = KerasEstimator(model=cnn_model, labelCol="label", outputMode="argmax", epochs=3, batchSize=128,
+    est = KerasEstimator(model=cnn_model, labelCol="label", outputMode="argmax", epochs=2, batchSize=128,
                          numWorkers=1, seed=1)
     pipeline = Pipeline(stages=[VectorAssembler(inputCols=["image"], outputCol="features"), est])
     t0 = time.monotonic()

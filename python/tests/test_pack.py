@@ -99,7 +99,17 @@ def test_cli_packs_and_prints_the_spark_settings(packed):
     assert again.returncode == 1 and "exists; pass force=True (ember pack --force)" in again.stderr
 
 
-def test_executors_get_ember_only_from_the_archive(packed, spark_sessions, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def bare_cluster():
+    """One standalone worker whose executors have no Ember (both tests name their Python from
+    the application: the archive's, or the Connect server's base Python); nothing of it left."""
+    with StandaloneCluster(num_workers=1, cores_per_worker=2, memory="2g",
+                           python="./environment/bin/python") as standalone:
+        yield standalone
+    assert standalone.processes() == []
+
+
+def test_executors_get_ember_only_from_the_archive(packed, bare_cluster, spark_sessions, tmp_path, monkeypatch):
     base_python = Path(sys.base_prefix) / "bin" / "python3"
     assert subprocess.run([str(base_python), "-c", "import ember"], capture_output=True).returncode != 0, \
         f"{base_python} imports ember: it cannot stand for an executor without Ember"
@@ -122,26 +132,24 @@ def test_executors_get_ember_only_from_the_archive(packed, spark_sessions, tmp_p
             json.dump({"ember": ember.__file__, "native": _ember.__file__, "prefix": sys.prefix,
                        "executable": sys.executable}, f)
 
-    with StandaloneCluster(num_workers=1, cores_per_worker=2, memory="2g",
-                           python="./environment/bin/python") as standalone:
-        spark = standalone.session("ember-pack-test", **{"spark.archives": f"{archive}#environment"})
-        try:
-            cluster = ember.Cluster.run(spark, where_is_ember, {"out": str(out)}, num_executors=2,
-                                        reservation_timeout=120)
-            cluster.shutdown(timeout=120)
-            no_leftovers(cluster.job_id)
-        finally:
-            spark.stop()
-        work = standalone.base_dir / "work"
-        reports = [json.loads((out / f"{i}.json").read_text()) for i in range(2)]
-        for r in reports:
-            env_dir = Path(r["prefix"])
-            assert env_dir.name == "environment" and env_dir.is_relative_to(work), r  # unpacked by Spark
-            assert r["ember"] == str(env_dir / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}"
-                                     / "site-packages" / "ember" / "__init__.py"), r
-            assert r["native"].startswith(str(env_dir) + "/"), r
-            assert r["executable"].startswith(str(env_dir.parent)), r
-    assert standalone.processes() == []
+    standalone = bare_cluster
+    spark = standalone.session("ember-pack-test", **{"spark.archives": f"{archive}#environment"})
+    try:
+        cluster = ember.Cluster.run(spark, where_is_ember, {"out": str(out)}, num_executors=2,
+                                    reservation_timeout=120)
+        cluster.shutdown(timeout=120)
+        no_leftovers(cluster.job_id)
+    finally:
+        spark.stop()
+    work = standalone.base_dir / "work"
+    reports = [json.loads((out / f"{i}.json").read_text()) for i in range(2)]
+    for r in reports:
+        env_dir = Path(r["prefix"])
+        assert env_dir.name == "environment" and env_dir.is_relative_to(work), r  # unpacked by Spark
+        assert r["ember"] == str(env_dir / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+                                 / "site-packages" / "ember" / "__init__.py"), r
+        assert r["native"].startswith(str(env_dir) + "/"), r
+        assert r["executable"].startswith(str(env_dir.parent)), r
 
 
 CONNECT_CLIENT = r'''
@@ -167,7 +175,7 @@ print("JOB " + cluster.job_id, flush=True)
 '''
 
 
-def test_a_connect_client_ships_the_archive_with_add_artifacts(packed, tmp_path):
+def test_a_connect_client_ships_the_archive_with_add_artifacts(packed, bare_cluster, tmp_path):
     """`ember pack`'s Spark Connect form: the client adds the archive to its session and names
     its Python; a standalone cluster's executors without Ember run the nodes from it."""
     from connect_server import ConnectServer
@@ -176,22 +184,20 @@ def test_a_connect_client_ships_the_archive_with_add_artifacts(packed, tmp_path)
     assert proc.returncode == 0, proc.stderr
     out = tmp_path / "reports"
     out.mkdir()
-    with StandaloneCluster(num_workers=1, cores_per_worker=2, memory="2g",
-                           python=str(Path(sys.base_prefix) / "bin" / "python3")) as standalone:
-        server = ConnectServer(standalone.master_url, tmp_path / "connect.log",
-                               conf={"spark.pyspark.python": str(Path(sys.base_prefix) / "bin" / "python3")})
-        try:
-            client = subprocess.run([sys.executable, "-c", CONNECT_CLIENT, server.url, str(archive), str(out)],
-                                    capture_output=True, text=True, timeout=360)
-        finally:
-            server.stop()
-        assert client.returncode == 0, f"{client.stdout[-3000:]}\n{client.stderr[-6000:]}\n{server.log_tail()}"
-        job_id = next(line.split()[1] for line in client.stdout.splitlines() if line.startswith("JOB "))
-        no_leftovers(job_id)
-        work = standalone.base_dir / "work"
-        for i in range(2):
-            r = json.loads((out / f"{i}.json").read_text())
-            env_dir = Path(r["prefix"])
-            assert env_dir.name == "environment" and env_dir.is_relative_to(work), r  # unpacked by Spark
-            assert r["ember"].startswith(str(env_dir) + "/") and r["native"].startswith(str(env_dir) + "/"), r
-    assert standalone.processes() == []
+    standalone = bare_cluster
+    server = ConnectServer(standalone.master_url, tmp_path / "connect.log",
+                           conf={"spark.pyspark.python": str(Path(sys.base_prefix) / "bin" / "python3")})
+    try:
+        client = subprocess.run([sys.executable, "-c", CONNECT_CLIENT, server.url, str(archive), str(out)],
+                                capture_output=True, text=True, timeout=360)
+    finally:
+        server.stop()
+    assert client.returncode == 0, f"{client.stdout[-3000:]}\n{client.stderr[-6000:]}\n{server.log_tail()}"
+    job_id = next(line.split()[1] for line in client.stdout.splitlines() if line.startswith("JOB "))
+    no_leftovers(job_id)
+    work = standalone.base_dir / "work"
+    for i in range(2):
+        r = json.loads((out / f"{i}.json").read_text())
+        env_dir = Path(r["prefix"])
+        assert env_dir.name == "environment" and env_dir.is_relative_to(work), r  # unpacked by Spark
+        assert r["ember"].startswith(str(env_dir) + "/") and r["native"].startswith(str(env_dir) + "/"), r
