@@ -23,17 +23,20 @@ With --connect, the Ember contenders (ember, ember_ci) run once more from a Spar
 (``SparkSession.builder.remote``), against a Spark Connect server from pyspark's own distribution
 on the same master and driver memory, over the same synthetic data (made and cached by that
 application), after the classic session has stopped: the ``connect`` column, and its ratio to
-the classic figures.
+the classic figures.  With --floor as well, the Connect run times the floor too: how much of
+Connect's cost is Spark's own Python-UDF path (connect_floor_rows_per_sec, and
+floor_connect_vs_classic on the last line).
 
 Every contender's output is written to Spark's ``noop`` sink (the whole DataFrame is computed,
 nothing stored).  Each runs --repeats times after one warm-up run at --warmup-rows (workers
 load TensorFlow and the model); the best time counts.  The last line is:
   inference_rows_per_sec: ember=<v> predict_batch_udf=<v> ratio=<v>
 (with --connect: ... ember_connect=<v> connect_vs_classic=<v>, Ember's transform under Connect
-over Ember's under a classic session).
+over Ember's under a classic session; with --floor too, floor_connect_vs_classic=<v>).
 
   .venv/bin/python bench/inference.py                       # 1,000,000 rows, local[4], 2 repeats
   .venv/bin/python bench/inference.py --connect             # and the Connect column
+  .venv/bin/python bench/inference.py --connect --floor     # ... with Spark's floor in both sessions
   .venv/bin/python bench/inference.py --rows 50000 --repeats 1   # quick
 """
 from __future__ import annotations
@@ -178,7 +181,7 @@ def main(argv=None) -> None:
     }
     if a.remote:
         del contenders["pbu"]  # the Connect run measures Ember's two paths only
-    if a.floor and not a.remote:
+    if a.floor:  # Spark's own floor, in the Connect run too: how much of the gap is Spark's
         contenders["floor"] = lambda d: d.withColumn("prediction", floor_udf(
             vector_to_array("features", "float32") if a.input == "vector" else F.col("features")))
     rates = {}
@@ -224,6 +227,12 @@ def main(argv=None) -> None:
         print(f"connect_rows_per_sec: ember={connect['ember']:.0f} ({connect['ember'] / rates['ember']:.3f} of classic) "
               f"ember_cluster_inference={connect['ember_ci']:.0f} ({connect['ember_ci'] / rates['ember_ci']:.3f} of classic)")
         tail = f" ember_connect={connect['ember']:.0f} connect_vs_classic={connect['ember'] / rates['ember']:.3f}"
+        if "floor" in connect:
+            floor_kept = connect["floor"] / rates["floor"]
+            print(f"connect_floor_rows_per_sec={connect['floor']:.0f} ({floor_kept:.3f} of classic): Ember's "
+                  f"transform keeps {connect['ember'] / rates['ember'] / floor_kept:.3f} of what Spark's own "
+                  f"Python-UDF path keeps under Connect")
+            tail += f" floor_connect_vs_classic={floor_kept:.3f}"
     print(f"inference_rows_per_sec: ember={rates['ember']:.0f} predict_batch_udf={rates['pbu']:.0f} "
           f"ratio={rates['ember'] / rates['pbu']:.2f}{tail}")
 
@@ -231,7 +240,7 @@ def main(argv=None) -> None:
 def _connect_rates(a, conf: dict, argv) -> dict:
     """The Ember contenders' rates from a Spark Connect client: a Connect server (pyspark's own
     distribution) on a.master with `conf`, and this script run again as its client."""
-    rest = [x for x in (argv if argv is not None else sys.argv[1:]) if x not in ("--connect", "--floor", "--tfos")]
+    rest = [x for x in (argv if argv is not None else sys.argv[1:]) if x not in ("--connect", "--tfos")]
     return C.run_as_connect_client(a.master, {k: v for k, v in conf.items() if k != "spark.executorEnv.PYTHONPATH"},
                                    [str(Path(__file__).resolve())] + rest, "CONNECT_RATES")
 

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
+#include <initializer_list>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -37,6 +39,48 @@ class WarningCapture {
 
  private:
   std::mutex mu_;
+  std::vector<std::string> lines_;
+};
+
+// Collects every line the core logs while it lives, as "<LEVEL> <message>", and waits for one.
+// Thread-safe.
+class LogCapture {
+ public:
+  LogCapture() {
+    SetLogSink([this](LogLevel level, std::string_view msg) {
+      std::lock_guard<std::mutex> lock(mu_);
+      lines_.push_back(std::string(LogLevelName(level)) + " " + std::string(msg));
+      cv_.notify_all();
+    });
+  }
+  ~LogCapture() { SetLogSink(nullptr); }
+  LogCapture(const LogCapture&) = delete;
+  LogCapture& operator=(const LogCapture&) = delete;
+
+  // Waits for a line containing every one of `needles`; returns it, or "" on timeout.
+  std::string WaitFor(std::initializer_list<std::string> needles, Duration timeout = Duration(10000)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    std::string found;
+    cv_.wait_for(lock, timeout, [&] {
+      for (const auto& l : lines_) {
+        bool all = true;
+        for (const auto& n : needles) all = all && l.find(n) != std::string::npos;
+        if (all) {
+          found = l;
+          return true;
+        }
+      }
+      return false;
+    });
+    return found;
+  }
+  std::string WaitFor(const std::string& needle, Duration timeout = Duration(10000)) {
+    return WaitFor({needle}, timeout);
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
   std::vector<std::string> lines_;
 };
 

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "common/logging.h"
+#include "common/test_util.h"
 #include "coordinator/codec.h"
 #include "coordinator/protocol.h"
 #include "ember/coordinator.h"
@@ -25,38 +26,7 @@ using namespace std::chrono_literals;
 const std::string kSecret = "test-secret-0123456789";
 constexpr Duration kLong{10000};  // generous upper bound for waits that should succeed
 
-// Captures log lines for the lifetime of the object.
-class LogCapture {
- public:
-  LogCapture() {
-    SetLogSink([this](LogLevel level, std::string_view msg) {
-      std::lock_guard<std::mutex> lock(mu_);
-      lines_.push_back(std::string(LogLevelName(level)) + " " + std::string(msg));
-      cv_.notify_all();
-    });
-  }
-  ~LogCapture() { SetLogSink(nullptr); }
-  // Waits for a line containing `needle`; returns it, or "" on timeout.
-  std::string WaitFor(const std::string& needle, Duration timeout = kLong) {
-    std::unique_lock<std::mutex> lock(mu_);
-    std::string found;
-    cv_.wait_for(lock, timeout, [&] {
-      for (const auto& l : lines_) {
-        if (l.find(needle) != std::string::npos) {
-          found = l;
-          return true;
-        }
-      }
-      return false;
-    });
-    return found;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::string> lines_;
-};
+using testing::LogCapture;
 
 ClusterLayout Layout(int nodes, int ps = 0, std::string master = "", bool eval = false) {
   ClusterLayout l;

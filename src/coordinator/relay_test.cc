@@ -11,6 +11,7 @@
 
 #include "common/codec.h"
 #include "common/logging.h"
+#include "common/test_util.h"
 #include "coordinator/codec.h"
 #include "coordinator/relay.h"
 #include "ember/coordinator.h"
@@ -26,52 +27,7 @@ constexpr Duration kLong{10000};
 
 bool Contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
-// Captures log lines for the lifetime of the object.
-class LogCapture {
- public:
-  LogCapture() {
-    SetLogSink([this](LogLevel level, std::string_view msg) {
-      std::lock_guard<std::mutex> lock(mu_);
-      lines_.push_back(std::string(LogLevelName(level)) + " " + std::string(msg));
-      cv_.notify_all();
-    });
-  }
-  ~LogCapture() { SetLogSink(nullptr); }
-  // Waits for a line containing every needle; returns it, or "" on timeout.
-  std::string WaitFor(std::initializer_list<std::string> needles, Duration timeout = kLong) {
-    std::unique_lock<std::mutex> lock(mu_);
-    std::string found;
-    cv_.wait_for(lock, timeout, [&] {
-      for (const auto& l : lines_) {
-        bool all = true;
-        for (const auto& n : needles) all = all && Contains(l, n);
-        if (all) {
-          found = l;
-          return true;
-        }
-      }
-      return false;
-    });
-    return found;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::string> lines_;
-};
-
-// Polls `done` until it holds or `timeout` passes: for state no call blocks on
-// (the agent's status, the relay's stats).
-template <class F>
-bool Eventually(F done, Duration timeout = kLong) {
-  const Deadline deadline = Deadline::After(timeout);
-  while (!done()) {
-    if (deadline.expired()) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return true;
-}
+using testing::LogCapture;
 
 std::unique_ptr<CoordinatorServer> StartServer(int nodes) {
   CoordinatorOptions o;
@@ -106,7 +62,7 @@ std::unique_ptr<RelayAgent> ConnectAgent(CoordinatorRelay& relay, const Coordina
   o.heartbeat_interval = Duration(50);
   auto a = RelayAgent::Connect("127.0.0.1", relay.agent_port(), kSecret, "127.0.0.1", server.port(), o);
   EXPECT_TRUE(a.ok()) << a.status().ToString();
-  EXPECT_TRUE(Eventually([&] { return relay.stats().agent_connected; }));
+  EXPECT_TRUE(testing::WaitUntil([&] { return relay.stats().agent_connected; }));
   return a.ok() ? a.MoveValueUnsafe() : nullptr;
 }
 
@@ -220,7 +176,7 @@ TEST(RelayTest, ANodeThatDisconnectsIsLostAtTheServer) {
       << push->reason;
   EXPECT_EQ(server->WaitForNodes({}, kLong).code(), StatusCode::kAborted);
   EXPECT_EQ(server->Nodes()[1].state, NodeInfo::State::kLost);
-  EXPECT_TRUE(Eventually([&] { return relay->stats().tunnels_active == 1; }));
+  EXPECT_TRUE(testing::WaitUntil([&] { return relay->stats().tunnels_active == 1; }));
 }
 
 // ---- the relay's end ----
@@ -303,7 +259,7 @@ TEST(RelayTest, ASilentAgentLosesItsLease) {
   ASSERT_TRUE(relay);
   Fd fake = DialAgentPort(relay->agent_port());
   Send(fake.get(), coord::RelayControlMessage{});
-  ASSERT_TRUE(Eventually([&] { return relay->stats().agent_connected; }));
+  ASSERT_TRUE(testing::WaitUntil([&] { return relay->stats().agent_connected; }));
   const std::string self = "127.0.0.1:" + std::to_string(*tcp::LocalPort(fake.get()));
   std::optional<Status> why = relay->Wait(kLong);
   ASSERT_TRUE(why.has_value());
@@ -324,7 +280,7 @@ TEST(RelayTest, RelayCloseIsSeenByTheAgentAndItsTunnelsClose) {
   const int agent_port = relay->agent_port();
   relay->Close();
   EXPECT_EQ(relay->Wait(Duration(0)).value().code(), StatusCode::kCancelled);
-  ASSERT_TRUE(Eventually([&] { return !agent->ok(); }));
+  ASSERT_TRUE(testing::WaitUntil([&] { return !agent->ok(); }));
   EXPECT_EQ(agent->status().code(), StatusCode::kUnavailable);
   // "... closed its connection", or "... failed: Connection reset by peer" when a heartbeat was
   // still unread as the relay closed it.
@@ -334,7 +290,7 @@ TEST(RelayTest, RelayCloseIsSeenByTheAgentAndItsTunnelsClose) {
   auto end = server->WaitForNodeEnd(0, kLong);
   ASSERT_TRUE(end.ok()) << end.status().ToString();
   EXPECT_EQ(end->state, NodeInfo::State::kLost);
-  EXPECT_TRUE(Eventually([&] { return agent->stats().tunnels_active == 0; }));
+  EXPECT_TRUE(testing::WaitUntil([&] { return agent->stats().tunnels_active == 0; }));
   EXPECT_EQ(agent->stats().tunnels_opened, 1u);
 }
 
@@ -428,7 +384,7 @@ TEST(RelayTest, ANodeWithoutATunnelIsClosedAfterOpenTimeoutAndParkingIsBounded) 
   ASSERT_TRUE(relay);
   Fd fake = DialAgentPort(relay->agent_port());
   Send(fake.get(), coord::RelayControlMessage{});
-  ASSERT_TRUE(Eventually([&] { return relay->stats().agent_connected; }));
+  ASSERT_TRUE(testing::WaitUntil([&] { return relay->stats().agent_connected; }));
 
   auto parked = ConnectNode(relay->node_port());
   ASSERT_TRUE(parked);
@@ -466,7 +422,7 @@ TEST(RelayTest, ATunnelWhoseCoordinatorIsGoneClosesTheNode) {
   auto agent = RelayAgent::Connect("127.0.0.1", relay->agent_port(), kSecret, "127.0.0.1", gone,
                                    {.connect_timeout = Duration(2000)});
   ASSERT_TRUE(agent.ok()) << agent.status().ToString();
-  ASSERT_TRUE(Eventually([&] { return relay->stats().agent_connected; }));
+  ASSERT_TRUE(testing::WaitUntil([&] { return relay->stats().agent_connected; }));
   auto node = ConnectNode(relay->node_port());
   ASSERT_TRUE(node);
   EXPECT_EQ(node->Register(Addr(0), Duration(5000)).status().code(), StatusCode::kUnavailable);
