@@ -28,8 +28,9 @@ Connect's cost is Spark's own Python-UDF path (connect_floor_rows_per_sec, and
 floor_connect_vs_classic on the last line).
 
 Every contender's output is written to Spark's ``noop`` sink (the whole DataFrame is computed,
-nothing stored).  Each runs --repeats times after one warm-up run at --warmup-rows (workers
-load TensorFlow and the model); the best time counts.  The last line is:
+nothing stored).  Every contender first runs once at --warmup-rows (its workers load TensorFlow
+and the model); then the contenders take turns, --repeats rounds, so the host's drift touches
+each alike.  The best run counts; the medians are logged.  The last line is:
   inference_rows_per_sec: ember=<v> predict_batch_udf=<v> ratio=<v>
 (with --connect: ... ember_connect=<v> connect_vs_classic=<v>, Ember's transform under Connect
 over Ember's under a classic session; with --floor too, floor_connect_vs_classic=<v>).
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -184,10 +186,16 @@ def main(argv=None) -> None:
     if a.floor:  # Spark's own floor, in the Connect run too: how much of the gap is Spark's
         contenders["floor"] = lambda d: d.withColumn("prediction", floor_udf(
             vector_to_array("features", "float32") if a.input == "vector" else F.col("features")))
-    rates = {}
+    # Every contender warms up (its Python workers load TensorFlow and the model) before any is
+    # timed, and the timed runs take turns: the host's drift touches each contender alike.
     for name, fn in contenders.items():
         timed(f"{name} warm-up", lambda: fn(warm), a.warmup_rows, 1)
-        rates[name] = timed(name, lambda: fn(df), a.rows, a.repeats)
+    runs: dict = {name: [] for name in contenders}
+    for i in range(a.repeats):
+        for name, fn in contenders.items():
+            runs[name].append(timed(f"{name} (round {i + 1})", lambda: fn(df), a.rows, 1))
+    rates = {name: max(r) for name, r in runs.items()}
+    C.log("medians: " + ", ".join(f"{name} {statistics.median(r):,.0f} rows/s" for name, r in runs.items()))
 
     cluster = ember.Cluster.run(spark, ember_ci_main, {"model_bytes": model_bytes, "batch": a.batch},
                                 num_executors=a.nodes, input_mode=ember.InputMode.SPARK)
