@@ -6,10 +6,10 @@ the nodes' barrier stage:
 
 * it first tries the client's coordinator from the executor (``probe``: an authenticated
   connection, closed at once); if that works the nodes dial the client as they always did;
-* otherwise it starts a relay process (:func:`main`), a process of its own
-  session that holds the core's ``CoordinatorRelay``: a node port the nodes and the feeding
-  tasks dial instead of the coordinator, and an agent port the client's ``RelayAgent`` dials
-  out to; every node connection is spliced to the client's coordinator over a connection the
+* otherwise it starts the relay (:func:`main`) in a process of its own session.  The relay
+  holds the core's ``CoordinatorRelay``: a node port, which the nodes and the feeding tasks dial
+  instead of the coordinator, and an agent port, which the client's ``RelayAgent`` dials out
+  to.  Every node connection is spliced to the client's coordinator over a connection the
   client opened.  The task returns the relay's address (JSON, one line) and ends.
 
 The relay lives as long as the client's agent holds its control connection: it ends when the
