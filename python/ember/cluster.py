@@ -323,6 +323,12 @@ class Cluster:
         same row count on every node.  Returns the running ``StreamingQuery``; stop it (or
         let an ``availableNow``/``once`` trigger finish) before ``shutdown()``.
 
+        From a Spark Connect client the server runs the foreachBatch function: a feeder there
+        (``ember._driver.feed.StreamFeeder``, its lines in the server's log) feeds each
+        micro-batch, while the client keeps the watch over the nodes.  A node's failure then
+        fails the query (``query.exception()``; ``shutdown()`` names the node), ``train()``
+        is refused while the query runs, and ``shutdown()`` stops a query still running.
+
         Args:
             stream_df: a streaming DataFrame (``spark.readStream...``).
             feed_timeout: as for train().
@@ -334,11 +340,10 @@ class Cluster:
         if not getattr(stream_df, "isStreaming", False):
             raise TypeError("train_stream takes a streaming DataFrame; use train() for a static one")
         if self._side.connect:
-            # Connect runs a foreachBatch function in a Python process of the server, away from
-            # this client's coordinator and feed state (issue 22: not built yet).
-            raise ClusterError("Cluster.train_stream does not work from a Spark Connect client yet: Connect runs "
-                               "foreachBatch functions on the server, away from this job's driver. Feed each new "
-                               "batch with Cluster.train(df) from the client, or use a classic session")
+            # Connect runs a foreachBatch function in a Python process of its server: a StreamFeeder
+            # feeds the micro-batches there (ember._driver.feed), while this client keeps the watch.
+            options = {"checkpointLocation": checkpoint_location} if checkpoint_location else {}
+            return self._feed.stream_from_server(self._gang, stream_df, feed_timeout, options, trigger)
 
         # Py4J's callback server keeps this function until the JVM gateway closes, so it
         # holds the cluster only weakly: a shut-down cluster can then be freed.

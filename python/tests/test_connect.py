@@ -180,6 +180,40 @@ say(restarts=[r.node for r in cluster.restarts], jobs=[cluster.job_id, cluster.n
 '''
 
 
+STREAM = PRELUDE + r'''
+from pathlib import Path
+def main_fun(args, ctx):
+    feed = ctx.get_data_feed(train_mode=True)
+    epochs = []
+    while not feed.should_stop():
+        rows = [int(v) for b in feed.epoch_batches(16, drop_remainder=False) for v in b["v"]]
+        if rows:
+            epochs.append(rows)
+    ctx._coordinator_client().kv_set(f"test/epochs/{ctx.task_index}", json.dumps(epochs).encode())
+
+work = Path(sys.argv[2])
+cluster = ember.Cluster.run(spark, main_fun, {}, num_executors=2, input_mode=ember.InputMode.SPARK,
+                            reservation_timeout=120)
+cluster.train(spark.range(1000, 1040, 1, 2).selectExpr("id as v"), num_epochs=1)  # fed by the client
+for i in range(3):  # three files: three micro-batches, fed on the server
+    spark.range(i * 100, i * 100 + 100, 1, 1).selectExpr("id as v").write.parquet(str(work / "in" / f"part{i}"))
+stream = spark.readStream.schema("v long").option("maxFilesPerTrigger", 1).parquet(str(work / "in" / "part*"))
+query = cluster.train_stream(stream, checkpoint_location=str(work / "ckpt"))
+query.processAllAvailable()
+try:
+    cluster.train(spark.range(0, 10), num_epochs=1)
+    refused = None
+except ember.ClusterError as e:
+    refused = str(e)
+active = query.isActive
+query.stop()
+cluster.train(spark.range(2000, 2020, 1, 1).selectExpr("id as v"), num_epochs=1)  # the client again
+kv = cluster._gang.server
+cluster.shutdown(timeout=120)
+say(job_id=cluster.job_id, refused=refused, active=active, exception=str(query.exception()) if query.exception() else None,
+    epochs=[json.loads(kv.kv_get(f"test/epochs/{i}")) for i in range(2)])
+'''
+
 @pytest.fixture(scope="module")
 def connect_server(tmp_path_factory):
     server = ConnectServer("local[4]", tmp_path_factory.mktemp("connect") / "server.log")
@@ -315,3 +349,21 @@ def test_a_killed_node_restarts_the_gang_under_connect(connect_server, tmp_path)
     assert r["epochs"] == [list(range(400))] * 3  # no row lost or repeated
     for job_id in r["jobs"]:
         no_leftovers(job_id)
+
+
+def test_train_stream_from_a_connect_client_is_fed_on_the_server(connect_server, tmp_path):
+    """train_stream under Connect: the server runs the foreachBatch function, which feeds each
+    micro-batch as an epoch (the equal-rows rule, every row once); the client's train() epochs
+    before and after keep their order; train() is refused while the query runs."""
+    r = _result(run_client(STREAM, connect_server.url, str(tmp_path)), connect_server)
+    assert r["active"] and r["exception"] is None, r
+    assert r["refused"] and "still feeds this cluster" in r["refused"], r
+    for epochs in r["epochs"]:  # per node: the client's epoch, three micro-batches, the client's again
+        assert len(epochs) == 5, epochs
+        assert all(1000 <= v < 1040 for v in epochs[0]) and len(epochs[0]) == 20, epochs
+        for rows in epochs[1:4]:
+            assert len(rows) == 50 and len({v // 100 for v in rows}) == 1, epochs
+        assert all(2000 <= v < 2020 for v in epochs[4]) and len(epochs[4]) == 10, epochs
+    streamed = sorted(v for epochs in r["epochs"] for rows in epochs[1:4] for v in rows)
+    assert streamed == list(range(300))  # every row once
+    no_leftovers(r["job_id"])

@@ -177,6 +177,74 @@ def feed_epoch(data: Any, epoch: int, eps: List[feeding.NodeEndpoint], opts: fee
     return used
 
 
+# ------------------------------------------------------------------------ streaming under Connect
+# Epoch numbers reserved for one train_stream under Spark Connect: its feeder numbers its epochs
+# itself, on the server, and the client, which cannot see how many it fed, goes on past the range.
+STREAM_EPOCHS = 1 << 20
+
+
+class StreamFeeder:
+    """The foreachBatch function of ``Cluster.train_stream`` from a Spark Connect client.
+
+    Spark Connect runs a foreachBatch function in a Python process of its server, one process per
+    query, kept for the query's life; this object is pickled there (by reference to this class:
+    the server's Python has Ember, as the executors' has).  It feeds each non-empty micro-batch as
+    one epoch with :func:`feed_epoch`, as ``train(batch, num_epochs=1)`` does in a classic driver:
+    to the endpoints the client gave it, with its options, epochs numbered from `first_epoch`
+    within the range the client reserved, the next one fed only once every node began the last.
+
+    Its Spark jobs carry the feed's job-group tag in the client's session (the process joins that
+    session): the client's abort (a node failed) interrupts them, and the query then fails with
+    the error.  A node that cannot be reached is an error here: this process cannot ask the
+    coordinator whether it returned (the client names a failed node)."""
+
+    def __init__(self, endpoints: List[feeding.NodeEndpoint], options: feeding.FeedOptions, group: str,
+                 job_id: str, first_epoch: int, after_epoch: Optional[int]):
+        self._endpoints = endpoints
+        self._options = options
+        self._group = group
+        self._job_id = job_id
+        self._next = first_epoch
+        self._end = first_epoch + STREAM_EPOCHS
+        self._after = after_epoch
+
+    def __call__(self, batch_df: Any, batch_id: int) -> None:
+        from ember._driver.spark_side import spark_side
+
+        if batch_df.isEmpty():
+            return
+        if self._next >= self._end:
+            raise errors.ClusterError(
+                f"Cluster.train_stream (job {self._job_id}): this query fed the {STREAM_EPOCHS} epochs reserved "
+                "for it; stop it and call train_stream again")
+        epoch = self._next
+        self._next += 1
+        side = spark_side(batch_df.sparkSession)
+        with side.job_group(self._group, f"Ember job {self._job_id}: feeding micro-batch {batch_id}"):
+            used = feed_epoch(batch_df, epoch, self._endpoints, self._options, self._unreachable,
+                              after_epoch=self._after, console=_PrintConsole(self._job_id))
+        self._after = epoch
+        if used is None:
+            print(f"ember {self._job_id}: micro-batch {batch_id}: every node ended its feed; nothing more is "
+                  "fed (the query goes on)", flush=True)
+
+    def _unreachable(self, endpoint: feeding.NodeEndpoint) -> bool:
+        raise errors.Unavailable(
+            f"Cluster.train_stream (job {self._job_id}): node {endpoint.describe()} cannot be reached from the "
+            f"Spark Connect server's streaming feeder (feed server {endpoint.host}:{endpoint.port}): the node "
+            "ended or failed; the client names a failed node (Cluster.shutdown())")
+
+
+class _PrintConsole:
+    """feed_epoch's console in a StreamFeeder: lines go to the Connect server's log."""
+
+    def __init__(self, job_id: str):
+        self._job_id = job_id
+
+    def info(self, text: str) -> None:
+        print(f"ember {self._job_id}: {text}", flush=True)
+
+
 class Feed:
     """The driver's feed of one job (InputMode.SPARK): the one epoch loop (:meth:`train`), the
     feed endpoints, and the epoch state kept across train() calls and restarts.
@@ -212,6 +280,7 @@ class Feed:
         # tasks may be blocked sending to a node that is gone (a network partition).
         self._group = f"{job_id}-feed"
         self._woken: Optional[threading.Event] = None  # set to end the driver's wait for an epoch
+        self._server_streams: List[Any] = []  # train_stream queries a Connect server feeds (StreamFeeder)
 
     def endpoints(self, gang) -> List[feeding.NodeEndpoint]:
         """The current gang's feed endpoints (a restart's new gang has new ones)."""
@@ -237,6 +306,7 @@ class Feed:
         if data is None:
             raise TypeError("Cluster.train takes a DataFrame or an RDD, got None")
         with self._train_lock:
+            self._refuse_while_the_server_streams("Cluster.train")
             done = 0
             while done < num_epochs:
                 epoch = self.epochs_fed
@@ -322,10 +392,11 @@ class Feed:
         wait for it.  Thread-safe (the watcher calls it, through the gang's on_abort)."""
         with self._lock:
             woken = self._woken
-        if woken is None:
+        if woken is None and not self._server_streams:
             return
-        self._side.cancel(self._group)
-        woken.set()
+        self._side.cancel(self._group)  # a StreamFeeder's jobs on the Connect server carry the group too
+        if woken is not None:
+            woken.set()
 
     def inference(self, gang, data: Any, feed_timeout: Optional[float], output_schema: Any = None):
         """``Cluster.inference``: see :func:`inference`."""
@@ -333,9 +404,70 @@ class Feed:
         return inference(data, self.endpoints(gang), self.options(gang, feed_timeout),
                          output_schema=output_schema, coordinator=(host, int(port), gang.secret))
 
+    def stream_from_server(self, gang, stream_df: Any, feed_timeout: Optional[float], writer_options: dict,
+                           trigger: Optional[dict]) -> Any:
+        """``Cluster.train_stream`` from a Spark Connect client: starts the query with a
+        :class:`StreamFeeder` as its foreachBatch function, which the Connect server runs.  The
+        client reserves the feeder's epoch numbers and feeds nothing itself while it runs."""
+        with self._train_lock:
+            self._refuse_while_the_server_streams("Cluster.train_stream")
+            if gang.watcher.failure is not None:
+                raise gang.watcher.failure
+            first = self.epochs_fed
+            if first + STREAM_EPOCHS >= _ember.validation_epoch(0):
+                raise errors.ClusterError("Cluster.train_stream: this job has used up its epoch numbers")
+            after = self._last_epoch if self._last_epoch_of == gang.node_job_id else None
+            feeder = StreamFeeder(self.endpoints(gang), self.options(gang, feed_timeout), self._group, self._job_id,
+                                  first, after)
+            writer = stream_df.writeStream.foreachBatch(feeder)
+            for key, value in writer_options.items():
+                writer = writer.option(key, value)
+            if trigger:
+                writer = writer.trigger(**trigger)
+            query = writer.start()
+            # Whatever the feeder fed, its numbers stay below the range's end; the last epoch it fed
+            # is not known here, so the next train() does not wait for the nodes to begin it.
+            self.epochs_fed = first + STREAM_EPOCHS
+            self._last_epoch, self._last_epoch_of = None, ""
+            self._server_streams.append(query)
+        self._console.info(f"train_stream: the Spark Connect server feeds each micro-batch of query {query.id} "
+                           f"(its lines are in the server's log)")
+        return query
+
+    def _refuse_while_the_server_streams(self, what: str) -> None:
+        active = [q for q in self._server_streams if _query_active(q)]
+        self._server_streams = active
+        if active:
+            raise errors.ClusterError(
+                f"{what}: streaming query {active[0].id} (train_stream) still feeds this cluster from the Spark "
+                "Connect server; stop it (query.stop(), or let an availableNow/once trigger finish) first")
+
+    def stop_server_streams(self, timeout: float = 60.0) -> None:
+        """Stops the train_stream queries a Connect server still runs (``Cluster.shutdown``), each
+        within `timeout` seconds; a query that does not stop is named in the log."""
+        for query in self._server_streams:
+            if not _query_active(query):
+                continue
+            self._console.info(f"stopping streaming query {query.id} (train_stream) before the shutdown")
+            stopper = threading.Thread(target=query.stop, name=f"{self._job_id}-stop-stream", daemon=True)
+            stopper.start()
+            stopper.join(timeout)
+            if stopper.is_alive():
+                self._console.info(f"streaming query {query.id} did not stop within {timeout:g}s; going on")
+        self._server_streams = []
+
     def end(self, gang, timeout: float = 30.0) -> None:
-        """Tells the current gang's fed nodes that no more data will come (``Cluster.shutdown``)."""
+        """Tells the current gang's fed nodes that no more data will come (``Cluster.shutdown``),
+        once any train_stream query a Connect server runs has stopped."""
+        self.stop_server_streams()
         end_feed(self.endpoints(gang), gang.secret, timeout=timeout)
+
+
+def _query_active(query: Any) -> bool:
+    try:
+        return bool(query.isActive)
+    except Exception:  # noqa: BLE001 - the session is gone: so is its query
+        return False
 
 
 # ------------------------------------------------------------------------ inference
