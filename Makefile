@@ -13,7 +13,7 @@ PYTEST_ARGS ?= --durations=25
 FUZZERS := codec_fuzz feed_codec_fuzz protocol_fuzz node_startup_fuzz collective_wire_fuzz record_reader_fuzz example_fuzz checkpoint_manifest_fuzz ps_codec_fuzz
 FUZZ_SECS ?= 10
 
-.PHONY: setup setup-torch setup-hdfs run test test-cpp test-asan test-tsan test-py test-torch fuzz clean cpp-trainer
+.PHONY: setup setup-torch setup-hdfs run test test-cpp build-asan test-asan test-tsan test-py test-torch fuzz clean cpp-trainer
 
 setup: $(STAMPS)/ember
 
@@ -44,17 +44,21 @@ build/core/build.ninja: $(STAMPS)/system
 	cmake -S . -B build/core -G Ninja -DEMBER_BUILD_TESTS=ON
 
 # The sanitizer builds carry line tables only (-g1): their reports name file:line all the same, and
-# they compile ~15-20% faster than with full debug info (CI's time).
+# they compile ~15-20% faster than with full debug info (CI's time).  ctest runs each gtest binary
+# in 4 shards (src/CMakeLists.txt, EMBER_TEST_SHARDS); a failing shard prints which test failed,
+# and `build/asan/src/<binary> --gtest_filter=...` reruns it alone.
 build/asan/build.ninja: $(STAMPS)/system
 	cmake -S . -B build/asan -G Ninja -DEMBER_BUILD_TESTS=ON -DEMBER_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug \
-	  -DCMAKE_CXX_FLAGS_DEBUG=-g1
+	  -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DEMBER_TEST_SHARDS=4
 
 test-cpp: build/core/build.ninja setup-hdfs
 	cmake --build build/core -j $(JOBS)
 	ctest --test-dir build/core --output-on-failure -j $(JOBS)
 
-test-asan: build/asan/build.ninja setup-hdfs
+build-asan: build/asan/build.ninja
 	cmake --build build/asan -j $(JOBS)
+
+test-asan: build-asan setup-hdfs
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  ctest --test-dir build/asan --output-on-failure -j $(JOBS)
 
@@ -62,7 +66,8 @@ test-asan: build/asan/build.ninja setup-hdfs
 # thread-safety annotations (-Wthread-safety as errors: GUARDED_BY needs ember::Mutex, common/mutex.h).
 build/tsan/build.ninja: $(STAMPS)/system
 	cmake -S . -B build/tsan -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DEMBER_BUILD_TESTS=ON -DEMBER_TSAN=ON \
-	  -DEMBER_THREAD_SAFETY_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG"
+	  -DEMBER_THREAD_SAFETY_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" \
+	  -DEMBER_TEST_SHARDS=4
 
 test-tsan: build/tsan/build.ninja setup-hdfs
 	cmake --build build/tsan -j $(JOBS)
@@ -100,7 +105,13 @@ test-py: setup setup-hdfs
 # The gtests run under both sanitizers (ASan+UBSan: a Debug build; TSan: clang, optimized); the plain
 # optimized build of them (`make test-cpp`) is left out of `make test`, which must stay under CI's
 # time on 2 cores: each build of the core takes minutes there.
-test: setup setup-torch setup-hdfs test-asan test-tsan fuzz test-py test-torch
+#
+# Its first step runs the set-up and the ASan build side by side: the package installs (the venv,
+# torch) keep one core busy unzipping wheels, the compiler the other (about 90 s less on 2 cores);
+# each step's output is printed whole when it ends.  The tests then run one step at a time.
+test:
+	$(MAKE) --no-print-directory -j 2 --output-sync=target setup setup-torch setup-hdfs build-asan
+	$(MAKE) --no-print-directory test-asan test-tsan fuzz test-py test-torch
 
 # Real PyTorch for python/tests_torch (DataFeed.to_torch_dataset, ember.torch's synchronous
 # training, unchanged torch.distributed programs) and the torch contenders of bench/.  PyPI has
