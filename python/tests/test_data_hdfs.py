@@ -97,17 +97,20 @@ def upload_fashion_mnist(hdfs, local_dir: Path, remote: str) -> None:
             _ember.fs_write_file(f"{remote}/{split}/{f.name}", f.read_bytes(), opts)
 
 
-def test_tensorflow_mode_main_job_reads_hdfs(hdfs, tmp_path):
+@pytest.mark.parametrize("api_mode", ["classic", "connect"])
+def test_tensorflow_mode_main_job_reads_hdfs(hdfs, tmp_path, api_mode):
     """examples/fashion_mnist/main.py, unchanged, run as `make run` runs it but with
     --data-dir hdfs://... and the cluster's Hadoop settings given to Spark: 2 nodes read their
-    shards over WebHDFS (no libhdfs, no CLASSPATH) and train with model.fit."""
+    shards over WebHDFS (no libhdfs, no CLASSPATH) and train with model.fit.  Under Spark 4's
+    SPARK_API_MODE=connect the same program's builder starts a Spark Connect server on its
+    master and hands main.py a Connect session (issue 22: the README's job from a Connect client)."""
     sys.path.insert(0, str(EXAMPLE_DIR))
     import data
     local = Path(data.DEFAULT_DATA_DIR)
     data.convert(local)
     remote = f"{hdfs.default_fs}/fashion"
     upload_fashion_mnist(hdfs, local, remote)
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_SUBMIT_ARGS=(
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_API_MODE=api_mode, PYSPARK_SUBMIT_ARGS=(
         f"--conf spark.hadoop.fs.defaultFS={hdfs.default_fs} "
         f"--conf spark.hadoop.dfs.namenode.http-address={hdfs.http_address} pyspark-shell"))
     proc = subprocess.run([sys.executable, str(EXAMPLE_DIR / "main.py"), "--epochs", "1", "--data-dir", remote,
@@ -117,4 +120,7 @@ def test_tensorflow_mode_main_job_reads_hdfs(hdfs, tmp_path):
     metrics = json.loads((tmp_path / "metrics.json").read_text())  # written by the chief
     assert metrics["epochs"] == 1 and metrics["test_accuracy"] >= 0.75, metrics
     assert "test_accuracy=" in proc.stdout + proc.stderr
+    # Which kind of session main.py's builder gave Ember (its console names a Connect session's master).
+    assert ("from a Spark Connect session" in proc.stdout + proc.stderr) == (api_mode == "connect"), \
+        proc.stderr[-3000:]
     assert not Path(remote).exists()  # nothing was converted locally instead (Path makes it "hdfs:/...")

@@ -222,7 +222,8 @@ class Gang:
         self.startup_secs = time.monotonic() - started
         self.cluster_spec = json.loads(self.server.cluster_spec_json())
         self._console.info(f"all {self.num_nodes} nodes registered in {self.startup_secs:.1f}s "
-                           f"(job {self.node_job_id}, coordinator {self.coordinator_address})")
+                           f"(job {self.node_job_id}, coordinator {self.coordinator_address}"
+                           f"{', from a Spark Connect session' if side.connect else ''})")
         if launch.gpus_per_node > 0:
             self._check_gpus(launch.gpus_per_node)
         if launch.tensorboard:

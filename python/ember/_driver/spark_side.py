@@ -19,11 +19,16 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import os
 import re
 import threading
 from typing import Any, Callable, ContextManager, Iterator, List, Optional, Tuple
 
 TaskFn = Callable[[int], Iterator[str]]  # a task's body: its partition index -> lines of text
+
+# The spark.submit.pyFiles each Connect session (by id) was given as artifacts (ConnectSide).
+_ADDED_PY_FILES: dict = {}
+_ADDED_LOCK = threading.Lock()
 
 
 def is_connect_session(spark: Any) -> bool:
@@ -306,12 +311,31 @@ class ConnectSide(SparkSide):
             lines = [str(line) for line in fn(TaskContext.get().partitionId())]
             yield pa.RecordBatch.from_pydict({"line": lines}, schema=pa.schema([("line", pa.string())]))
 
+        self._add_submit_py_files()
         kwargs = {"barrier": True} if barrier else {}
         if profile is not None:
             kwargs["profile"] = profile
         df = self.spark.range(0, n, 1, n).mapInArrow(arrow_task, "line string", **kwargs)
         with self.job_group(group, description):
             return [row.line for row in df.collect()]  # barrier jobs must end in collect()
+
+    def _add_submit_py_files(self) -> None:
+        """The application's ``spark.submit.pyFiles`` (e.g. SPARK_API_MODE=connect with a
+        builder's ``.config("spark.submit.pyFiles", ...)``, as examples/fashion_mnist/main.py
+        sets it) reach a classic session's Python workers but not a Connect session's, whose
+        workers see only the session's own artifacts: those of the files this client has are
+        added to the session as Python artifacts (``addArtifacts(pyfile=True)``), once per session."""
+        files = [f.strip() for f in (self.conf("spark.submit.pyFiles") or "").split(",") if f.strip()]
+        if not files:
+            return
+        with _ADDED_LOCK:
+            added = _ADDED_PY_FILES.setdefault(str(self.spark.session_id), set())
+            for f in files:
+                path = f[len("file:"):] if f.startswith("file:") else f
+                if f in added or "://" in path or not os.path.isfile(path):
+                    continue
+                self.spark.addArtifacts(path, pyfile=True)
+                added.add(f)
 
     @contextlib.contextmanager
     def job_group(self, group: str, description: str):
