@@ -10,10 +10,11 @@ switch port fails.
   host, then dropped that host's worker) is recorded in Cluster.restarts, and the error names
   the partitioned host first and says what Spark said (item 10).
 
-Each scenario gets a cluster and a driver program of its own (a partition that outlasts the
-master's worker timeout leaves the cut host's Spark worker dropped), with heartbeat_timeout and
-the master's worker timeout lowered so that it takes seconds, not minutes.  Only the restart
-scenario needs Spark to drop the worker; the others restore the link once train() raised.  Skipped, saying why, only where the kernel or
+The two scenarios without a restart share a cluster and a driver program, one after the other;
+the restart scenario, whose partition outlasts the master's worker timeout (so Spark drops the
+cut host's worker), gets its own.  heartbeat_timeout and the master's worker timeout are lowered
+so that it takes seconds, not minutes; the scenarios without a restart restore the link once
+train() raised.  Skipped, saying why, only where the kernel or
 permissions refuse network namespaces.
 """
 from __future__ import annotations
@@ -195,8 +196,15 @@ def case_cut_while_feeding(spark, conf: dict, work: Path) -> dict:
     }
 
 
+def _executor_ids(spark) -> set:
+    return set(filter(None, spark.sparkContext._jsc.sc().getExecutorIds().mkString(",").split(",")))
+
+
 def driver_main(inp: str, out: str) -> None:
-    """The driver program: one case on a session built from IN's spark_conf; writes OUT."""
+    """The driver program: IN's cases, one after the other, on one session built from IN's
+    spark_conf; writes OUT ({"results": [...]}) after each.  Before each case both hosts have an
+    executor; after a case whose cut host lost its executor, a new one (the master starts it once
+    the host's worker is heard from again)."""
     from pyspark.sql import SparkSession
 
     conf = json.loads(Path(inp).read_text())
@@ -205,58 +213,88 @@ def driver_main(inp: str, out: str) -> None:
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    deadline = time.monotonic() + 120
-    while spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() < 1 + len(HOSTS):  # + driver
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{len(HOSTS)} executors did not register within 120s")
-        time.sleep(0.2)
-    t0 = time.monotonic()
-    try:
-        result = {"ok": True, **case_cut_while_feeding(spark, conf, Path(conf["work"]))}
-    except Exception:  # noqa: BLE001 - reported to the test, which fails with it
-        result = {"ok": False, "error": traceback.format_exc()}
-    result["secs"] = time.monotonic() - t0
-    Path(out).write_text(json.dumps(result))
+    results = []
+    before: set = set()
+    for case in conf["cases"]:
+        deadline = time.monotonic() + 120
+        while True:
+            ids = _executor_ids(spark)
+            if len(ids) == len(HOSTS) and (not case.get("kill_executor_before") or ids != before):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(HOSTS)} executors (ids now {sorted(ids)}, before the last case "
+                                   f"{sorted(before)}) did not register within 120s")
+            time.sleep(0.2)
+        before = ids
+        t0 = time.monotonic()
+        try:
+            result = {"ok": True, **case_cut_while_feeding(spark, {**conf, **case}, Path(case["work"]))}
+        except Exception:  # noqa: BLE001 - reported to the test, which fails with it
+            result = {"ok": False, "error": traceback.format_exc()}
+        result["secs"] = time.monotonic() - t0
+        results.append(result)
+        Path(out).write_text(json.dumps({"results": results}))
     spark.stop()
 
 
 # ----------------------------------------------------------------------------- the tests
-def _scenario(tmp_path, monkeypatch, max_restarts: int, cores: int, hang_secs: float, wait: str = "send",
-              kill_executor: bool = False, outlast_worker_timeout: bool = False) -> dict:
+def _scenarios(work: Path, cores: int, cases: list) -> list:
+    """Runs `cases` (case_cut_while_feeding's settings, each with its "work" directory) in one
+    driver program on a new namespaced cluster; returns their results."""
     from netns_cluster import NetnsCluster, NetnsUnavailable
 
-    # The master drops a worker it has not heard from for WORKER_TIMEOUT seconds (default 60).
-    monkeypatch.setenv("SPARK_DAEMON_JAVA_OPTS", f"-Dspark.worker.timeout={WORKER_TIMEOUT}")
     t0 = time.monotonic()
-    nc = NetnsCluster(hosts=HOSTS, cores_per_worker=cores, memory="2g")
-    try:
-        with nc:
-            cut = nc.worker_host(CUT)
-            result = nc.run_driver(Path(__file__), {
-                "work": str(tmp_path), "max_restarts": max_restarts, "hang_secs": hang_secs, "wait": wait,
-                "kill_executor": kill_executor, "outlast_worker_timeout": outlast_worker_timeout,
-                "cut_address": cut.address,
-                "cut_netns": cut.netns, "switch": nc.network.switch, "port": f"v-{CUT}"[:15]},
-                timeout=500, spark_conf=SPARK_CONF)
-    except NetnsUnavailable as e:
-        pytest.skip(f"no multi-host cluster: {e}")
+    with pytest.MonkeyPatch.context() as mp:
+        # The master drops a worker it has not heard from for WORKER_TIMEOUT seconds (default 60).
+        mp.setenv("SPARK_DAEMON_JAVA_OPTS", f"-Dspark.worker.timeout={WORKER_TIMEOUT}")
+        nc = NetnsCluster(hosts=HOSTS, cores_per_worker=cores, memory="2g")
+        try:
+            with nc:
+                cut = nc.worker_host(CUT)
+                for i, case in enumerate(cases):
+                    case["work"] = str(work / f"case{i}")
+                    Path(case["work"]).mkdir(parents=True)
+                    case["kill_executor_before"] = i > 0 and bool(cases[i - 1].get("kill_executor"))
+                results = nc.run_driver(Path(__file__), {
+                    "cases": cases, "cut_address": cut.address, "cut_netns": cut.netns, "switch": nc.network.switch,
+                    "port": f"v-{CUT}"[:15]}, timeout=500, spark_conf=SPARK_CONF)["results"]
+        except NetnsUnavailable as e:
+            pytest.skip(f"no multi-host cluster: {e}")
     assert nc.leftovers == [], nc.leftovers
-    assert result["ok"], f"the driver program failed:\n{result['error']}"
-    print(f"partition scenario (max_restarts={max_restarts}, driver waiting in {wait}): "
-          f"{time.monotonic() - t0:.1f}s in all, driver case {result['secs']:.1f}s, "
-          f"train() raised {result['raised_after_cut_secs']}s after the cut, "
-          f"cut host's /dev/shm clean {result['shm_gone_secs']}s after the link returned "
-          f"(held {result['shm_before']} during the feed, {result['shm_after']} at the end); "
-          f"train() raised:\n{result['error']}")
-    return result
+    for case, result in zip(cases, results):
+        assert result["ok"], f"the driver program failed:\n{result['error']}"
+        print(f"partition scenario (max_restarts={case['max_restarts']}, driver waiting in {case['wait']}): "
+              f"driver case {result['secs']:.1f}s, "
+              f"train() raised {result['raised_after_cut_secs']}s after the cut, "
+              f"cut host's /dev/shm clean {result['shm_gone_secs']}s after the link returned "
+              f"(held {result['shm_before']} during the feed, {result['shm_after']} at the end); "
+              f"train() raised:\n{result['error']}")
+    assert len(results) == len(cases), results
+    print(f"partition scenarios: {time.monotonic() - t0:.1f}s in all")
+    return results
 
 
-def test_partition_while_feeding_fails_train_at_once_naming_node_and_host(tmp_path, monkeypatch):
+def _case(max_restarts: int, hang_secs: float, wait: str = "send", kill_executor: bool = False,
+          outlast_worker_timeout: bool = False) -> dict:
+    return {"max_restarts": max_restarts, "hang_secs": hang_secs, "wait": wait, "kill_executor": kill_executor,
+            "outlast_worker_timeout": outlast_worker_timeout}
+
+
+@pytest.fixture(scope="module")
+def cut_without_restart(tmp_path_factory):
+    """The two max_restarts=0 scenarios, one after the other on one cluster (cores=2): the cut
+    while feeding (the cut host's executor killed while the link is down), then the cut while
+    the driver awaits an epoch."""
+    return _scenarios(tmp_path_factory.mktemp("partition"), cores=2, cases=[
+        _case(0, HANG_SECS, wait="send", kill_executor=True), _case(0, HANG_SECS, wait="await")])
+
+
+def test_partition_while_feeding_fails_train_at_once_naming_node_and_host(cut_without_restart):
     """Items 8 and 9: train() raises the lost node's NodeError within heartbeat_timeout of the
     cut (the feeding Spark job, blocked sending to the unreachable node, is cancelled); the
     cut host's feed ring goes with its launcher when the host's executor ends while the link
     is still down, and nothing of the job is there once the link is back."""
-    r = _scenario(tmp_path, monkeypatch, max_restarts=0, cores=2, hang_secs=HANG_SECS, kill_executor=True)
+    r = cut_without_restart[0]
     assert len(r["cut_nodes"]) == 1, r  # one node per host
     cut_address = r["cluster_spec"]["worker"][int(r["cut_nodes"][0].split(":")[1])]
     assert not r["hung"], f"train() still blocked {HANG_SECS:.0f}s after the cut: {r}"
@@ -273,11 +311,11 @@ def test_partition_while_feeding_fails_train_at_once_naming_node_and_host(tmp_pa
     assert r["shm_after"] == [], f"the cut host still holds {r['shm_after']} after the link returned"
 
 
-def test_partition_while_the_driver_awaits_an_epoch_fails_train_at_once(tmp_path, monkeypatch):
+def test_partition_while_the_driver_awaits_an_epoch_fails_train_at_once(cut_without_restart):
     """Item 8, the other wait of train(): the driver fed epoch 0 and asks the nodes' feed
     servers whether they began it (a wait of feed_timeout) when the host is cut; train() still
     raises the lost node's NodeError within heartbeat_timeout of the cut."""
-    r = _scenario(tmp_path, monkeypatch, max_restarts=0, cores=2, hang_secs=HANG_SECS, wait="await")
+    r = cut_without_restart[1]
     assert len(r["cut_nodes"]) == 1, r
     host = r["cluster_spec"]["worker"][int(r["cut_nodes"][0].split(":")[1])].rsplit(":", 1)[0]
     assert not r["hung"], f"train() still blocked {HANG_SECS:.0f}s after the cut: {r}"
@@ -287,13 +325,12 @@ def test_partition_while_the_driver_awaits_an_epoch_fails_train_at_once(tmp_path
     assert r["shm_after"] == [], f"the cut host still holds {r['shm_after']} after the link returned"
 
 
-def test_partition_with_restart_reports_the_cut_host_first_and_what_spark_said(tmp_path, monkeypatch):
+def test_partition_with_restart_reports_the_cut_host_first_and_what_spark_said(tmp_path):
     """Item 10: max_restarts=1; the restarted gang cannot start (Spark places its node on the
     cut host, whose worker it drops WORKER_TIMEOUT seconds after the cut).  The restart is in
     Cluster.restarts, and the error leads with the node on the partitioned host, then says
     what Spark said of the new gang's job."""
-    r = _scenario(tmp_path, monkeypatch, max_restarts=1, cores=4, hang_secs=RESTART_HANG_SECS,
-                  outlast_worker_timeout=True)
+    r = _scenarios(tmp_path, cores=4, cases=[_case(1, RESTART_HANG_SECS, outlast_worker_timeout=True)])[0]
     assert not r["hung"], f"train() still blocked {RESTART_HANG_SECS:.0f}s after the cut: {r}"
     host = r["cluster_spec"]["worker"][int(r["cut_nodes"][0].split(":")[1])].rsplit(":", 1)[0]
     assert r["error_type"] == "NodeError", r
