@@ -64,6 +64,7 @@ def test_tensorflow_notices_are_left_out_of_node_output_unless_the_user_sets_the
 # -- Spark's progress bar on a terminal --------------------------------------------------------
 
 _DRIVER = textwrap.dedent("""
+    import os
     import sys
     import threading
     import time
@@ -76,25 +77,43 @@ _DRIVER = textwrap.dedent("""
     spark.sparkContext.setLogLevel("ERROR")
     node = [sys.executable, "-c",
             "import time\\nfor i in range(20):\\n    print(f'line {i}', flush=True)\\n    time.sleep(0.3)"]
-    cluster = ember.Cluster.run(spark, node, num_executors=2, reservation_timeout=120)
-    # Another Spark job while the nodes print (as feeding jobs do): its tasks end one by one, so
-    # Spark redraws its bar as they do.
-    other = threading.Thread(target=lambda: spark.sparkContext.parallelize(range(12), 12)
-                             .map(lambda x: (time.sleep(0.6), x)[1]).count())
-    other.start()
-    cluster.shutdown(timeout=120)
-    other.join()
-    print("job done", flush=True)
+    # Two jobs, one session: first with Spark's bar shown while the nodes print, then held off
+    # (the default); the setting is read when a job starts.
+    for part, progress in ((1, "show"), (2, None)):
+        if progress:
+            os.environ["EMBER_CONSOLE_SPARK_PROGRESS"] = progress
+        else:
+            os.environ.pop("EMBER_CONSOLE_SPARK_PROGRESS", None)
+        print(f"=== part {part} ===", flush=True)
+        cluster = ember.Cluster.run(spark, node, num_executors=2, reservation_timeout=120)
+        # Another Spark job while the nodes print (as feeding jobs do): its tasks end one by one, so
+        # Spark redraws its bar as they do.
+        other = threading.Thread(target=lambda: spark.sparkContext.parallelize(range(12), 12)
+                                 .map(lambda x: (time.sleep(0.6), x)[1]).count())
+        other.start()
+        cluster.shutdown(timeout=120)
+        other.join()
+        print("job done", flush=True)
     spark.stop()
 """)
 
 
-def _run_on_a_terminal(tmp_path, env_extra) -> str:
+@pytest.fixture(scope="module")
+def terminal_parts(tmp_path_factory) -> dict:
+    """The driver above run once on a pseudo-terminal: what the terminal received in each part
+    ({1: bar shown, 2: bar held off})."""
+    text = _run_on_a_terminal(tmp_path_factory.mktemp("console"))
+    _, one, two = re.split(r"=== part \d ===\r?\n", text)
+    return {1: one, 2: two}
+
+
+def _run_on_a_terminal(tmp_path) -> str:
     """Runs the driver above on a pseudo-terminal; everything the terminal received."""
     script = tmp_path / "driver.py"
     script.write_text(_DRIVER)
     master, slave = pty.openpty()
-    env = dict(os.environ, COLUMNS="100", LINES="40", TERM="xterm", PYSPARK_PYTHON=sys.executable, **env_extra)
+    env = dict(os.environ, COLUMNS="100", LINES="40", TERM="xterm", PYSPARK_PYTHON=sys.executable)
+    env.pop("EMBER_CONSOLE_SPARK_PROGRESS", None)
     proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.DEVNULL, stdout=slave, stderr=slave,
                             env=env, cwd=tmp_path)
     os.close(slave)
@@ -156,8 +175,8 @@ def _node_lines(screen: list) -> list:
     return [line for line in screen if re.search(r"\[worker:\d\] line \d+", line)]
 
 
-def test_node_lines_start_on_a_line_of_their_own_when_sparks_bar_is_shown(tmp_path):
-    text = _run_on_a_terminal(tmp_path, {"EMBER_CONSOLE_SPARK_PROGRESS": "show"})
+def test_node_lines_start_on_a_line_of_their_own_when_sparks_bar_is_shown(terminal_parts):
+    text = terminal_parts[1]
     assert "[Stage " in text  # Spark drew its bar while the nodes printed: the case under test
     lines = _node_lines(_screen(text))
     assert len(lines) == 40, lines
@@ -165,8 +184,8 @@ def test_node_lines_start_on_a_line_of_their_own_when_sparks_bar_is_shown(tmp_pa
     assert not bad, bad  # was: "[Stage 1:>   (0 + 2) / 2][worker:0] line 3"
 
 
-def test_sparks_bar_is_held_off_while_nodes_print(tmp_path):
-    text = _run_on_a_terminal(tmp_path, {})
+def test_sparks_bar_is_held_off_while_nodes_print(terminal_parts):
+    text = terminal_parts[2]
     first, last = text.index("[worker:"), text.rindex("line 19")
     assert "[Stage " not in text[first:last], text[first:last]
     assert len(_node_lines(_screen(text))) == 40
