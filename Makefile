@@ -107,8 +107,9 @@ test-py: setup setup-hdfs
 # time on 2 cores: each build of the core takes minutes there.
 #
 # Its first step runs the set-up and the ASan build side by side: the package installs (the venv,
-# torch) keep one core busy unzipping wheels, the compiler the other (about 90 s less on 2 cores);
-# each step's output is printed whole when it ends.  The tests then run one step at a time.
+# torch) keep one core busy unzipping wheels, the compiler the other (681 s against 724 s one after
+# the other, on a slower host); each step's output is printed whole when it ends.  The tests then
+# run one step at a time.
 test:
 	$(MAKE) --no-print-directory -j 2 --output-sync=target setup setup-torch setup-hdfs build-asan
 	$(MAKE) --no-print-directory test-asan test-tsan fuzz test-py test-torch

@@ -15,6 +15,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 import pyarrow as pa
 
 from ember import _ember, config, errors
+from ember._driver.console import Console
 from ember._driver.spark_job import spark_error_summary
 from ember._feeder import task as feeding
 from ember._names import FEED_ENDPOINT_KEY, WORKER_ROLES
@@ -219,30 +220,21 @@ class StreamFeeder:
                 "for it; stop it and call train_stream again")
         epoch = self._next
         self._next += 1
+        console = Console(live=False)  # the Connect server's log
+        console.info(f"job {self._job_id}: feeding micro-batch {batch_id} as epoch {epoch}")
         side = spark_side(batch_df.sparkSession)
         with side.job_group(self._group, f"Ember job {self._job_id}: feeding micro-batch {batch_id}"):
             used = feed_epoch(batch_df, epoch, self._endpoints, self._options, self._unreachable,
-                              after_epoch=self._after, console=_PrintConsole(self._job_id))
+                              after_epoch=self._after, console=console)
         self._after = epoch
         if used is None:
-            print(f"ember {self._job_id}: micro-batch {batch_id}: every node ended its feed; nothing more is "
-                  "fed (the query goes on)", flush=True)
+            console.info(f"job {self._job_id}: every node ended its feed; nothing more is fed (the query goes on)")
 
     def _unreachable(self, endpoint: feeding.NodeEndpoint) -> bool:
         raise errors.Unavailable(
             f"Cluster.train_stream (job {self._job_id}): node {endpoint.describe()} cannot be reached from the "
             f"Spark Connect server's streaming feeder (feed server {endpoint.host}:{endpoint.port}): the node "
             "ended or failed; the client names a failed node (Cluster.shutdown())")
-
-
-class _PrintConsole:
-    """feed_epoch's console in a StreamFeeder: lines go to the Connect server's log."""
-
-    def __init__(self, job_id: str):
-        self._job_id = job_id
-
-    def info(self, text: str) -> None:
-        print(f"ember {self._job_id}: {text}", flush=True)
 
 
 class Feed:
