@@ -43,13 +43,15 @@ run: setup
 build/core/build.ninja: $(STAMPS)/system
 	cmake -S . -B build/core -G Ninja -DEMBER_BUILD_TESTS=ON
 
+# The sanitizer builds compile the core's layers in unity batches (CMakeLists.txt, EMBER_UNITY_BUILD),
+# as the package build does; build/core compiles every file alone.
 # The sanitizer builds carry line tables only (-g1): their reports name file:line all the same, and
 # they compile ~15-20% faster than with full debug info (CI's time).  ctest runs each gtest binary
 # in 4 shards (src/CMakeLists.txt, EMBER_TEST_SHARDS); a failing shard prints which test failed,
 # and `build/asan/src/<binary> --gtest_filter=...` reruns it alone.
 build/asan/build.ninja: $(STAMPS)/system
 	cmake -S . -B build/asan -G Ninja -DEMBER_BUILD_TESTS=ON -DEMBER_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug \
-	  -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DEMBER_TEST_SHARDS=4
+	  -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DEMBER_TEST_SHARDS=4 -DEMBER_UNITY_BUILD=ON
 
 test-cpp: build/core/build.ninja setup-hdfs
 	cmake --build build/core -j $(JOBS)
@@ -67,7 +69,7 @@ test-asan: build-asan setup-hdfs
 build/tsan/build.ninja: $(STAMPS)/system
 	cmake -S . -B build/tsan -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DEMBER_BUILD_TESTS=ON -DEMBER_TSAN=ON \
 	  -DEMBER_THREAD_SAFETY_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" \
-	  -DEMBER_TEST_SHARDS=4
+	  -DEMBER_TEST_SHARDS=4 -DEMBER_UNITY_BUILD=ON
 
 test-tsan: build/tsan/build.ninja setup-hdfs
 	cmake --build build/tsan -j $(JOBS)

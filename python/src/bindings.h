@@ -61,6 +61,9 @@ inline Duration SecondsToDuration(double seconds) {
 
 inline double DurationToSeconds(Duration d) { return static_cast<double>(d.count()) / 1000.0; }
 
+// A Python bytes object's contents (secrets, KV values).
+inline std::string BytesToString(const nb::bytes& b) { return std::string(b.c_str(), b.size()); }
+
 // Runs a blocking core wait for up to `timeout` seconds with the GIL released.
 // `wait(slice)` must return at once on whatever it waits for and
 // DeadlineExceeded when `slice` passes.  The core wakes a wait the moment its

@@ -28,7 +28,7 @@ namespace {
 using checkpoint::CheckpointManager;
 using checkpoint::CheckpointOptions;
 
-std::unique_ptr<CheckpointManager> Open(const std::string& uri, const fs::ResolveOptions& resolve,
+std::unique_ptr<CheckpointManager> OpenManager(const std::string& uri, const fs::ResolveOptions& resolve,
                                         const CheckpointOptions& options) {
   fs::Resolved r = ValueOrThrow(fs::ResolveFileSystem(uri, resolve));
   return ValueOrThrow(CheckpointManager::Open(r.fs, r.path, options));
@@ -75,7 +75,7 @@ void BindCheckpoint(nb::module_& m) {
   using nb::call_guard;
   using Release = nb::gil_scoped_release;
   nb::class_<CheckpointManager>(m, "CheckpointManager", "A directory of checkpoints (ember/checkpoint.h).")
-      .def_static("open", &Open, call_guard<Release>(), nb::arg("uri"), nb::arg("resolve"), nb::arg("options"))
+      .def_static("open", &OpenManager, call_guard<Release>(), nb::arg("uri"), nb::arg("resolve"), nb::arg("options"))
       .def("save", &Save, nb::arg("step"), nb::arg("blobs"))
       .def(
           "steps",

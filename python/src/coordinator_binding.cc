@@ -21,8 +21,6 @@ namespace {
 using namespace nb::literals;
 using Release = nb::call_guard<nb::gil_scoped_release>;
 
-std::string BytesToString(const nb::bytes& b) { return std::string(b.c_str(), b.size()); }
-
 const char* NodeStateName(NodeInfo::State s) {
   switch (s) {
     case NodeInfo::State::kRegistered: return "REGISTERED";

@@ -32,8 +32,6 @@ namespace {
 using namespace nb::literals;
 using Release = nb::call_guard<nb::gil_scoped_release>;
 
-std::string BytesToString(const nb::bytes& b) { return std::string(b.c_str(), b.size()); }
-
 // A read-only view of a buffer-protocol object's bytes.  Construct and
 // destroy it with the GIL held; the bytes may be read without it (the view
 // keeps the object alive).

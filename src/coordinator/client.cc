@@ -29,7 +29,7 @@ namespace {
 using coord::MsgType;
 constexpr Duration kReplyGrace{5000};       // beyond a request's own timeout
 constexpr Duration kRequestTimeout{30000};  // requests that do not wait server-side
-constexpr Duration kWriteTimeout{10000};
+constexpr Duration kCallWriteTimeout{10000};
 constexpr Duration kMinHeartbeat{10};
 
 // timeout + kReplyGrace without overflow.
@@ -68,7 +68,7 @@ struct CoordinatorClient::Impl {
   Status Write(MsgType type, std::string_view payload) {
     std::lock_guard<std::mutex> lock(write_mu);
     return tcp::WriteFrame(fd.get(), static_cast<uint16_t>(type), payload,
-                           Deadline::After(kWriteTimeout), address);
+                           Deadline::After(kCallWriteTimeout), address);
   }
 
   // A one-way message (coord::LogMessage, ...): request id 0, no reply.

@@ -36,11 +36,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using coord::MsgType;
-constexpr Duration kWriteTimeout{5000};  // a RelayOpen the agent does not take this long ends its lease
+constexpr Duration kOpenWriteTimeout{5000};  // a RelayOpen the agent does not take this long ends its lease
 // The data connection's thread waits while the node's thread splices; the end
 // of the splice wakes it.  Its wait re-checks this often all the same.
 constexpr Duration kRecheck{1000};
-constexpr const char* kName = "coordinator relay";
+constexpr const char* kRelayName = "coordinator relay";
 
 // A node connection and, once the agent opened it, its tunnel.  The fields
 // are guarded by Impl::mu.
@@ -83,9 +83,9 @@ struct CoordinatorRelay::Impl {
     end_status = std::move(why);
     cv.SignalAll();
     if (end_status.ok()) {
-      EMBER_LOG(INFO) << kName << ": the agent closed its control connection; the relay ends";
+      EMBER_LOG(INFO) << kRelayName << ": the agent closed its control connection; the relay ends";
     } else if (end_status.code() != StatusCode::kCancelled) {
-      EMBER_LOG(ERROR) << kName << " ends: " << end_status.message();
+      EMBER_LOG(ERROR) << kRelayName << " ends: " << end_status.message();
     }
   }
   void End(Status why) LOCKS_EXCLUDED(mu) {
@@ -121,7 +121,7 @@ Result<std::unique_ptr<CoordinatorRelay>> CoordinatorRelay::Start(const RelayOpt
   impl.started = Clock::now();
 
   tcp::ServerOptions nodes;
-  nodes.name = std::string(kName) + " (node port)";
+  nodes.name = std::string(kRelayName) + " (node port)";
   nodes.bind_host = options.bind_host;
   nodes.port = options.node_port;
   nodes.secret = options.secret;
@@ -129,7 +129,7 @@ Result<std::unique_ptr<CoordinatorRelay>> CoordinatorRelay::Start(const RelayOpt
   EMBER_ASSIGN_OR_RAISE(impl.node_server,
                         tcp::Server::Start(nodes, [&impl](tcp::Connection& c) { impl.ServeNode(c); }));
   tcp::ServerOptions agents = nodes;
-  agents.name = std::string(kName) + " (agent port)";
+  agents.name = std::string(kRelayName) + " (agent port)";
   agents.port = options.agent_port;
   agents.secret = std::move(agent_secret);
   EMBER_ASSIGN_OR_RAISE(impl.agent_server,
@@ -210,9 +210,9 @@ void CoordinatorRelay::Impl::Refuse(const std::string& peer, const std::string& 
     ++stats.nodes_refused;
   }
   if (error) {
-    EMBER_LOG(ERROR) << kName << ": closed the connection of node " << peer << ": " << why;
+    EMBER_LOG(ERROR) << kRelayName << ": closed the connection of node " << peer << ": " << why;
   } else {
-    EMBER_LOG(WARN) << kName << ": closed the connection of node " << peer << ": " << why;
+    EMBER_LOG(WARN) << kRelayName << ": closed the connection of node " << peer << ": " << why;
   }
 }
 
@@ -253,7 +253,7 @@ void CoordinatorRelay::Impl::ServeNode(tcp::Connection& link) {
     MutexLock write_lock(&control_write_mu);
     asked = tcp::WriteFrame(agent->fd(), static_cast<uint16_t>(MsgType::kRelayOpen),
                             coord::Encode(coord::RelayOpenPush{.tunnel_id = tunnel->id}),
-                            Deadline::After(kWriteTimeout), agent->peer());
+                            Deadline::After(kOpenWriteTimeout), agent->peer());
   }
   if (!asked.ok()) {
     End(Status::Unavailable("cannot ask the relay's agent at " + agent->peer() + " for a tunnel: " +
@@ -292,7 +292,7 @@ void CoordinatorRelay::Impl::ServeNode(tcp::Connection& link) {
     --stats.tunnels_active;
     cv.SignalAll();
   }
-  EMBER_LOG(DEBUG) << kName << ": tunnel " << tunnel->id << " of node " << peer << " ended ("
+  EMBER_LOG(DEBUG) << kRelayName << ": tunnel " << tunnel->id << " of node " << peer << " ended ("
                    << (r.status.ok() ? r.closed_by + " closed" : r.status.message()) << "; " << r.a_to_b
                    << " bytes to the coordinator, " << r.b_to_a << " back)";
 }
@@ -302,7 +302,7 @@ void CoordinatorRelay::Impl::ServeAgent(tcp::Connection& link) {
                                             Deadline::After(options.handshake_timeout), link.peer());
   if (!first.ok()) {
     if (!link.shut_down()) {
-      EMBER_LOG(ERROR) << kName << ": closed the agent-port connection from " << link.peer()
+      EMBER_LOG(ERROR) << kRelayName << ": closed the agent-port connection from " << link.peer()
                        << " before its first frame: " << first.status().message();
     }
     return;
@@ -316,7 +316,7 @@ void CoordinatorRelay::Impl::ServeAgent(tcp::Connection& link) {
                                   " (client and executors must run the same Ember version)");
     }
     if (!m.ok()) {
-      EMBER_LOG(ERROR) << kName << ": refused the control connection from " << link.peer() << ": "
+      EMBER_LOG(ERROR) << kRelayName << ": refused the control connection from " << link.peer() << ": "
                        << m.status().message();
       return;
     }
@@ -325,13 +325,13 @@ void CoordinatorRelay::Impl::ServeAgent(tcp::Connection& link) {
   if (first->type == static_cast<uint16_t>(MsgType::kRelayData)) {
     Result<coord::RelayDataMessage> m = coord::DecodeRelayData(first->payload);
     if (!m.ok()) {
-      EMBER_LOG(ERROR) << kName << ": refused the data connection from " << link.peer() << ": "
+      EMBER_LOG(ERROR) << kRelayName << ": refused the data connection from " << link.peer() << ": "
                        << m.status().message();
       return;
     }
     return ServeData(link, m->tunnel_id);
   }
-  EMBER_LOG(ERROR) << kName << ": closed the agent-port connection from " << link.peer()
+  EMBER_LOG(ERROR) << kRelayName << ": closed the agent-port connection from " << link.peer()
                    << ": its first frame is " << kind << " (type " << first->type
                    << "), not RelayControl or RelayData";
 }
@@ -343,7 +343,7 @@ void CoordinatorRelay::Impl::ServeControl(tcp::Connection& link) {
     if (control) {
       const std::string holder = control->peer();
       lock.Unlock();
-      EMBER_LOG(ERROR) << kName << ": refused a second control connection from " << link.peer()
+      EMBER_LOG(ERROR) << kRelayName << ": refused a second control connection from " << link.peer()
                        << ": the agent at " << holder << " holds the control connection";
       return;
     }
@@ -351,7 +351,7 @@ void CoordinatorRelay::Impl::ServeControl(tcp::Connection& link) {
     last_heard = Clock::now();
     cv.SignalAll();
   }
-  EMBER_LOG(INFO) << kName << ": agent connected from " << link.peer();
+  EMBER_LOG(INFO) << kRelayName << ": agent connected from " << link.peer();
   for (;;) {
     Result<tcp::Frame> frame =
         tcp::ReadFrame(link.fd(), coord::kMaxRelayFrameBytes, Deadline::Infinite(), link.peer());
@@ -387,7 +387,7 @@ void CoordinatorRelay::Impl::ServeData(tcp::Connection& link, uint64_t tunnel_id
   auto it = parked.find(tunnel_id);
   if (it == parked.end()) {
     lock.Unlock();
-    EMBER_LOG(ERROR) << kName << ": closed the data connection from " << link.peer() << " for tunnel "
+    EMBER_LOG(ERROR) << kRelayName << ": closed the data connection from " << link.peer() << " for tunnel "
                      << tunnel_id << ": no node waits for it (it passed open_timeout, or never was)";
     return;
   }

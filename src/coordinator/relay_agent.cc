@@ -32,8 +32,8 @@ namespace ember {
 namespace {
 
 using coord::MsgType;
-constexpr Duration kWriteTimeout{5000};
-constexpr const char* kName = "relay agent";
+constexpr Duration kAgentWriteTimeout{5000};
+constexpr const char* kAgentName = "relay agent";
 
 // One tunnel's thread and the descriptors Close() must shut down (-1 while
 // not held).  The descriptors are guarded by Impl::mu.
@@ -85,7 +85,7 @@ struct RelayAgent::Impl {
     if (stopping) return;
     stopping = true;
     status = std::move(why);
-    EMBER_LOG(WARN) << kName << ": " << status.message() << "; closing its tunnels";
+    EMBER_LOG(WARN) << kAgentName << ": " << status.message() << "; closing its tunnels";
     ShutdownAllLocked();
     cv.SignalAll();
   }
@@ -229,7 +229,7 @@ void RelayAgent::Impl::HeartbeatLoop() {
     if (stopping) break;
     lock.Unlock();
     Status sent = tcp::WriteFrame(control.get(), static_cast<uint16_t>(MsgType::kHeartbeat), beat,
-                                  Deadline::After(kWriteTimeout), relay_address);
+                                  Deadline::After(kAgentWriteTimeout), relay_address);
     if (!sent.ok()) {
       Stop(Status::Unavailable("cannot send a heartbeat to the coordinator relay at " + relay_address + ": " +
                                sent.message()));
@@ -267,7 +267,7 @@ void RelayAgent::Impl::RunTunnel(AgentTunnel* tunnel) {
     relay = dialled.MoveValueUnsafe();
     failed = tcp::WriteFrame(relay.get(), static_cast<uint16_t>(MsgType::kRelayData),
                              coord::Encode(coord::RelayDataMessage{.tunnel_id = tunnel->id}),
-                             Deadline::After(kWriteTimeout), relay_address);
+                             Deadline::After(kAgentWriteTimeout), relay_address);
   }
   if (failed.ok() && Hold(relay.get(), &tunnel->relay_fd)) {
     dialled = tcp::Dial(coordinator_host, coordinator_port, secret, Deadline::After(options.connect_timeout),
@@ -287,14 +287,14 @@ void RelayAgent::Impl::RunTunnel(AgentTunnel* tunnel) {
     const tcp::SpliceResult r = tcp::Splice(relay.get(), coordinator.get(), "the coordinator relay at " +
                                             relay_address + " (" + what + ")", "the coordinator at " +
                                             coordinator_address);
-    EMBER_LOG(DEBUG) << kName << ": " << what << " ended ("
+    EMBER_LOG(DEBUG) << kAgentName << ": " << what << " ended ("
                      << (r.status.ok() ? r.closed_by + " closed" : r.status.message()) << "; " << r.a_to_b
                      << " bytes to the coordinator, " << r.b_to_a << " back)";
     MutexLock lock(&mu);
     --stats.tunnels_active;
   } else if (!failed.ok()) {
     // The relay closes the node's connection when this one closes (or when its open_timeout passes).
-    EMBER_LOG(WARN) << kName << ": " << what << " not opened: " << failed.message();
+    EMBER_LOG(WARN) << kAgentName << ": " << what << " not opened: " << failed.message();
   }
   {
     MutexLock lock(&mu);
