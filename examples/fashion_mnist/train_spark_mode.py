@@ -2,6 +2,7 @@
 
     python examples/fashion_mnist/train_spark_mode.py               # Spark local[4], 2 nodes
     python examples/fashion_mnist/train_spark_mode.py --master spark://127.0.0.1:7077
+    SPARK_API_MODE=connect python examples/fashion_mnist/train_spark_mode.py   # from a Spark Connect client
 
 The data lives where a data team keeps it: Parquet files (written once from the Debian IDX
 files), read as a DataFrame of ``image`` (784 raw bytes) and ``label``.  ``cluster.train``
@@ -113,15 +114,16 @@ def main(argv=None) -> float:
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # Nothing here needs a SparkContext, so the same program runs on a classic session and on a
+    # Spark Connect one (SPARK_API_MODE=connect, or .remote(...) in place of .master(...)).
     spark = (SparkSession.builder.master(args.master).appName("ember-fashion-mnist-spark-mode")
-             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
-    spark.sparkContext.setLogLevel("WARN")
-    for module in (data, single):  # main_fun uses them on the nodes
-        spark.sparkContext.addPyFile(str(Path(module.__file__).resolve()))
+             .config("spark.ui.showConsoleProgress", "false").config("spark.log.level", "WARN").getOrCreate())
+    for module in (data, single):  # main_fun uses them on the nodes (one per call: pyspark 4.0's classic
+        spark.addArtifacts(str(Path(module.__file__).resolve()), pyfile=True)  # form takes one at a time)
     try:
         train_df = spark.read.parquet(paths["train"]).cache()
         test_df = spark.read.parquet(paths["test"])
-        print(f"train: {train_df.count()} rows in {train_df.rdd.getNumPartitions()} partitions", flush=True)
+        print(f"train: {train_df.count()} rows", flush=True)
         cluster = ember.Cluster.run(spark, main_fun, args, num_executors=args.num_nodes,
                                     input_mode=ember.InputMode.SPARK, reservation_timeout=120)
         try:

@@ -214,6 +214,38 @@ say(job_id=cluster.job_id, refused=refused, active=active, exception=str(query.e
     epochs=[json.loads(kv.kv_get(f"test/epochs/{i}")) for i in range(2)])
 '''
 
+STREAM_NODE_FAILS = PRELUDE + r'''
+import time
+from pathlib import Path
+def main_fun(args, ctx):
+    feed = ctx.get_data_feed(train_mode=True)
+    while not feed.should_stop():
+        for batch in feed.epoch_batches(16, drop_remainder=False):
+            if ctx.task_index == 1 and any(int(v) >= 100 for v in batch["v"]):
+                raise RuntimeError("worker one gives up in the second micro-batch")
+
+work = Path(sys.argv[2])
+cluster = ember.Cluster.run(spark, main_fun, {}, num_executors=2, input_mode=ember.InputMode.SPARK,
+                            reservation_timeout=120)
+for i in range(3):
+    spark.range(i * 100, i * 100 + 100, 1, 1).selectExpr("id as v").write.parquet(str(work / "in" / f"part{i}"))
+stream = spark.readStream.schema("v long").option("maxFilesPerTrigger", 1).parquet(str(work / "in" / "part*"))
+query = cluster.train_stream(stream, checkpoint_location=str(work / "ckpt"))
+t0 = time.monotonic()
+try:
+    ended, awaited = query.awaitTermination(180), None
+except Exception as e:  # the query failed: what its client was told
+    ended, awaited = True, f"{type(e).__name__}: {e}"
+seconds = time.monotonic() - t0
+error = text = None
+try:
+    cluster.shutdown(timeout=120)
+except Exception as e:
+    error, text = type(e).__name__, str(e)
+say(job_id=cluster.job_id, ended=ended, awaited=awaited, seconds=seconds, active=query.isActive,
+    exception=str(query.exception()) if query.exception() else None, error=error, text=text)
+'''
+
 @pytest.fixture(scope="module")
 def connect_server(tmp_path_factory):
     server = ConnectServer("local[4]", tmp_path_factory.mktemp("connect") / "server.log")
@@ -366,4 +398,16 @@ def test_train_stream_from_a_connect_client_is_fed_on_the_server(connect_server,
         assert all(2000 <= v < 2020 for v in epochs[4]) and len(epochs[4]) == 10, epochs
     streamed = sorted(v for epochs in r["epochs"] for rows in epochs[1:4] for v in rows)
     assert streamed == list(range(300))  # every row once
+    no_leftovers(r["job_id"])
+
+
+def test_a_node_failing_during_a_connect_train_stream_fails_the_query_and_is_named(connect_server, tmp_path):
+    """worker:1 raises in the second micro-batch that the server's feeder feeds: the client's watch
+    interrupts the feeder's jobs, the query fails (its exception names the failure) well before
+    its deadline, and shutdown() raises NodeError naming the node and its error; nothing is left."""
+    r = _result(run_client(STREAM_NODE_FAILS, connect_server.url, str(tmp_path)), connect_server)
+    assert r["ended"] and not r["active"] and r["seconds"] < 150, r
+    assert r["awaited"] and r["exception"], r  # the query failed; awaitTermination said so
+    assert r["error"] == "NodeError", r
+    assert "worker:1" in r["text"] and "worker one gives up in the second micro-batch" in r["text"], r
     no_leftovers(r["job_id"])
