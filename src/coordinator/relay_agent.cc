@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common/fd.h"
+#include "common/finished.h"
 #include "common/logging.h"
 #include "common/mutex.h"
 #include "coordinator/codec.h"
@@ -311,16 +312,9 @@ void RelayAgent::Impl::ReapFinished() {
   std::vector<std::unique_ptr<AgentTunnel>> done;
   {
     MutexLock lock(&mu);
-    for (auto it = tunnels.begin(); it != tunnels.end();) {
-      if ((*it)->finished.load()) {
-        done.push_back(std::move(*it));
-        it = tunnels.erase(it);
-      } else {
-        ++it;
-      }
-    }
+    done = TakeFinished(tunnels);
   }
-  for (auto& t : done) t->thread.join();
+  JoinAll(done);
 }
 
 }  // namespace ember

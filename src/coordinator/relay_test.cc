@@ -66,6 +66,20 @@ std::unique_ptr<RelayAgent> ConnectAgent(CoordinatorRelay& relay, const Coordina
   return a.ok() ? a.MoveValueUnsafe() : nullptr;
 }
 
+// A job's three parts, connected: a server for `nodes` nodes, a relay and its agent.  Tests name
+// them with references, not a structured binding: their lambdas capture them (clang < 16 cannot).
+struct RelayedJob {
+  std::unique_ptr<CoordinatorServer> server;
+  std::unique_ptr<CoordinatorRelay> relay;
+  std::unique_ptr<RelayAgent> agent;  // destroyed first, as locals declared in this order would be
+};
+
+RelayedJob StartRelayedJob(int nodes, const RelayOptions& o = Options()) {
+  RelayedJob job{StartServer(nodes), StartRelay(o), nullptr};
+  if (job.server && job.relay) job.agent = ConnectAgent(*job.relay, *job.server);
+  return job;
+}
+
 std::unique_ptr<CoordinatorClient> ConnectNode(int port) {
   ClientOptions co;
   co.connect_timeout = Duration(5000);
@@ -117,13 +131,13 @@ void Send(int fd, const M& m) {
 // ---- through the relay, a job runs as if connected directly ----
 
 TEST(RelayTest, NodesRegisterMeetAndLogThroughTheRelay) {
-  auto server = StartServer(2);
   RelayOptions o = Options();
   o.agent_timeout = Duration(1000);  // the agent's 50 ms heartbeats hold the lease throughout
-  auto relay = StartRelay(o);
-  ASSERT_TRUE(server && relay);
-  auto agent = ConnectAgent(*relay, *server);
-  ASSERT_TRUE(agent);
+  RelayedJob job = StartRelayedJob(2, o);
+  ASSERT_TRUE(job.server && job.relay && job.agent);
+  auto& server = job.server;
+  auto& relay = job.relay;
+  auto& agent = job.agent;
 
   auto clients = RegisterAll(relay->node_port(), 2);
   ASSERT_TRUE(clients[0] && clients[1]);
@@ -160,11 +174,10 @@ TEST(RelayTest, NodesRegisterMeetAndLogThroughTheRelay) {
 }
 
 TEST(RelayTest, ANodeThatDisconnectsIsLostAtTheServer) {
-  auto server = StartServer(2);
-  auto relay = StartRelay();
-  ASSERT_TRUE(server && relay);
-  auto agent = ConnectAgent(*relay, *server);
-  ASSERT_TRUE(agent);
+  RelayedJob job = StartRelayedJob(2);
+  ASSERT_TRUE(job.server && job.relay && job.agent);
+  auto& server = job.server;
+  auto& relay = job.relay;
   auto clients = RegisterAll(relay->node_port(), 2);
   ASSERT_TRUE(clients[0] && clients[1]);
   clients[1].reset();  // closes without Done/Fail
@@ -182,11 +195,10 @@ TEST(RelayTest, ANodeThatDisconnectsIsLostAtTheServer) {
 // ---- the relay's end ----
 
 TEST(RelayTest, AgentCloseEndsTheRelayAndClosesItsNodes) {
-  auto server = StartServer(1);
-  auto relay = StartRelay();
-  ASSERT_TRUE(server && relay);
-  auto agent = ConnectAgent(*relay, *server);
-  ASSERT_TRUE(agent);
+  RelayedJob job = StartRelayedJob(1);
+  ASSERT_TRUE(job.server && job.relay && job.agent);
+  auto& relay = job.relay;
+  auto& agent = job.agent;
   auto clients = RegisterAll(relay->node_port(), 1);
   ASSERT_TRUE(clients[0]);
 
@@ -270,11 +282,11 @@ TEST(RelayTest, ASilentAgentLosesItsLease) {
 }
 
 TEST(RelayTest, RelayCloseIsSeenByTheAgentAndItsTunnelsClose) {
-  auto server = StartServer(1);
-  auto relay = StartRelay();
-  ASSERT_TRUE(server && relay);
-  auto agent = ConnectAgent(*relay, *server);
-  ASSERT_TRUE(agent);
+  RelayedJob job = StartRelayedJob(1);
+  ASSERT_TRUE(job.server && job.relay && job.agent);
+  auto& server = job.server;
+  auto& relay = job.relay;
+  auto& agent = job.agent;
   auto clients = RegisterAll(relay->node_port(), 1);
   ASSERT_TRUE(clients[0]);
   const int agent_port = relay->agent_port();
@@ -332,11 +344,10 @@ TEST(RelayTest, WrongKeysAreRefusedOnBothPorts) {
 
 TEST(RelayTest, AgentPortPeersMustSayWhatTheyAre) {
   LogCapture logs;
-  auto server = StartServer(1);
-  auto relay = StartRelay();
-  ASSERT_TRUE(server && relay);
-  auto agent = ConnectAgent(*relay, *server);
-  ASSERT_TRUE(agent);
+  RelayedJob job = StartRelayedJob(1);
+  ASSERT_TRUE(job.server && job.relay && job.agent);
+  auto& relay = job.relay;
+  auto& agent = job.agent;
 
   Fd odd = DialAgentPort(relay->agent_port());  // a Heartbeat is no first frame
   Send(odd.get(), coord::HeartbeatMessage{});

@@ -272,7 +272,8 @@ class Feed:
         # tasks may be blocked sending to a node that is gone (a network partition).
         self._group = f"{job_id}-feed"
         self._woken: Optional[threading.Event] = None  # set to end the driver's wait for an epoch
-        self._server_streams: List[Any] = []  # train_stream queries a Connect server feeds (StreamFeeder)
+        # train_stream queries a Connect server feeds (StreamFeeder); guarded by _lock (cancel() reads it).
+        self._server_streams: List[Any] = []
 
     def endpoints(self, gang) -> List[feeding.NodeEndpoint]:
         """The current gang's feed endpoints (a restart's new gang has new ones)."""
@@ -383,8 +384,8 @@ class Feed:
         sending to a node that is gone: a partitioned host answers nothing) and wakes the driver's
         wait for it.  Thread-safe (the watcher calls it, through the gang's on_abort)."""
         with self._lock:
-            woken = self._woken
-        if woken is None and not self._server_streams:
+            woken, streaming = self._woken, bool(self._server_streams)
+        if woken is None and not streaming:
             return
         self._side.cancel(self._group)  # a StreamFeeder's jobs on the Connect server carry the group too
         if woken is not None:
@@ -421,14 +422,18 @@ class Feed:
             # is not known here, so the next train() does not wait for the nodes to begin it.
             self.epochs_fed = first + STREAM_EPOCHS
             self._last_epoch, self._last_epoch_of = None, ""
-            self._server_streams.append(query)
+            with self._lock:
+                self._server_streams.append(query)
         self._console.info(f"train_stream: the Spark Connect server feeds each micro-batch of query {query.id} "
                            f"(its lines are in the server's log)")
         return query
 
     def _refuse_while_the_server_streams(self, what: str) -> None:
-        active = [q for q in self._server_streams if _query_active(q)]
-        self._server_streams = active
+        with self._lock:
+            queries = list(self._server_streams)
+        active = [q for q in queries if _query_active(q)]  # asks the server: outside the lock
+        with self._lock:
+            self._server_streams = active
         if active:
             raise errors.ClusterError(
                 f"{what}: streaming query {active[0].id} (train_stream) still feeds this cluster from the Spark "
@@ -437,7 +442,9 @@ class Feed:
     def stop_server_streams(self, timeout: float = 60.0) -> None:
         """Stops the train_stream queries a Connect server still runs (``Cluster.shutdown``), each
         within `timeout` seconds; a query that does not stop is named in the log."""
-        for query in self._server_streams:
+        with self._lock:
+            queries = list(self._server_streams)
+        for query in queries:
             if not _query_active(query):
                 continue
             self._console.info(f"stopping streaming query {query.id} (train_stream) before the shutdown")
@@ -446,7 +453,8 @@ class Feed:
             stopper.join(timeout)
             if stopper.is_alive():
                 self._console.info(f"streaming query {query.id} did not stop within {timeout:g}s; going on")
-        self._server_streams = []
+        with self._lock:  # kept while they stop: a node failure meanwhile still interrupts their jobs
+            self._server_streams = []
 
     def end(self, gang, timeout: float = 30.0) -> None:
         """Tells the current gang's fed nodes that no more data will come (``Cluster.shutdown``),

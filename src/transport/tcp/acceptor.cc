@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/finished.h"
 #include "common/logging.h"
 #include "transport/tcp/handshake.h"
 #include "transport/tcp/socket.h"
@@ -220,16 +221,9 @@ void Acceptor::ReapFinished() {
   std::vector<std::unique_ptr<Entry>> done;
   {
     MutexLock lock(&mu_);
-    for (auto it = entries_.begin(); it != entries_.end();) {
-      if ((*it)->finished.load()) {
-        done.push_back(std::move(*it));
-        it = entries_.erase(it);
-      } else {
-        ++it;
-      }
-    }
+    done = TakeFinished(entries_);
   }
-  for (auto& e : done) e->thread.join();
+  JoinAll(done);
 }
 
 void Acceptor::Close() {
