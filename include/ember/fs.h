@@ -264,7 +264,9 @@ Result<std::string> QualifyPath(const std::string& path, const ResolveOptions& o
 // directory) names, sorted.  Each keeps the pattern's scheme
 // (Resolved::Uri), so it names the same file under `options` again.
 // InvalidArgument as ResolveFileSystem; NotFound when nothing matches.
-Result<std::vector<std::string>> GlobUris(const std::string& pattern, const ResolveOptions& options);
+// `recursive`: as Glob's.
+Result<std::vector<std::string>> GlobUris(const std::string& pattern, const ResolveOptions& options,
+                                          bool recursive = false);
 
 // Helpers over any FileSystem.
 
@@ -272,8 +274,11 @@ Result<std::vector<std::string>> GlobUris(const std::string& pattern, const Reso
 // (fnmatch(3) rules per component); a pattern without them is returned as
 // is if it exists.  A directory pattern lists the directory's files
 // (skipping names starting with "_" or ".", as Spark's outputs have
-// _SUCCESS).  NotFound naming the pattern when nothing matches.
-Result<std::vector<std::string>> Glob(FileSystem& fs, const std::string& pattern);
+// _SUCCESS).  With `recursive`, a directory lists the files of its visible
+// subdirectories too, at any depth (a table's Hive-style partition
+// directories, "/t/date=2026-11-27/part-0").  NotFound naming the pattern
+// when nothing matches.
+Result<std::vector<std::string>> Glob(FileSystem& fs, const std::string& pattern, bool recursive = false);
 
 // Reads a whole file.
 Result<std::string> ReadFile(FileSystem& fs, const std::string& path);

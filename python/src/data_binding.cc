@@ -114,8 +114,8 @@ std::unique_ptr<record::ExampleDataset> OpenDataset(const std::vector<std::strin
 }
 
 // URIs of the files `pattern` names (ember/fs.h GlobUris), for datasets.
-std::vector<std::string> GlobUris(const std::string& pattern, const fs::ResolveOptions& resolve) {
-  return ValueOrThrow(fs::GlobUris(pattern, resolve));
+std::vector<std::string> GlobUris(const std::string& pattern, const fs::ResolveOptions& resolve, bool recursive) {
+  return ValueOrThrow(fs::GlobUris(pattern, resolve, recursive));
 }
 
 // What the first `sample` records of `uri` hold, for schema inference:
@@ -230,7 +230,9 @@ std::vector<example::ColumnView> ToViews(const nb::list& columns, Kept* keep) {
 
 void BindDataset(nb::module_& m) {
   m.def("fs_glob", &GlobUris, nb::call_guard<nb::gil_scoped_release>(), nb::arg("pattern"), nb::arg("resolve"),
-        "URIs of the files a path, directory or glob names, keeping its scheme (ember/fs.h GlobUris).");
+        nb::arg("recursive") = false,
+        "URIs of the files a path, directory or glob names, keeping its scheme (ember/fs.h GlobUris); "
+        "`recursive`: a directory's subdirectories too.");
   m.def("infer_example_schema", &InferSchema, nb::call_guard<nb::gil_scoped_release>(), nb::arg("uri"),
         nb::arg("resolve"), nb::arg("compression"), nb::arg("sample"),
         "([(name, kind, min_length, max_length, present_rows)], rows) of a file's first records.");

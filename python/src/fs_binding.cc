@@ -4,6 +4,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
 #include <string>
@@ -94,6 +95,33 @@ void BindFileSystem(nb::module_& m) {
       .def_ro("size", &fs::FileInfo::size)
       .def_ro("is_dir", &fs::FileInfo::is_dir)
       .def_ro("mtime_ms", &fs::FileInfo::mtime_ms);
+  // A file read at any offset (Arrow's Parquet reader reads footers and column chunks so).
+  nb::class_<fs::RandomAccessFile>(m, "RandomAccessFile", "A file read at any offset (ember/fs.h).")
+      .def_prop_ro("uri", &fs::RandomAccessFile::uri)
+      .def_prop_ro("size", [](const fs::RandomAccessFile& f) {
+        nb::gil_scoped_release release;
+        return ValueOrThrow(f.Size());
+      })
+      .def(
+          "read_at",
+          [](const fs::RandomAccessFile& f, uint64_t offset, size_t n) {
+            std::string data(n, '\0');
+            size_t got = 0;
+            {
+              nb::gil_scoped_release release;
+              got = ValueOrThrow(f.ReadAt(offset, {reinterpret_cast<uint8_t*>(data.data()), n}));
+            }
+            return nb::bytes(data.data(), got);
+          },
+          nb::arg("offset"), nb::arg("n"), "Up to `n` bytes at `offset` (fewer only at the end of the file).");
+  m.def(
+      "fs_open_random_access",
+      [](const std::string& uri, const fs::ResolveOptions& options) {
+        fs::Resolved r = Resolve(uri, options);
+        return ValueOrThrow(r.fs->NewRandomAccessFile(r.path));
+      },
+      nb::call_guard<nb::gil_scoped_release>(), nb::arg("uri"), nb::arg("resolve"),
+      "A RandomAccessFile of `uri`; NotFound if missing.");
   m.def(
       "fs_stat",
       [](const std::string& uri, const fs::ResolveOptions& options) {

@@ -30,7 +30,7 @@ LAYERS = [
     {"keras"},                # the Keras callbacks and optimizer (on Keras's torch backend: ember.torch's reducers)
     {"feed"},                 # the node's DataFeed over the core's consumer
     {"context", "_feeder.task"},  # the node's ctx; the feeding tasks' Spark glue
-    # the launching task; the node's process; data/: TFRecord datasets, DataFrame <-> TFRecord
+    # the launching task; the node's process; data/: TFRecord and Parquet datasets, DataFrame <-> TFRecord
     {"_launcher.task", "_node.main", "data"},
     {"_driver.spark_job", "_driver.watcher"},
     # a job's nodes (coordinator, barrier job, watcher; start, stop, recover); the feeding jobs and the epoch loop

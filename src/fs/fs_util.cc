@@ -35,7 +35,7 @@ bool Hidden(const std::string& name) { return !name.empty() && (name[0] == '_' |
 
 }  // namespace
 
-Result<std::vector<std::string>> Glob(FileSystem& fs, const std::string& pattern) {
+Result<std::vector<std::string>> Glob(FileSystem& fs, const std::string& pattern, bool recursive) {
   if (pattern.empty() || pattern[0] != '/') {
     return Status::InvalidArgument("glob pattern must be an absolute path: \"" + pattern + "\"");
   }
@@ -75,9 +75,20 @@ Result<std::vector<std::string>> Glob(FileSystem& fs, const std::string& pattern
       out.insert(c);
       continue;
     }
-    EMBER_ASSIGN_OR_RAISE(auto entries, fs.List(c));
-    for (const FileInfo& e : entries) {
-      if (!e.is_dir && !Hidden(e.name)) out.insert(Join(c, e.name));
+    // The directory's visible files; with `recursive`, those of its visible subdirectories too.
+    std::vector<std::string> dirs{c};
+    while (!dirs.empty()) {
+      const std::string dir = std::move(dirs.back());
+      dirs.pop_back();
+      EMBER_ASSIGN_OR_RAISE(auto entries, fs.List(dir));
+      for (const FileInfo& e : entries) {
+        if (Hidden(e.name)) continue;
+        if (!e.is_dir) {
+          out.insert(Join(dir, e.name));
+        } else if (recursive) {
+          dirs.push_back(Join(dir, e.name));
+        }
+      }
     }
   }
   if (out.empty()) return Status::NotFound("no files match " + fs.Uri(pattern));

@@ -59,6 +59,19 @@ TEST_F(GlobTest, DirectoryListsItsVisibleFiles) {
   EXPECT_EQ(G("/d/"), (V{"/d/part-0", "/d/part-1", "/d/part-10"}));
 }
 
+TEST_F(GlobTest, RecursiveDirectoryListsTheFilesOfItsVisibleSubdirectories) {
+  Write(*fs_, "/d/sub/deeper/y", "y");
+  Write(*fs_, "/d/_temporary/0/part-9", "z");  // a writer's leftovers: hidden, as Spark's readers skip them
+  Write(*fs_, "/d/.hidden/w", "w");
+  auto r = Glob(*fs_, "/d", /*recursive=*/true);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, (V{"/d/part-0", "/d/part-1", "/d/part-10", "/d/sub/deeper/y", "/d/sub/x"}));
+  r = Glob(*fs_, "/e/*", /*recursive=*/true);  // a wildcard's directories descend too
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(*r, (V{"/e/a/f1", "/e/b/f1", "/e/b/f2", "/e/c.txt"}));
+  EXPECT_EQ(G("/d"), (V{"/d/part-0", "/d/part-1", "/d/part-10"}));  // not recursive: as before
+}
+
 TEST_F(GlobTest, StarDoesNotMatchALeadingDot) {
   EXPECT_EQ(G("/d/*"), (V{"/d/_SUCCESS", "/d/part-0", "/d/part-1", "/d/part-10", "/d/sub/x"}));
 }

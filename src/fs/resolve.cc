@@ -198,9 +198,10 @@ Result<std::string> QualifyPath(const std::string& path, const ResolveOptions& o
   return root + "/user/" + user + "/" + path;
 }
 
-Result<std::vector<std::string>> GlobUris(const std::string& pattern, const ResolveOptions& options) {
+Result<std::vector<std::string>> GlobUris(const std::string& pattern, const ResolveOptions& options,
+                                          bool recursive) {
   EMBER_ASSIGN_OR_RAISE(Resolved r, ResolveFileSystem(pattern, options));
-  EMBER_ASSIGN_OR_RAISE(std::vector<std::string> paths, Glob(*r.fs, r.path));
+  EMBER_ASSIGN_OR_RAISE(std::vector<std::string> paths, Glob(*r.fs, r.path, recursive));
   for (std::string& p : paths) p = r.Uri(p);
   return paths;
 }

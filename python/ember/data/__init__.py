@@ -3,6 +3,9 @@
 * :func:`tfrecord_dataset` — for nodes (InputMode.TENSORFLOW): a node's shard of TFRecord files,
   local or on HDFS (WebHDFS: no libhdfs, no CLASSPATH), as numpy batches, a ``tf.data.Dataset``
   or a PyTorch ``IterableDataset``.
+* :func:`parquet_dataset` / :func:`parquet_batches` — a node's shard of a Parquet dataset (Arrow's
+  own reader decodes; row groups assigned to nodes, balanced by rows), local or on HDFS, in the
+  same forms.
 * :func:`save_as_tfrecords` / :func:`load_tfrecords` — DataFrame <-> TFRecord files of
   tf.Example, distributed over Spark tasks, Arrow in and out (TFoS's ``dfutil`` without the
   tensorflow-hadoop jar).
@@ -12,7 +15,8 @@ The type mapping is in :mod:`ember.data._schema`.
 
 from ember.data._features import RawBytes  # noqa: E402
 from ember.data.dataframe import load_tfrecords, save_as_tfrecords  # noqa: E402
+from ember.data.parquet import ParquetBatches, parquet_batches, parquet_dataset  # noqa: E402
 from ember.data.tfrecord import TFRecordBatches, tfrecord_batches, tfrecord_dataset  # noqa: E402
 
-__all__ = ["RawBytes", "TFRecordBatches", "load_tfrecords", "save_as_tfrecords", "tfrecord_batches",
-           "tfrecord_dataset"]
+__all__ = ["ParquetBatches", "RawBytes", "TFRecordBatches", "load_tfrecords", "parquet_batches", "parquet_dataset",
+           "save_as_tfrecords", "tfrecord_batches", "tfrecord_dataset"]

@@ -1,0 +1,182 @@
+#!/usr/bin/env python
+"""Parquet read speed (issue 23): Ember's node-side reader vs a bare pyarrow.dataset scan of the
+same files, and vs Petastorm's batch reader where it runs on this stack.
+
+Data: --rows rows of {image: array<float> of 784 (Spark's ArrayType(FloatType), a Parquet list),
+label: int64}, written once into a temporary directory as --files files with row groups of
+--row-group rows (then read through the page cache: every file is read once before any timing).
+Each contender reads every row into numpy batches of --batch rows (image float32 [B, 784],
+label int64 [B]), --repeats times, taking turns (one round = each contender once); medians and
+bests are reported.
+
+  ember      ember.data.parquet_batches(dir, {"image": (784,), "label": None}, B): one object,
+             iterated once per round as a training loop iterates it once per epoch
+  bare       pyarrow.dataset.dataset(dir).to_batches(columns, batch_size=B), each batch's columns
+             to numpy as a user would (image: the list's flattened values reshaped to [B, 784])
+  petastorm  petastorm.make_batch_reader(file:// URL, schema_fields=[image, label]) (0.12.x, pip
+             --target bench/.petastorm-site); its batches re-cut to B rows.  If it cannot be
+             installed or run here, the reason is printed and the ratio to it is left out.
+
+Last line: parquet_rows_per_sec: ember=<v> bare=<v> [petastorm=<v>] ember_vs_bare=<r> [ember_vs_petastorm=<r>]
+
+  .venv/bin/python bench/parquet.py                       # ~2 min
+  .venv/bin/python bench/parquet.py --rows 50000 --repeats 2   # quick
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as C  # noqa: E402
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+PETASTORM_SITE = Path(__file__).resolve().parent / ".petastorm-site"
+PETASTORM = ["petastorm==0.12.1", "diskcache==5.6.3", "dill==0.3.9", "future==1.0.0"]
+WIDTH = 784
+
+
+def write_data(d: Path, rows: int, files: int, row_group: int) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(7)
+    per = -(-rows // files)
+    for f in range(files):
+        n = min(per, rows - f * per)
+        if n <= 0:
+            break
+        x = rng.random((n, WIDTH), dtype=np.float32)
+        image = pa.ListArray.from_arrays(pa.array(np.arange(n + 1, dtype=np.int32) * WIDTH), pa.array(x.ravel()))
+        table = pa.table({"image": image, "label": pa.array(np.arange(f * per, f * per + n, dtype=np.int64))})
+        pq.write_table(table, str(d / f"part-{f:05d}.parquet"), row_group_size=row_group)
+
+
+def read_ember(path: str, batch: int):
+    import ember
+
+    data = ember.data.parquet_batches(path, {"image": (WIDTH,), "label": None}, batch, shard=(0, 1))
+
+    def run() -> int:
+        n = 0
+        for b in data:
+            assert b["image"].shape[1] == WIDTH
+            n += len(b["label"])
+        return n
+    return run
+
+
+def read_bare(path: str, batch: int):
+    import pyarrow.dataset as pads
+
+    def run() -> int:
+        n = 0
+        for rb in pads.dataset(path, format="parquet").to_batches(columns=["image", "label"], batch_size=batch):
+            image = rb.column(0).flatten().to_numpy(zero_copy_only=False).reshape(-1, WIDTH)
+            label = rb.column(1).to_numpy()
+            assert image.shape[0] == len(label)
+            n += len(label)
+        return n
+    return run
+
+
+def ensure_petastorm() -> str:
+    """'' once petastorm imports (installed into bench/.petastorm-site), else why not."""
+    if not (PETASTORM_SITE / "petastorm").exists():
+        C.log(f"installing {' '.join(PETASTORM)} into {PETASTORM_SITE} (pip --target, no deps)")
+        proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                               "--no-deps", "--target", str(PETASTORM_SITE), *PETASTORM],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            return f"pip install failed: {proc.stderr.strip()[-400:]}"
+    if str(PETASTORM_SITE) not in sys.path:
+        sys.path.append(str(PETASTORM_SITE))  # after the venv: its numpy/pyarrow win
+    try:
+        import petastorm  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - reported, not hidden
+        return f"import petastorm: {type(e).__name__}: {e}"
+    return ""
+
+
+def read_petastorm(path: str, batch: int):
+    from petastorm import make_batch_reader
+
+    def run() -> int:
+        n = 0
+        with make_batch_reader(f"file://{path}", schema_fields=["image", "label"], num_epochs=1,
+                               workers_count=1, shuffle_row_groups=False) as reader:
+            pending = 0
+            for b in reader:
+                image = np.stack(b.image) if b.image.dtype == object else b.image
+                assert image.shape[-1] == WIDTH
+                pending += len(b.label)
+                while pending >= batch:  # cut into batches of B, as the others give
+                    pending -= batch
+                    n += batch
+            n += pending
+        return n
+    return run
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rows", type=int, default=200_000)
+    p.add_argument("--files", type=int, default=8)
+    p.add_argument("--row-group", type=int, default=10_000)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--skip-petastorm", action="store_true")
+    a = p.parse_args(argv)
+    C.log(C.machine_info())
+    d = Path(tempfile.mkdtemp(prefix="ember-bench-parquet-"))
+    try:
+        write_data(d, a.rows, a.files, a.row_group)
+        mb = sum(f.stat().st_size for f in d.iterdir()) / 1e6
+        C.log(f"{a.rows:,} rows x {WIDTH} floats in {a.files} files ({mb:,.0f} MB), row groups of {a.row_group:,}")
+        contenders = {"ember": read_ember(str(d), a.batch), "bare": read_bare(str(d), a.batch)}
+        why = "skipped (--skip-petastorm)" if a.skip_petastorm else ensure_petastorm()
+        if not why:
+            try:
+                contenders["petastorm"] = read_petastorm(str(d), a.batch)
+                contenders["petastorm"]()  # its warm-up also proves it runs here
+            except Exception as e:  # noqa: BLE001 - reported, not hidden
+                contenders.pop("petastorm", None)
+                why = f"{type(e).__name__}: {e}"
+        if why:
+            C.log(f"petastorm: not run: {why}")
+        for name, run in contenders.items():  # warm-up: the page cache, imports, Arrow's pools
+            got = run()
+            assert got == a.rows, (name, got)
+        rates = {name: [] for name in contenders}
+        cpu = {name: 0.0 for name in contenders}
+        for r in range(a.repeats):
+            for name, run in contenders.items():
+                c0, t0 = time.process_time(), time.perf_counter()
+                got = run()
+                secs = time.perf_counter() - t0
+                cpu[name] += time.process_time() - c0
+                assert got == a.rows, (name, got)
+                rates[name].append(a.rows / secs)
+                C.log(f"{name} round {r + 1}: {a.rows:,} rows in {secs:.2f}s = {C.fmt_rate(a.rows / secs)} rows/s")
+        for name in contenders:
+            C.log(f"{name}: median {C.fmt_rate(C.median(rates[name]))} rows/s, best {C.fmt_rate(max(rates[name]))}, "
+                  f"{cpu[name] / a.repeats:.2f} CPU s per pass; load {os.getloadavg()[0]:.2f}")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    med = {name: C.median(v) for name, v in rates.items()}
+    line = " ".join(f"{name}={med[name]:.0f}" for name in med) + f" ember_vs_bare={med['ember'] / med['bare']:.3f}"
+    if "petastorm" in med:
+        line += f" ember_vs_petastorm={med['ember'] / med['petastorm']:.3f}"
+    print(f"parquet_rows_per_sec: {line}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
