@@ -13,9 +13,12 @@ bests are reported.
              iterated once per round as a training loop iterates it once per epoch
   bare       pyarrow.dataset.dataset(dir).to_batches(columns, batch_size=B), each batch's columns
              to numpy as a user would (image: the list's flattened values reshaped to [B, 784])
-  petastorm  petastorm.make_batch_reader(file:// URL, schema_fields=[image, label]) (0.12.x, pip
-             --target bench/.petastorm-site); its batches re-cut to B rows.  If it cannot be
-             installed or run here, the reason is printed and the ratio to it is left out.
+  petastorm  petastorm.make_batch_reader(file:// URL, schema_fields=[image, label]) (0.12.1, its
+             last release), its batches re-cut to B rows; in an environment of its own
+             (bench/.petastorm-site: pyarrow 15, numpy 1.26, pip --target) since it imports
+             pyarrow.filesystem, gone from pyarrow >= 16; one subprocess per round, which
+             times one pass after a warm-up pass.  If it cannot be installed or run here, the
+             reason is printed and the ratio to it is left out.
 
 Last line: parquet_rows_per_sec: ember=<v> bare=<v> [petastorm=<v>] ember_vs_bare=<r> [ember_vs_petastorm=<r>]
 
@@ -25,6 +28,7 @@ Last line: parquet_rows_per_sec: ember=<v> bare=<v> [petastorm=<v>] ember_vs_bar
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -40,7 +44,11 @@ import _common as C  # noqa: E402
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 PETASTORM_SITE = Path(__file__).resolve().parent / ".petastorm-site"
-PETASTORM = ["petastorm==0.12.1", "diskcache==5.6.3", "dill==0.3.9", "future==1.0.0"]
+# Petastorm's last release imports pyarrow.filesystem, which pyarrow >= 16 no longer has: it runs in
+# an environment of its own (pip --target, no deps: these pins, then the venv's pyspark, six, ...),
+# in a subprocess per round.
+PETASTORM = ["petastorm==0.12.1", "pyarrow==15.0.2", "numpy==1.26.4", "pandas==2.1.4", "pytz==2024.2",
+             "diskcache==5.6.3", "dill==0.3.9", "future==1.0.0", "fsspec==2024.10.0", "psutil==6.1.0"]
 WIDTH = 784
 
 
@@ -89,40 +97,63 @@ def read_bare(path: str, batch: int):
 
 
 def ensure_petastorm() -> str:
-    """'' once petastorm imports (installed into bench/.petastorm-site), else why not."""
+    """'' once petastorm runs in its own environment (bench/.petastorm-site), else why not."""
     if not (PETASTORM_SITE / "petastorm").exists():
         C.log(f"installing {' '.join(PETASTORM)} into {PETASTORM_SITE} (pip --target, no deps)")
         proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
                                "--no-deps", "--target", str(PETASTORM_SITE), *PETASTORM],
                               capture_output=True, text=True)
         if proc.returncode != 0:
+            shutil.rmtree(PETASTORM_SITE, ignore_errors=True)
             return f"pip install failed: {proc.stderr.strip()[-400:]}"
-    if str(PETASTORM_SITE) not in sys.path:
-        sys.path.append(str(PETASTORM_SITE))  # after the venv: its numpy/pyarrow win
-    try:
-        import petastorm  # noqa: F401
-    except Exception as e:  # noqa: BLE001 - reported, not hidden
-        return f"import petastorm: {type(e).__name__}: {e}"
+    proc = subprocess.run([sys.executable, "-c", "import petastorm, pyarrow; print(pyarrow.__version__)"],
+                          capture_output=True, text=True, env=_petastorm_env())
+    if proc.returncode != 0:
+        return f"import petastorm: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}"
     return ""
 
 
-def read_petastorm(path: str, batch: int):
-    from petastorm import make_batch_reader
+def _petastorm_env() -> dict:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(PETASTORM_SITE), os.environ.get("PYTHONPATH", "")]))
 
-    def run() -> int:
-        n = 0
-        with make_batch_reader(f"file://{path}", schema_fields=["image", "label"], num_epochs=1,
-                               workers_count=1, shuffle_row_groups=False) as reader:
-            pending = 0
-            for b in reader:
-                image = np.stack(b.image) if b.image.dtype == object else b.image
-                assert image.shape[-1] == WIDTH
-                pending += len(b.label)
-                while pending >= batch:  # cut into batches of B, as the others give
-                    pending -= batch
-                    n += batch
-            n += pending
-        return n
+
+# One round of Petastorm in its own environment: a warm-up pass, then one timed pass; prints the
+# rows and seconds of the timed one.
+PETASTORM_ROUND = r"""
+import json, sys, time
+import numpy as np
+from petastorm import make_batch_reader
+path, batch, width = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+
+def one_pass():
+    n = pending = 0
+    with make_batch_reader("file://" + path, schema_fields=["image", "label"], num_epochs=1,
+                           workers_count=1, shuffle_row_groups=False) as reader:
+        for b in reader:
+            image = np.stack(b.image) if b.image.dtype == object else b.image
+            assert image.shape[-1] == width
+            pending += len(b.label)
+            while pending >= batch:  # cut into batches of B, as the others give
+                pending -= batch
+                n += batch
+    return n + pending
+
+one_pass()
+t0 = time.perf_counter()
+rows = one_pass()
+print(json.dumps({"rows": rows, "secs": time.perf_counter() - t0}))
+"""
+
+
+def read_petastorm(path: str, batch: int):
+    """A round of Petastorm: the subprocess's own timing of its pass (its start-up not counted)."""
+    def run() -> tuple:
+        proc = subprocess.run([sys.executable, "-c", PETASTORM_ROUND, path, str(batch), str(WIDTH)],
+                              capture_output=True, text=True, env=_petastorm_env(), timeout=1800)
+        if proc.returncode != 0:
+            raise RuntimeError(f"petastorm's round failed: {proc.stderr.strip()[-600:]}")
+        got = json.loads(proc.stdout.strip().splitlines()[-1])
+        return got["rows"], got["secs"]
     return run
 
 
@@ -143,18 +174,13 @@ def main(argv=None) -> None:
         C.log(f"{a.rows:,} rows x {WIDTH} floats in {a.files} files ({mb:,.0f} MB), row groups of {a.row_group:,}")
         contenders = {"ember": read_ember(str(d), a.batch), "bare": read_bare(str(d), a.batch)}
         why = "skipped (--skip-petastorm)" if a.skip_petastorm else ensure_petastorm()
-        if not why:
-            try:
-                contenders["petastorm"] = read_petastorm(str(d), a.batch)
-                contenders["petastorm"]()  # its warm-up also proves it runs here
-            except Exception as e:  # noqa: BLE001 - reported, not hidden
-                contenders.pop("petastorm", None)
-                why = f"{type(e).__name__}: {e}"
         if why:
             C.log(f"petastorm: not run: {why}")
         for name, run in contenders.items():  # warm-up: the page cache, imports, Arrow's pools
             got = run()
             assert got == a.rows, (name, got)
+        if not why:  # Petastorm warms up inside each of its rounds (a process of its own)
+            contenders["petastorm"] = read_petastorm(str(d), a.batch)
         rates = {name: [] for name in contenders}
         cpu = {name: 0.0 for name in contenders}
         for r in range(a.repeats):
@@ -163,12 +189,15 @@ def main(argv=None) -> None:
                 got = run()
                 secs = time.perf_counter() - t0
                 cpu[name] += time.process_time() - c0
+                if isinstance(got, tuple):  # timed by its own process
+                    got, secs = got
                 assert got == a.rows, (name, got)
                 rates[name].append(a.rows / secs)
                 C.log(f"{name} round {r + 1}: {a.rows:,} rows in {secs:.2f}s = {C.fmt_rate(a.rows / secs)} rows/s")
         for name in contenders:
+            spent = f"{cpu[name] / a.repeats:.2f} CPU s per pass" if name != "petastorm" else "its own process"
             C.log(f"{name}: median {C.fmt_rate(C.median(rates[name]))} rows/s, best {C.fmt_rate(max(rates[name]))}, "
-                  f"{cpu[name] / a.repeats:.2f} CPU s per pass; load {os.getloadavg()[0]:.2f}")
+                  f"{spent}; load {os.getloadavg()[0]:.2f}")
     finally:
         shutil.rmtree(d, ignore_errors=True)
     med = {name: C.median(v) for name, v in rates.items()}

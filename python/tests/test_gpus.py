@@ -132,7 +132,50 @@ def test_gpus_of_a_standalone_cluster(spark_sessions, tmp_path):
             assert "offer 4 GPUs" in str(too_few.value) and "room for 2" in str(too_few.value), too_few.value
         finally:
             spark.stop()
+        # The same from a Spark Connect client (issue 22): a Connect server's application on this
+        # cluster, the nodes' GPUs asked through a stage-level resource profile.
+        r = _connect_gpus(standalone, tmp_path)
+        assert sorted(n["visible"] for n in r["nodes"]) == ["0", "1", "6", "7"], r
+        assert all(n["gpus"] == [n["visible"]] for n in r["nodes"]), r
+        no_leftovers(r["job_id"])
     assert standalone.processes() == []
+
+
+CONNECT_GPUS = r'''
+import json, os, sys
+from pyspark.sql import SparkSession
+import ember
+
+spark = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
+assert type(spark).__module__.startswith("pyspark.sql.connect"), type(spark)
+
+def report(args, ctx):
+    with open(os.path.join(args["out"], f"{ctx.task_index}.json"), "w") as f:
+        json.dump({"visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "gpus": ctx.gpus}, f)
+
+out = sys.argv[2]
+cluster = ember.Cluster.run(spark, report, {"out": out}, num_executors=4, gpus_per_node=1, reservation_timeout=120)
+cluster.shutdown(timeout=120)
+print("RESULT " + json.dumps({"job_id": cluster.job_id,
+                              "nodes": [json.load(open(os.path.join(out, f"{i}.json"))) for i in range(4)]}), flush=True)
+'''
+
+
+def _connect_gpus(standalone, tmp_path) -> dict:
+    from connect_server import ConnectServer, run_client
+
+    conf = {k: v for k, v in standalone.spark_conf().items() if k != "spark.master"}
+    server = ConnectServer(standalone.master_url, tmp_path / "connect-server.log", env=standalone.env(),
+                           conf={**conf, "spark.executor.resource.gpu.amount": "2"})
+    try:
+        out = tmp_path / "connect"
+        out.mkdir()
+        proc = run_client(CONNECT_GPUS, server.url, str(out), timeout=300)
+        found = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        assert proc.returncode == 0 and found, (proc.stdout[-3000:], proc.stderr[-5000:], server.log_tail())
+        return json.loads(found[-1][len("RESULT "):])
+    finally:
+        server.stop()
 
 
 def gpu_square_server(args, ctx):

@@ -46,3 +46,28 @@ def test_torch_dataset_transform(tmp_path):
     assert [len(y) for _, y in batches] == [8, 2]
     x, y = batches[0]
     assert x.shape == (8, 6) and abs(float(x[1, 0]) - 1 / 255.0) < 1e-7 and y.tolist() == list(range(8))
+
+
+def test_parquet_batches_as_a_torch_dataset(tmp_path):
+    """ember.data.parquet_batches(...).to_torch_dataset(): Arrow's read-only buffers become
+    tensors torch may write to (copied), every row once over the shards, equal batch counts."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for f in range(3):
+        ids = np.arange(f * 30, f * 30 + 30, dtype=np.int64)
+        x = pa.FixedSizeListArray.from_arrays(pa.array(np.repeat(ids, 3).astype(np.float32)), 3)
+        pq.write_table(pa.table({"id": ids, "x": x}), str(tmp_path / f"part-{f}.parquet"), row_group_size=10)
+    seen, counts = [], []
+    for shard in range(2):
+        ds = ember.data.parquet_batches(str(tmp_path), batch_size=8, shard=(shard, 2), shuffle=True,
+                                        equal_batches=True).to_torch_dataset()
+        n = 0
+        for batch in torch.utils.data.DataLoader(ds, batch_size=None):
+            assert batch["x"].dtype == torch.float32 and batch["x"].shape == (8, 3)
+            assert torch.equal(batch["x"][:, 0], batch["id"].float())
+            batch["x"].add_(1)  # writable
+            seen.extend(batch["id"].tolist())
+            n += 1
+        counts.append(n)
+    assert counts[0] == counts[1] == 40 // 8 and len(set(seen)) == len(seen)  # 9 row groups of 10: 50 and 40 rows

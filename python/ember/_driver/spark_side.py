@@ -364,7 +364,19 @@ class ConnectSide(SparkSide):
         return routable_address(driver, int(self.conf("spark.driver.port", "7077") or 7077))
 
     def register_profile(self, profile: Any) -> None:
-        return None  # Connect registers a profile when a stage names it
+        """Creates `profile` on the server now.  pyspark does it when the profile's id is first
+        asked, with the asking thread's active session, and the nodes' stage runs on a thread of
+        the gang's that has none ("SparkSession should be initialized before ResourceProfile
+        creation"): so it is asked here, in this thread, with this session made active for it."""
+        local = getattr(type(self.spark), "_active_session", None)  # pyspark's thread-local slot
+        before = getattr(local, "session", None)
+        if local is not None:
+            local.session = self.spark
+        try:
+            profile.id
+        finally:
+            if local is not None:
+                local.session = before
 
 
 def _retrying_a_reset_gateway(call: Callable[[], Any], what: str) -> Any:
