@@ -54,7 +54,7 @@ import numpy as np
 from ember import _ember, errors
 from ember.data import _fs
 from ember.data._features import RawBytes
-from ember.data.tfrecord import _shard_of
+from ember.data.tfrecord import _shard_of, _unsharded, _with_ragged
 
 Paths = Union[str, Sequence[str]]
 Columns = Union[None, Sequence[str], Dict[str, Any]]
@@ -502,24 +502,11 @@ class ParquetBatches:
         over this node's row groups.  Variable-length lists are ``tf.RaggedTensor``."""
         import tensorflow as tf
 
-        from ember.tf import _keep_freed_memory
-
         first = self._probe()
         signature = {name: _tf_spec(tf, value) for name, value in first.items()}
         ragged = [name for name, value in first.items() if isinstance(value, tuple)]
-
-        def gen():
-            _keep_freed_memory()
-            for batch in self:
-                for name in ragged:
-                    values, splits = batch[name]
-                    batch[name] = tf.RaggedTensor.from_row_splits(values, splits, validate=False)
-                yield batch
-
-        ds = tf.data.Dataset.from_generator(gen, output_signature=signature)
-        options = tf.data.Options()  # already this node's shard: a strategy must not shard it again
-        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-        return ds.with_options(options)
+        return _unsharded(tf, tf.data.Dataset.from_generator(_with_ragged(tf, self, ragged),
+                                                             output_signature=signature))
 
     def _probe(self) -> Batch:
         """One row of the dataset in its numpy form (for the tf.data signature): the first row

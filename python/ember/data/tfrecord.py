@@ -109,16 +109,7 @@ class TFRecordBatches:
         per_chunk = 1 if ragged else max(1, _CHUNK_ROWS // self.batch_size)
         if per_chunk == 1:
             signature = {s.name: _tf_spec(tf, s) for s in self.specs}
-
-            def gen():
-                _keep_freed_memory()  # runs after TF's generator dataset set its malloc options
-                for batch in self:
-                    for name in ragged:
-                        values, splits = batch[name]
-                        batch[name] = tf.RaggedTensor.from_row_splits(values, splits, validate=False)
-                    yield batch
-
-            ds = tf.data.Dataset.from_generator(gen, output_signature=signature)
+            ds = tf.data.Dataset.from_generator(_with_ragged(tf, self, ragged), output_signature=signature)
         else:
             # Python's cost per generator element (~0.3 ms here, on the cores training runs
             # on) is paid once per chunk of `per_chunk` batches: the core decodes a chunk,
@@ -139,11 +130,7 @@ class TFRecordBatches:
                         yield {k: v[None, full * size:] for k, v in batch.items()}
 
             ds = tf.data.Dataset.from_generator(gen, output_signature=signature).unbatch()
-        # Already this node's shard: a tf.distribute strategy must not shard it again (it
-        # would fall back to keeping every n-th batch of a generator).
-        options = tf.data.Options()
-        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-        return ds.with_options(options)
+        return _unsharded(tf, ds)
 
     def to_torch_dataset(self, transform=None, device=None, prefetch: int = 2):
         """A ``torch.utils.data.IterableDataset`` of ``{feature: tensor}`` batches, or of what
@@ -168,6 +155,27 @@ class TFRecordBatches:
                 return iter(device_batches(host, device, prefetch))
 
         return _Batches()
+
+
+def _with_ragged(tf, batches, ragged: List[str]):
+    """A tf.data generator function over `batches` ({name: numpy} dicts, re-iterable) whose
+    `ragged` columns, (values, row_splits) pairs, become ``tf.RaggedTensor``."""
+    def gen():
+        _keep_freed_memory()  # runs after TF's generator dataset set its malloc options
+        for batch in batches:
+            for name in ragged:
+                values, splits = batch[name]
+                batch[name] = tf.RaggedTensor.from_row_splits(values, splits, validate=False)
+            yield batch
+    return gen
+
+
+def _unsharded(tf, ds):
+    """`ds`, already this node's shard: a tf.distribute strategy must not shard it again (it
+    would fall back to keeping every n-th batch of a generator)."""
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return ds.with_options(options)
 
 
 def _tf_spec(tf, s: _features.Spec, chunked: bool = False):
