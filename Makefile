@@ -13,7 +13,7 @@ PYTEST_ARGS ?= --durations=25
 FUZZERS := codec_fuzz feed_codec_fuzz protocol_fuzz node_startup_fuzz collective_wire_fuzz record_reader_fuzz example_fuzz checkpoint_manifest_fuzz ps_codec_fuzz
 FUZZ_SECS ?= 10
 
-.PHONY: setup setup-torch setup-hdfs run test test-cpp build-asan test-asan test-tsan test-py test-torch fuzz clean cpp-trainer
+.PHONY: setup setup-torch setup-hdfs setup-delta run test test-cpp build-asan test-asan test-tsan test-py test-torch fuzz clean cpp-trainer
 
 setup: $(STAMPS)/ember
 
@@ -101,7 +101,7 @@ cpp-trainer: setup
 	mkdir -p build/cpp_trainer
 	cmake -E copy_if_different build/py/examples/cpp_trainer/cpp_trainer build/cpp_trainer/cpp_trainer
 
-test-py: setup setup-hdfs
+test-py: setup setup-hdfs setup-delta
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The gtests run under both sanitizers (ASan+UBSan: a Debug build; TSan: clang, optimized); the plain
@@ -113,7 +113,7 @@ test-py: setup setup-hdfs
 # the other, on a slower host); each step's output is printed whole when it ends.  The tests then
 # run one step at a time.
 test:
-	$(MAKE) --no-print-directory -j 2 --output-sync=target setup setup-torch setup-hdfs build-asan
+	$(MAKE) --no-print-directory -j 2 --output-sync=target setup setup-torch setup-hdfs setup-delta build-asan
 	$(MAKE) --no-print-directory test-asan test-tsan fuzz test-py test-torch
 
 # Real PyTorch for python/tests_torch (DataFeed.to_torch_dataset, ember.torch's synchronous
@@ -140,6 +140,17 @@ test-torch: setup setup-torch
 	@touch $@
 
 setup-hdfs: .hdfs/.installed
+
+# Delta Lake's Spark connector for the tests that write real Delta tables (scripts/delta/pom.xml):
+# delta-spark and delta-storage, ~8 MB, copied from Maven Central into .delta/lib once (the rest
+# of their closure is Spark's own).
+.delta/.installed: scripts/delta/pom.xml $(STAMPS)/system
+	rm -rf .delta/lib
+	mvn -q -B -f scripts/delta/pom.xml dependency:copy-dependencies -DincludeScope=runtime \
+	  -DexcludeArtifactIds=antlr4-runtime,scala-library -DoutputDirectory=$(abspath .delta/lib)
+	@touch $@
+
+setup-delta: .delta/.installed
 
 clean:
 	rm -rf build $(STAMPS)

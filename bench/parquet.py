@@ -15,8 +15,9 @@ bests are reported.
              to numpy as a user would (image: the list's flattened values reshaped to [B, 784])
   petastorm  petastorm.make_batch_reader(file:// URL, schema_fields=[image, label]) (0.12.1, its
              last release), its batches re-cut to B rows; in an environment of its own
-             (bench/.petastorm-site: pyarrow 15, numpy 1.26, pip --target) since it imports
-             pyarrow.filesystem, gone from pyarrow >= 16; one subprocess per round, which
+             (bench/.petastorm-site: pyarrow 12, numpy 1.26, pip --target) since it needs
+             pyarrow's legacy ParquetDataset (validate_schema=, pyarrow.filesystem), gone from
+             pyarrow >= 15; one subprocess per round, which
              times one pass after a warm-up pass.  If it cannot be installed or run here, the
              reason is printed and the ratio to it is left out.
 
@@ -44,11 +45,11 @@ import _common as C  # noqa: E402
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 PETASTORM_SITE = Path(__file__).resolve().parent / ".petastorm-site"
-# Petastorm's last release imports pyarrow.filesystem, which pyarrow >= 16 no longer has: it runs in
+# Petastorm's last release needs pyarrow's legacy ParquetDataset, which pyarrow >= 15 no longer has: it runs in
 # an environment of its own (pip --target, no deps: these pins, then the venv's pyspark, six, ...),
 # in a subprocess per round.
-PETASTORM = ["petastorm==0.12.1", "pyarrow==15.0.2", "numpy==1.26.4", "pandas==2.1.4", "pytz==2024.2",
-             "diskcache==5.6.3", "dill==0.3.9", "future==1.0.0", "fsspec==2024.10.0", "psutil==6.1.0"]
+PETASTORM = ["petastorm==0.12.1", "pyarrow==12.0.1", "numpy==1.26.4", "pandas==2.1.4", "pytz==2024.2",
+             "diskcache==5.6.3", "dill==0.3.9", "future==1.0.0", "fsspec==2024.10.0", "psutil==6.1.0", "pyzmq==26.2.0"]
 WIDTH = 784
 
 
@@ -120,7 +121,8 @@ def _petastorm_env() -> dict:
 # One round of Petastorm in its own environment: a warm-up pass, then one timed pass; prints the
 # rows and seconds of the timed one.
 PETASTORM_ROUND = r"""
-import json, sys, time
+import json, sys, time, warnings
+warnings.simplefilter("ignore", FutureWarning)
 import numpy as np
 from petastorm import make_batch_reader
 path, batch, width = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -128,7 +130,7 @@ path, batch, width = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 def one_pass():
     n = pending = 0
     with make_batch_reader("file://" + path, schema_fields=["image", "label"], num_epochs=1,
-                           workers_count=1, shuffle_row_groups=False) as reader:
+                           shuffle_row_groups=False) as reader:  # its default pool: 10 threads
         for b in reader:
             image = np.stack(b.image) if b.image.dtype == object else b.image
             assert image.shape[-1] == width

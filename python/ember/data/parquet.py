@@ -45,6 +45,7 @@ import concurrent.futures
 import heapq
 import io
 import itertools
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
@@ -168,12 +169,15 @@ def _assign(pieces: List[_Piece], count: int) -> List[List[_Piece]]:
 
 
 # ----------------------------------------------------------------------------- columns
-def _typed_partition_values(values: List[str]):
-    """A partition key's values typed as Spark and pyarrow infer them: int64, float64, else str."""
+def _typed_partition_values(values: List[Optional[str]], kind: Optional[Callable] = None):
+    """A partition key's values typed by ``kind`` (a Delta table's schema) or as Spark and pyarrow
+    infer them from paths: int64, float64, else str.  None (a null) stays None."""
+    if kind is not None:
+        return [None if v is None else kind(v) for v in values]
     for kind in (int, float):
         try:
             return [kind(v) for v in values]
-        except ValueError:
+        except (ValueError, TypeError):
             continue
     return values
 
@@ -331,7 +335,8 @@ class ParquetBatches:
     def __init__(self, uris: List[str], columns: List[_Column], batch_size: int, *, resolve,
                  shard: Tuple[int, int], drop_remainder: bool, equal_batches: bool, shuffle: bool,
                  shuffle_buffer: int, seed: int, prefetch: int, partitions: List[Dict[str, str]],
-                 plan: List[List[_Piece]], use_threads: bool, readers: int):
+                 plan: List[List[_Piece]], use_threads: bool, readers: int,
+                 partition_types: Optional[Dict[str, Callable]] = None):
         self.uris = uris
         self.columns = columns
         self.batch_size = batch_size
@@ -350,7 +355,8 @@ class ParquetBatches:
         self._readers = max(1, readers)
         self.node_rows = [sum(p.rows for p in node) for node in plan]
         self._epoch = 0
-        self._typed = {c.name: _typed_partition_values([p[c.name] for p in partitions])
+        types = partition_types or {}
+        self._typed = {c.name: _typed_partition_values([p[c.name] for p in partitions], types.get(c.name))
                        for c in columns if c.partition}
         self.stats: Dict[str, int] = {}  # the last pass's counters (row_groups, rows, batches)
 
@@ -390,6 +396,9 @@ class ParquetBatches:
         for col in self.columns:
             if col.partition:
                 value = self._typed[col.name][piece.file]
+                if value is None:
+                    raise _fail(uri, piece.group, col.name, "a null partition value; ember.data reads no nulls "
+                                "(leave the partition out with partition_filter)")
                 batch[col.name] = np.full(piece.rows, value, dtype=object if isinstance(value, str) else None)
                 continue
             chunked = table.column(col.name)
@@ -631,7 +640,35 @@ def parquet_batches(paths: Paths, columns: Columns = None, batch_size: int = 128
         for uri in _ember.fs_glob(str(p), resolve, recursive=True):
             if uri not in uris:
                 uris.append(uri)
-    partitions = [_partition_of(u) for u in uris]
+    return _batches_of_files(items, uris, [_partition_of(u) for u in uris], columns, batch_size, resolve=resolve,
+                             ctx=ctx, shard=shard, partition_filter=partition_filter, shuffle=shuffle,
+                             shuffle_buffer=shuffle_buffer, seed=seed, drop_remainder=drop_remainder,
+                             equal_batches=equal_batches, prefetch=prefetch, readers=readers,
+                             use_threads=use_threads)
+
+
+def _footer(uri: str, resolve, listed_by: Optional[str]):
+    """``uri``'s ParquetFile (its footer read); NotFound naming who listed a file that is not there."""
+    try:
+        return _parquet_file(uri, resolve)
+    except (errors.NotFound, errors.Corruption) as e:
+        local = _local_path(uri)
+        gone = isinstance(e, errors.NotFound) or (local is not None and not os.path.exists(local))
+        if not gone:
+            raise
+        where = f"; {listed_by} lists it (removed by VACUUM or by hand?)" if listed_by else ""
+        raise errors.NotFound(f"{uri}: no such Parquet file{where}") from e
+
+
+def _batches_of_files(items, uris: List[str], partitions: List[Dict[str, Optional[str]]], columns: Columns,
+                      batch_size: int, *, resolve, ctx, shard, partition_filter: PartitionFilter, shuffle: bool,
+                      shuffle_buffer: int, seed: int, drop_remainder: bool, equal_batches: bool, prefetch: int,
+                      readers: int, use_threads: bool, partition_types: Optional[Dict[str, Callable]] = None,
+                      listed_by: Optional[str] = None) -> ParquetBatches:
+    """The plan for Parquet files already found (a directory's, a glob's, a Delta snapshot's):
+    the partition filter, the footers (the files' schemas checked against the first's), the
+    row groups, this node's share.  ``partitions`` holds each file's partition values as strings
+    (None: a null value); ``partition_types`` types them (default: as Spark infers from paths)."""
     kept = [(u, part) for u, part in zip(uris, partitions) if _keep(part, partition_filter)]
     if not kept:
         raise errors.NotFound(f"no Parquet file of {items} is in the partitions {partition_filter!r} "
@@ -644,7 +681,7 @@ def parquet_batches(paths: Paths, columns: Columns = None, batch_size: int = 128
     want_schema = None
     first_uri = uris[0]
     for i, uri in enumerate(uris):
-        pf = _parquet_file(uri, resolve)
+        pf = _footer(uri, resolve, listed_by)
         schema = pf.schema_arrow
         if specs is None:
             specs = _column_specs(columns, schema, keys, uri)
@@ -680,7 +717,8 @@ def parquet_batches(paths: Paths, columns: Columns = None, batch_size: int = 128
     return ParquetBatches(uris, specs, int(batch_size), resolve=resolve, shard=(index, count),
                           drop_remainder=drop_remainder, equal_batches=equal_batches, shuffle=shuffle,
                           shuffle_buffer=int(shuffle_buffer), seed=int(seed), prefetch=int(prefetch),
-                          partitions=partitions, plan=plan, use_threads=use_threads, readers=int(readers))
+                          partitions=partitions, plan=plan, use_threads=use_threads, readers=int(readers),
+                          partition_types=partition_types)
 
 
 def parquet_dataset(paths: Paths, columns: Columns = None, batch_size: int = 128, **kwargs):
