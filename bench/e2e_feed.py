@@ -13,6 +13,10 @@ inter-op thread per node, on a Spark standalone cluster of 2 workers on this hos
                same IDX files by examples/fashion_mnist/data.py) with ember.data.tfrecord_dataset
                (Ember's C++ reader: CRC checks and tf.Example decode on the core's thread, the
                image as raw uint8 [B, 28, 28], read from the files on every pass, no cache).
+  ember_parquet  Ember InputMode.TENSORFLOW from Parquet (issue 23): each node reads its share of
+               the row groups of the Parquet file the ember_spark DataFrame is read from (image:
+               binary, label: long) with ember.data.parquet_dataset (Arrow's reader; the image as
+               raw uint8 [B, 28, 28] through RawBytes, no copy), read from the file on every pass.
   tfdata_tf    the same shards with tf.data (TFRecordDataset, parse_example, cache, batch): what
                a TENSORFLOW-mode program used before ember.data (TFoS's examples read this way).
   compute_only the ceiling, not a contender: Ember InputMode.TENSORFLOW where each node trains on
@@ -23,7 +27,7 @@ inter-op thread per node, on a Spark standalone cluster of 2 workers on this hos
                TFCluster.train; each node trains from a tf.data generator over
                TFNode.DataFeed.next_batch(batch) (chief + worker, so TFoS sets TF_CONFIG).
 
-The three Ember pipelines run in ONE pair of node processes (InputMode.SPARK; the TFRecord and
+The four Ember pipelines run in ONE pair of node processes (InputMode.SPARK; the TFRecord and
 in-memory pipelines need no feed), interleaved: each node warms every pipeline up (--warmup steps
 each: tracing, first all-reduces), then runs --repeats rounds, each timing one window of --steps
 steps per pipeline, the order rotating from round to round.  So the contenders share the same
@@ -34,10 +38,11 @@ the same windows.  Each worker iterates its own plain tf.data pipeline (prefetch
 off, as main.py does) and hands its batch to strategy.run.  No shuffling in any mode.
 samples/s = steps x global batch / window seconds, measured on worker 0 (chief for TFoS);
 medians over the windows.  The last line is:
-  e2e_samples_per_sec: ember_spark=<v> ember_tf=<v> tfdata_tf=<v> compute_only=<v> tfos_spark=<v>
+  e2e_samples_per_sec: ember_spark=<v> ember_tf=<v> ember_parquet=<v> tfdata_tf=<v> compute_only=<v> tfos_spark=<v>
                        ratio_spark_vs_tf=<v> ratio_vs_tfos=<v> ceiling_ratio_vs_tfos=<v>
-                       ratio_tf_vs_ceiling=<v> ratio_spark_vs_ceiling=<v>
-  (the two *_vs_ceiling: median over rounds of each round's ember_tf or ember_spark / compute_only)
+                       ratio_tf_vs_ceiling=<v> ratio_spark_vs_ceiling=<v> ratio_parquet_vs_ceiling=<v>
+  (the three *_vs_ceiling: median over rounds of each round's ember_tf, ember_spark or
+  ember_parquet / compute_only)
 
   .venv/bin/python bench/e2e_feed.py            # defaults: batch 64 per node, 20 + 10 rounds x 100 steps
 """
@@ -158,7 +163,7 @@ def _to_xy(np, images, labels):
 
 
 def ember_interleaved_main(args, ctx):
-    """One pair of Ember nodes (InputMode.SPARK) times all three Ember pipelines in turn."""
+    """One pair of Ember nodes (InputMode.SPARK) times all four Ember pipelines in turn."""
     import numpy as np
     tf, example, data = _node_common(args)
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
@@ -173,6 +178,9 @@ def ember_interleaved_main(args, ctx):
     import ember.data
     ember_ds = ember.data.tfrecord_dataset(files, data.ember_features(), args["batch"], shard=(i, n),
                                            drop_remainder=True).map(data.parse_batch).repeat()
+    # ember_parquet: this node's row groups of the Parquet file, read in place on every pass.
+    pq_ds = ember.data.parquet_dataset(args["parquet"], {"image": ember.data.RawBytes((28, 28)), "label": None},
+                                       args["batch"], shard=(i, n), drop_remainder=True).map(data.parse_batch).repeat()
     # tfdata_tf: the same shards through tf.data.
     tf_ds = tf.data.TFRecordDataset(files[i::n], num_parallel_reads=len(files[i::n]))
     tf_ds = tf_ds.map(data.parse_example, num_parallel_calls=2).cache()
@@ -181,8 +189,8 @@ def ember_interleaved_main(args, ctx):
     batch = next(iter(tf.data.TFRecordDataset(files[i::n]).map(data.parse_example).batch(args["batch"])))
     compute_ds = tf.data.Dataset.from_tensors(batch).repeat()
 
-    pipelines = {"ember_spark": spark_ds.prefetch(2), "ember_tf": ember_ds.prefetch(2), "tfdata_tf": tf_ds.prefetch(2),
-                 "compute_only": compute_ds}
+    pipelines = {"ember_spark": spark_ds.prefetch(2), "ember_tf": ember_ds.prefetch(2),
+                 "ember_parquet": pq_ds.prefetch(2), "tfdata_tf": tf_ds.prefetch(2), "compute_only": compute_ds}
     _time_windows(args, tf, train_steps, global_batch, pipelines, ctx.task_index == 0, "ember.json")
     ctx.barrier("bench_done", timeout=600)  # leave together (TF's coordination service)
 
@@ -241,6 +249,7 @@ def run_ember(cluster, args, node_args, out: Path, tmp: Path) -> dict:
     # Exactly the rows the ember_spark windows consume: 2 nodes x batch x steps.
     rows = 2 * args.batch * (args.warmup + args.repeats * args.steps)
     df = fashion_df(spark, rows, args.partitions, tmp)
+    node_args = dict(node_args, parquet=str(tmp / "train.parquet"))  # ember_parquet reads it in place
     C.log(f"ember_spark data: {rows} rows in {args.partitions} partitions; {C.cached_fraction(sc)}")
     t = time.time()
     c = ember.Cluster.run(spark, ember_interleaved_main, node_args, num_executors=2,
@@ -329,15 +338,18 @@ def main(argv=None) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
     med = {k: C.median(results[k]["samples_per_sec"]) if k in results else float("nan")
-           for k in ("ember_spark", "ember_tf", "tfdata_tf", "compute_only", "tfos_spark")}
+           for k in ("ember_spark", "ember_tf", "ember_parquet", "tfdata_tf", "compute_only", "tfos_spark")}
     results["medians"] = med
     # Paired: each round's window over the same round's compute_only window.
     ceiling = results["compute_only"]["samples_per_sec"]
     paired = [a / b for a, b in zip(results["ember_spark"]["samples_per_sec"], ceiling)]
     paired_tf = [a / b for a, b in zip(results["ember_tf"]["samples_per_sec"], ceiling)]
+    paired_pq = [a / b for a, b in zip(results["ember_parquet"]["samples_per_sec"], ceiling)]
     results["paired_spark_vs_ceiling"], results["paired_tf_vs_ceiling"] = paired, paired_tf
+    results["paired_parquet_vs_ceiling"] = paired_pq
     C.log(f"ember_spark / compute_only per round: {[round(x, 3) for x in paired]}")
     C.log(f"ember_tf / compute_only per round: {[round(x, 3) for x in paired_tf]}")
+    C.log(f"ember_parquet / compute_only per round: {[round(x, 3) for x in paired_pq]}")
     print()
     print(f"medians over {args.repeats} windows of {args.steps} steps, samples/s (global batch {2 * args.batch}):")
     for k, v in med.items():
@@ -346,12 +358,14 @@ def main(argv=None) -> None:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     C.log(f"machine at end: {C.machine_info()}")
     print(f"e2e_samples_per_sec: ember_spark={C.fmt_rate(med['ember_spark'])} ember_tf={C.fmt_rate(med['ember_tf'])} "
+          f"ember_parquet={C.fmt_rate(med['ember_parquet'])} "
           f"tfdata_tf={C.fmt_rate(med['tfdata_tf'])} "
           f"compute_only={C.fmt_rate(med['compute_only'])} tfos_spark={C.fmt_rate(med['tfos_spark'])} "
           f"ratio_spark_vs_tf={med['ember_spark'] / med['ember_tf']:.2f} "
           f"ratio_vs_tfos={med['ember_spark'] / med['tfos_spark']:.2f} "
           f"ceiling_ratio_vs_tfos={med['compute_only'] / med['tfos_spark']:.2f} "
-          f"ratio_tf_vs_ceiling={C.median(paired_tf):.2f} ratio_spark_vs_ceiling={C.median(paired):.2f}")
+          f"ratio_tf_vs_ceiling={C.median(paired_tf):.2f} ratio_spark_vs_ceiling={C.median(paired):.2f} "
+          f"ratio_parquet_vs_ceiling={C.median(paired_pq):.2f}")
 
 
 if __name__ == "__main__":

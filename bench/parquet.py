@@ -13,6 +13,9 @@ bests are reported.
              iterated once per round as a training loop iterates it once per epoch
   bare       pyarrow.dataset.dataset(dir).to_batches(columns, batch_size=B), each batch's columns
              to numpy as a user would (image: the list's flattened values reshaped to [B, 784])
+  decode     the floor, not a contender: every row group read by Arrow's ParquetFile.read_row_group
+             on 2 threads (one row group each, as Ember's 2 readers), into Arrow tables only, no
+             batching, no numpy: what any reader of these files pays to decode them
   petastorm  petastorm.make_batch_reader(file:// URL, schema_fields=[image, label]) (0.12.1, its
              last release), its batches re-cut to B rows; in an environment of its own
              (bench/.petastorm-site: pyarrow 12, numpy 1.26, pip --target) since it needs
@@ -21,7 +24,8 @@ bests are reported.
              times one pass after a warm-up pass.  If it cannot be installed or run here, the
              reason is printed and the ratio to it is left out.
 
-Last line: parquet_rows_per_sec: ember=<v> bare=<v> [petastorm=<v>] ember_vs_bare=<r> [ember_vs_petastorm=<r>]
+Last line: parquet_rows_per_sec: ember=<v> bare=<v> decode=<v> [petastorm=<v>] ember_vs_bare=<r>
+           ember_vs_decode=<r> [ember_vs_petastorm=<r>]
 
   .venv/bin/python bench/parquet.py                       # ~2 min
   .venv/bin/python bench/parquet.py --rows 50000 --repeats 2   # quick
@@ -94,6 +98,24 @@ def read_bare(path: str, batch: int):
             assert image.shape[0] == len(label)
             n += len(label)
         return n
+    return run
+
+
+def read_decode(path: str, batch: int):
+    import concurrent.futures
+
+    import pyarrow.parquet as pq
+
+    files = sorted(str(p) for p in Path(path).iterdir())
+    jobs = [(f, g) for f in files for g in range(pq.ParquetFile(f).metadata.num_row_groups)]
+
+    def one(job) -> int:
+        f, g = job
+        return pq.ParquetFile(f).read_row_group(g, columns=["image", "label"], use_threads=False).num_rows
+
+    def run() -> int:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            return sum(pool.map(one, jobs))
     return run
 
 
@@ -174,7 +196,8 @@ def main(argv=None) -> None:
         write_data(d, a.rows, a.files, a.row_group)
         mb = sum(f.stat().st_size for f in d.iterdir()) / 1e6
         C.log(f"{a.rows:,} rows x {WIDTH} floats in {a.files} files ({mb:,.0f} MB), row groups of {a.row_group:,}")
-        contenders = {"ember": read_ember(str(d), a.batch), "bare": read_bare(str(d), a.batch)}
+        contenders = {"ember": read_ember(str(d), a.batch), "bare": read_bare(str(d), a.batch),
+                      "decode": read_decode(str(d), a.batch)}
         why = "skipped (--skip-petastorm)" if a.skip_petastorm else ensure_petastorm()
         if why:
             C.log(f"petastorm: not run: {why}")
@@ -204,6 +227,7 @@ def main(argv=None) -> None:
         shutil.rmtree(d, ignore_errors=True)
     med = {name: C.median(v) for name, v in rates.items()}
     line = " ".join(f"{name}={med[name]:.0f}" for name in med) + f" ember_vs_bare={med['ember'] / med['bare']:.3f}"
+    line += f" ember_vs_decode={med['ember'] / med['decode']:.3f}"
     if "petastorm" in med:
         line += f" ember_vs_petastorm={med['ember'] / med['petastorm']:.3f}"
     print(f"parquet_rows_per_sec: {line}", flush=True)

@@ -2,7 +2,7 @@
 from the edge, a node's context or the driver's Spark Hadoop configuration."""
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import List, Sequence, Tuple, Union
 
 from ember import _ember, _hadoop
 
