@@ -274,3 +274,19 @@ def test_two_nodes_train_from_parquet_in_sync(spark, tmp_path):
     assert reports[0]["w"] == reports[1]["w"]  # synchronous: the replicas stay identical
     assert np.allclose(reports[0]["w"], [2, -1], atol=0.15), reports[0]
     assert reports[0]["loss"][-1] < reports[0]["loss"][0] / 5
+
+
+def test_a_shuffled_pass_reads_each_footer_once(uneven, monkeypatch):
+    """Shuffled, a node's row groups come file after file in any order: each reader keeps its
+    last few files open, so a pass over 3 files opens each once, not once per row group."""
+    from ember.data import parquet as P
+
+    opened = []
+    real = P._parquet_file
+    monkeypatch.setattr(P, "_parquet_file", lambda uri, resolve: opened.append(uri) or real(uri, resolve))
+    data = parquet_batches(str(uneven), ["id"], 50, shard=(0, 1), shuffle=True, prefetch=0)
+    opened.clear()  # the plan's own footer reads
+    for _ in range(2):
+        opened.clear()
+        assert sorted(int(i) for b in data for i in b["id"]) == list(range(1000))
+        assert sorted(opened) == sorted(set(opened)) and len(opened) == 3

@@ -62,6 +62,7 @@ Columns = Union[None, Sequence[str], Dict[str, Any]]
 PartitionFilter = Union[None, Dict[str, Any], Callable[[Dict[str, str]], bool]]
 
 DEFAULT_SHUFFLE_BUFFER = 8192  # rows pooled across row groups when shuffling
+_OPEN_FILES = 8  # files a reader thread keeps open (footers read once) within a pass
 
 
 # ----------------------------------------------------------------------------- files
@@ -375,15 +376,18 @@ class ParquetBatches:
 
     # -- reading
     def _read(self, piece: _Piece, opened: Optional[Dict[int, Any]] = None) -> Batch:
-        """Rows of one piece; `opened` keeps the pass's open files (their footers read once)."""
+        """Rows of one piece; `opened` keeps the reader's last few open files (their footers read once)."""
         import pyarrow as pa
 
         uri = self.uris[piece.file]
         names = [c.name for c in self.columns if not c.partition]
         opened = {} if opened is None else opened
         try:
-            if piece.file not in opened:
-                opened.clear()  # pieces come file by file (shuffled: one file open at a time)
+            if piece.file in opened:
+                opened[piece.file] = opened.pop(piece.file)  # the most recently used last
+            else:
+                while len(opened) >= _OPEN_FILES:  # shuffled order comes back to files: keep a few open
+                    del opened[next(iter(opened))]
                 opened[piece.file] = _parquet_file(uri, self._resolve)
             table = opened[piece.file].read_row_group(piece.group, columns=names, use_threads=self._use_threads)
         except errors.EmberError:
