@@ -37,6 +37,11 @@ connect_timeout            spark.ember.connectTimeout         30                
 executor_check_timeout     spark.ember.executorCheckTimeout   120               seconds the check that the executors' Python
                            EMBER_EXECUTOR_CHECK_TIMEOUT                         imports this Ember may take (one tiny Spark
                                                                                 job before the first nodes of an application)
+feed_source                spark.ember.feed.source            auto              InputMode.SPARK: what cluster.train feeds
+                           EMBER_FEED_SOURCE                                    from a DataFrame: "auto" (a plain Parquet
+                                                                                scan's files, which the nodes read in place;
+                                                                                any other DataFrame's rows) or "spark"
+                                                                                (always its rows, through Spark)
 kill_grace_secs            spark.ember.killGraceSecs          3                 seconds a stopped node gets between SIGTERM
                            EMBER_KILL_GRACE_SECS                                and SIGKILL
 feed_ring_bytes            spark.ember.feed.ringBytes         67108864          InputMode.SPARK: size of each training node's
@@ -102,6 +107,9 @@ SETTINGS = {
                 "bytes of each training node's shared-memory feed ring"),
         Setting("feed_transport", "spark.ember.feed.transport", "EMBER_FEED_TRANSPORT", "auto", str,
                 "how feeding tasks reach nodes: auto, shm or tcp"),
+        Setting("feed_source", "spark.ember.feed.source", "EMBER_FEED_SOURCE", "auto", _choice("auto", "spark"),
+                "what cluster.train feeds from a DataFrame: auto (a plain Parquet scan's files, read by the "
+                "nodes in place; else its rows) or spark (its rows)"),
         Setting("kill_grace_secs", "spark.ember.killGraceSecs", "EMBER_KILL_GRACE_SECS", 3.0,
                 float, "seconds between SIGTERM and SIGKILL when a node is stopped"),
         Setting("spark_progress", "spark.ember.console.sparkProgress", "EMBER_CONSOLE_SPARK_PROGRESS", "hide",

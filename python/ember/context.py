@@ -204,8 +204,10 @@ class Context:
                                "worker nodes receive data in InputMode.SPARK")
         from ember.feed import DataFeed
         if getattr(self, "_feed", None) is None:
+            from ember import _hadoop
             self._feed = DataFeed(self._feed_ring, node=f"{self.job_name}:{self.task_index}",
-                                  train_mode=train_mode, input_mapping=input_mapping, timeout=timeout)
+                                  train_mode=train_mode, input_mapping=input_mapping, timeout=timeout,
+                                  resolve=_hadoop.resolve_options(self.default_fs, getattr(self, "hdfs_http_address", "")))
         else:  # one ring per node: a second call re-configures the same feed
             self._feed.train_mode = train_mode
             self._feed._input_mapping = dict(input_mapping) if input_mapping else None

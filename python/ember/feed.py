@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from ember import _arrow_rows as rows_mod
-from ember import errors
+from ember import _parquet_io, errors
 
 _DECODED_CACHE = 4  # received batches kept decoded (a batch is handed out over several calls; few,
                     # since a kept batch pins ring bytes: see FeedConsumer in include/ember/feed.h)
@@ -47,11 +47,13 @@ class DataFeed:
             {tensor name: [values]} (TFoS's input_mapping), column names matched by name.
         timeout: seconds a read may wait for data before raising DeadlineExceeded.
         result_timeout: seconds a result write may block on a full result ring.
+        resolve: the core's ResolveOptions for the files of a plain Parquet scan, which
+            ``cluster.train`` has the node read in place (``hdfs://`` through fs.defaultFS).
     """
 
     def __init__(self, ring, node: str = "node", train_mode: bool = True,
                  input_mapping: Optional[Dict[str, str]] = None, timeout: float = 3600.0,
-                 result_timeout: float = 600.0):
+                 result_timeout: float = 600.0, resolve=None):
         from ember import _ember
         options = _ember.ConsumerOptions()
         options.node = node
@@ -60,6 +62,8 @@ class DataFeed:
         options.result_timeout = result_timeout
         self._consumer = _ember.FeedConsumer.open(ring if isinstance(ring, str) else ring.name, options)
         self._node = node
+        self._resolve = resolve  # how to reach the files of a plain Parquet scan (ResolveOptions; None: local)
+        self._files: Dict[str, Any] = {}  # their open files, the last few
         self._input_mapping = dict(input_mapping) if input_mapping else None
         self._decoded: "collections.OrderedDict[int, pa.RecordBatch]" = collections.OrderedDict()
         # message id -> the whole message's numpy columns (None: some column is not a plain
@@ -89,10 +93,18 @@ class DataFeed:
         batch = self._decoded.get(r.message_id)
         if batch is None:
             try:
-                batch = pa.ipc.open_stream(pa.py_buffer(r.ipc())).read_next_batch()
+                reader = pa.ipc.open_stream(pa.py_buffer(r.ipc()))
+                ref = _parquet_io.file_rows_ref(reader.schema)
+                if ref is None:
+                    batch = reader.read_next_batch()
             except (pa.ArrowInvalid, StopIteration, OSError) as e:
                 raise errors.Corruption(f"node {self._node}: a fed batch of partition {r.partition} is not a "
                                         f"valid Arrow IPC stream: {e}") from e
+            if ref is not None:  # a plain Parquet scan's rows: read here, in place
+                batch = _parquet_io.read_file_rows(ref, self._resolve, self._files)
+                if r.offset + r.rows > batch.num_rows:
+                    raise errors.Corruption(f"node {self._node}: {ref['uri']} gave {batch.num_rows} rows where the "
+                                            f"feed counted at least {r.offset + r.rows}")
             self._decoded[r.message_id] = batch
             if len(self._decoded) > _DECODED_CACHE:
                 self._decoded.popitem(last=False)

@@ -21,8 +21,9 @@ LAYERS = [
      "_driver", "_launcher", "_feeder", "_node"},  # the rooms' __init__: a docstring only
     # the driver's console (reads config); a node's environment and rank rule; rings that die with their launcher; GPUs on each side
     {"_driver.console", "_node.env", "_launcher.ring_owner", "_launcher.gpus", "_driver.gpus",
-     "_driver.spark_side", "_launcher.relay"},  # ... the one seam to Spark (classic or Connect); a coordinator relay
-    {"_driver.relay"},        # where the nodes reach the coordinator: this process, or a relay in the job
+     "_driver.spark_side", "_launcher.relay",  # ... the one seam to Spark (classic or Connect); a coordinator relay
+     "_parquet_io"},  # Parquet files through Ember's FileSystem layer; the file-rows reference of the feed
+    {"_driver.relay", "_driver.scan"},  # where the nodes reach the coordinator; is a DataFrame a plain file scan
     {"summary"},              # TensorBoard event files, written by the core
     {"checkpoint"},           # checkpoints, written and verified by the core
     {"ps"},                   # the parameter server's client and server (shards checkpoint through the above)

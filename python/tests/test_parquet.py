@@ -290,3 +290,105 @@ def test_a_shuffled_pass_reads_each_footer_once(uneven, monkeypatch):
         opened.clear()
         assert sorted(int(i) for b in data for i in b["id"]) == list(range(1000))
         assert sorted(opened) == sorted(set(opened)) and len(opened) == 3
+
+
+# ----------------------------------------------------------------------------- cluster.train(df) from files
+def test_which_dataframes_are_plain_parquet_scans(spark, tmp_path):
+    """Cluster.train reads a DataFrame's files in place only when every row of every file is what
+    it holds: a Parquet relation, or a projection of its columns; anything else names why not."""
+    from pyspark.sql import functions as F
+
+    from ember._driver.scan import parquet_scan
+    from ember._driver.spark_side import spark_side
+
+    side = spark_side(spark)
+    spark.range(0, 50, 1, 2).selectExpr("id", "id % 2 as h", "array(cast(id as float)) as v") \
+        .write.parquet(str(tmp_path / "p"))
+    spark.range(0, 50, 1, 2).selectExpr("id", "id % 2 as h").write.partitionBy("h").parquet(str(tmp_path / "q"))
+    spark.range(5).write.json(str(tmp_path / "j"))
+    df = spark.read.parquet(str(tmp_path / "p"))
+    scan, why = parquet_scan(df, side)
+    assert why == "" and scan.columns == ["id", "h", "v"] and len(scan.files) == 2
+    assert all(f.endswith(".parquet") for f in scan.files)
+    scan, _ = parquet_scan(df.select("v", "id"), side)
+    assert scan.columns == ["v", "id"]
+    part = spark.read.parquet(str(tmp_path / "q"))
+    assert parquet_scan(part.select("id"), side)[0].columns == ["id"]  # every file, no partition column
+    refused = {
+        "filter": (df.where("id > 3"), "more than a scan (Filter)"),
+        "expression": (df.select((F.col("id") * 2).alias("y")), "computes columns"),
+        "partition column": (part, "'h' is not in the files (a partition column)"),
+        "json": (spark.read.json(str(tmp_path / "j")), "not a Parquet scan"),
+        "limit": (df.limit(3), "more than a scan"),
+    }
+    for name, (d, reason) in refused.items():
+        scan, why = parquet_scan(d, side)
+        assert scan is None and reason in why, (name, why)
+
+
+def test_file_rows_slice_like_a_batch():
+    from ember._parquet_io import FileRows
+
+    rows = FileRows("file:///x.parquet", ["a"], [(0, 0, 100), (1, 0, 30), (2, 0, 70)])
+    assert rows.num_rows == 200
+    assert rows.slice(90, 50).ranges == [(0, 90, 100), (1, 0, 30), (2, 0, 10)]
+    assert rows.slice(130, 70).ranges == [(2, 0, 70)] and rows.slice(199, 5).ranges == [(2, 69, 70)]
+
+
+def fed_node(args, ctx):
+    """Reads every epoch cluster.train feeds (and the first val_epochs' validation), reports the rows."""
+    feed = ctx.get_data_feed()
+    epochs = []
+    while not feed.should_stop():
+        seen = []
+        for b in feed.epoch_batches(10):
+            assert b["v"].shape == (len(b["id"]), 2) and (b["v"][:, 0] == b["id"]).all()
+            seen += b["id"].tolist()
+        if not seen:
+            break
+        val = [i for b in feed.validation_batches(10) for i in b["id"].tolist()] \
+            if len(epochs) < args["val_epochs"] else []
+        epochs.append({"train": seen, "val": val})
+    with open(os.path.join(args["out"], f"{ctx.task_index}.json"), "w") as f:
+        json.dump(epochs, f)
+
+
+def test_train_reads_a_plain_parquet_scan_in_place(spark, tmp_path, capfd, monkeypatch):
+    """cluster.train(df) of a plain Parquet scan: the feeding tasks send the files' row ranges and
+    the nodes read them (logged); every epoch holds every row once, equally split, validation too;
+    the same rows as the rows feed (spark.ember.feed.source=spark), which a filtered DataFrame
+    takes by itself."""
+    spark.range(0, 600, 1, 3).selectExpr("id", "array(cast(id as float), 0.5f) as v", "id % 7 as other") \
+        .write.option("parquet.block.size", 8 * 1024).parquet(str(tmp_path / "train"))
+    spark.range(1000, 1100, 1, 1).selectExpr("id", "array(cast(id as float), 0.5f) as v") \
+        .write.parquet(str(tmp_path / "val"))
+    out = tmp_path / "out"
+    out.mkdir()
+    cluster = ember.Cluster.run(spark, fed_node, {"out": str(out), "val_epochs": 2}, num_executors=2,
+                                input_mode=ember.InputMode.SPARK, reservation_timeout=120)
+    try:
+        df = spark.read.parquet(str(tmp_path / "train")).select("id", "v")
+        cluster.train(df, num_epochs=2, validation_data=spark.read.parquet(str(tmp_path / "val")))
+        logged = capfd.readouterr().err
+        assert "Cluster.train: the DataFrame is a plain Parquet scan of 3 file(s)" in logged
+        assert "validation_data: the DataFrame is a plain Parquet scan of 1 file(s)" in logged
+        monkeypatch.setenv("EMBER_FEED_SOURCE", "spark")
+        cluster.train(df, num_epochs=1)
+        monkeypatch.delenv("EMBER_FEED_SOURCE")
+        cluster.train(df.where("id >= 100"), num_epochs=1)
+        assert "feeding the DataFrame's rows through Spark: its plan is more than a scan (Filter)" in \
+            capfd.readouterr().err
+    finally:
+        cluster.shutdown(timeout=240)
+    reports = [json.loads((out / f"{i}.json").read_text()) for i in range(2)]
+    assert [len(r) for r in reports] == [4, 4]
+    for e in range(4):
+        a, b = reports[0][e]["train"], reports[1][e]["train"]
+        want = range(100, 600) if e == 3 else range(600)
+        assert len(a) == len(b) and not set(a) & set(b) and set(a) | set(b) <= set(want)
+        assert len(want) - len(a) - len(b) < 2 * 10  # each node at most a batch short
+    for e in range(2):  # validation: every row, equal halves
+        assert sorted(reports[0][e]["val"] + reports[1][e]["val"]) == list(range(1000, 1100))
+    # files and rows feeds give the nodes the same rows (each node's share may differ)
+    assert sorted(reports[0][0]["train"] + reports[1][0]["train"]) == \
+        sorted(reports[0][2]["train"] + reports[1][2]["train"])

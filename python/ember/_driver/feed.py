@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from ember import _ember, config, errors
 from ember._driver.console import Console
+from ember._driver.scan import FileScan, parquet_scan
 from ember._driver.spark_job import spark_error_summary
 from ember._feeder import task as feeding
 from ember._names import FEED_ENDPOINT_KEY, WORKER_ROLES
@@ -73,23 +74,41 @@ def validation_epoch(epoch: int) -> int:
     return _ember.validation_epoch(epoch)
 
 
+def _sent_batch(p: int, sent, gone, stopped) -> pa.RecordBatch:
+    """A feeding task's report (_SENT_SCHEMA): the rows it sent each node, who was gone or stopped."""
+    return pa.RecordBatch.from_pydict(
+        {"partition": [p] * len(sent), "node": list(range(len(sent))), "rows": list(sent), "gone": list(gone),
+         "stopped": list(stopped)},
+        schema=pa.schema([("partition", pa.int32()), ("node", pa.int32()), ("rows", pa.int64()),
+                          ("gone", pa.bool_()), ("stopped", pa.bool_())]))
+
+
 def _feed_epoch(data: Any, epoch: int, eps: List[feeding.NodeEndpoint], opts: feeding.FeedOptions,
                 ended: Callable[[feeding.NodeEndpoint], bool]) -> Tuple[List[int], set, int]:
     """Feeds `data` once as epoch number `epoch` (one Spark job) and ends the epoch at every
     node; returns the rows each node got, the nodes that ended their feed (or returned), and
     the partition count."""
     num_nodes = len(eps)
-    if _is_dataframe(data):
+    if isinstance(data, FileScan):  # one task per file sends references to its rows
+        files, columns, fs_conf = data.files, data.columns, data.fs_conf
+
+        def feed_files(batches, epoch=epoch):
+            from pyspark import TaskContext
+            task = TaskContext.get()
+            p = task.partitionId()
+            uris = [files[int(i)] for b in batches for i in b.column(0).to_pylist()]
+            sent, gone, stopped = feeding.feed_partition(feeding.file_rows(uris, columns, fs_conf), p, epoch, eps,
+                                                         opts, task.attemptNumber())
+            yield _sent_batch(p, sent, gone, stopped)
+        tasks = data.spark.range(0, len(files), 1, len(files))
+        sent = [tuple(r) for r in tasks.mapInArrow(feed_files, _SENT_SCHEMA).collect()]
+    elif _is_dataframe(data):
         def feed_df(batches, epoch=epoch):
             from pyspark import TaskContext
             task = TaskContext.get()
             p = task.partitionId()
             sent, gone, stopped = feeding.feed_partition(batches, p, epoch, eps, opts, task.attemptNumber())
-            yield pa.RecordBatch.from_pydict(
-                {"partition": [p] * len(sent), "node": list(range(len(sent))), "rows": sent, "gone": gone,
-                 "stopped": stopped},
-                schema=pa.schema([("partition", pa.int32()), ("node", pa.int32()), ("rows", pa.int64()),
-                                  ("gone", pa.bool_()), ("stopped", pa.bool_())]))
+            yield _sent_batch(p, sent, gone, stopped)
         sent = [tuple(r) for r in data.mapInArrow(feed_df, _SENT_SCHEMA).collect()]
     else:
         def feed_rdd(p, rows, epoch=epoch):
@@ -298,6 +317,9 @@ class Feed:
                 raise TypeError(f"{what} takes a DataFrame or an RDD, got {type(d).__name__}")
         if data is None:
             raise TypeError("Cluster.train takes a DataFrame or an RDD, got None")
+        data = self._source(data, "Cluster.train")
+        if validation_data is not None:
+            validation_data = self._source(validation_data, "validation_data")
         with self._train_lock:
             self._refuse_while_the_server_streams("Cluster.train")
             done = 0
@@ -339,6 +361,22 @@ class Feed:
                                        f"the remaining {left} of the {num_epochs} epochs of this train() call")
                     return
                 done += 1
+
+    def _source(self, data: Any, what: str) -> Any:
+        """What feeds `data`: a plain Parquet scan's files (the nodes read them in place), else
+        `data` itself (its rows through Spark); the choice is logged (spark.ember.feed.source)."""
+        if not _is_dataframe(data):
+            return data
+        if config.get("feed_source", self._side) == "spark":
+            return data
+        scan, why = parquet_scan(data, self._side)
+        if scan is None:
+            self._console.info(f"{what}: feeding the DataFrame's rows through Spark: {why}")
+            return data
+        self._console.info(f"{what}: the DataFrame is a plain Parquet scan of {len(scan.files)} file(s): the "
+                           f"nodes read its columns {scan.columns} in place (spark.ember.feed.source=spark "
+                           "feeds its rows instead)")
+        return scan
 
     def _on_thread(self, gang, epoch: int, work: Callable[[], Optional[int]]) -> Optional[int]:
         """Runs `work` (one epoch) on a thread of its own under the feed's job group and returns

@@ -122,6 +122,10 @@ class SparkSide(abc.ABC):
         """(fs.defaultFS, the NameNode's WebHDFS host:port or "")."""
 
     @abc.abstractmethod
+    def optimized_plan(self, df: Any) -> str:
+        """`df`'s optimized logical plan as Spark prints it (a tree, one operator a line)."""
+
+    @abc.abstractmethod
     def coordinator_host(self) -> str:
         """The address of this process that executors can reach (no coordinator_host set)."""
 
@@ -209,6 +213,9 @@ class ClassicSide(SparkSide):
     def hadoop_fs_conf(self) -> Tuple[str, str]:
         from ember import _hadoop
         return _hadoop.spark_fs_conf(self.sc)
+
+    def optimized_plan(self, df: Any) -> str:
+        return str(df._jdf.queryExecution().optimizedPlan().toString())
 
     def coordinator_host(self) -> str:
         import socket
@@ -350,6 +357,13 @@ class ConnectSide(SparkSide):
             self.spark.interruptTag(group)
         except Exception:  # noqa: BLE001 - the session may be gone already
             pass
+
+    def optimized_plan(self, df: Any) -> str:
+        text = df._explain_string(extended=True)  # the server's explain: its optimized section
+        head = "== Optimized Logical Plan ==\n"
+        if head not in text:
+            raise ValueError("the server's explain has no optimized logical plan")
+        return text.split(head, 1)[1].split("\n== ", 1)[0]
 
     def hadoop_fs_conf(self) -> Tuple[str, str]:
         from ember import _hadoop

@@ -7,7 +7,9 @@ Arrow record batches in, Arrow IPC streams to the core's producers (in parts tha
 reference the batches' own buffers: the core copies them once, into the node's ring),
 result batches out, paired with their inputs.
 
-``cluster.train`` feeds each epoch as one Spark job.  A task splits every Arrow
+``cluster.train`` feeds each epoch as one Spark job.  For a plain Parquet scan the tasks send
+references to the files' rows instead of the rows (``FileRows``, split the same way), and the
+nodes read them in place.  A task splits every Arrow
 batch of its partition into contiguous slices, one per node, by the counts the
 core's producer gives (``FeedProducer.split``: every node within one row of the
 others), and the producer ends the partition at every node with every node's
@@ -26,6 +28,7 @@ from ember import _arrow_rows as rows_mod
 from ember import _ember
 from ember import errors
 from ember._names import NODE_END_KEY
+from ember._parquet_io import FileRows
 
 RDD_CHUNK_ROWS = 4096  # RDD rows per Arrow batch
 
@@ -96,7 +99,11 @@ def _ipc_parts(batch: pa.RecordBatch) -> _PartsSink:
 
 
 def _send(send: Callable[[list, int], None], max_bytes: int, batch: pa.RecordBatch) -> None:
-    """Sends `batch` as IPC parts, halved until each message fits `max_bytes` of IPC."""
+    """Sends `batch` as IPC parts, halved until each message fits `max_bytes` of IPC; a plain
+    scan's FileRows as its reference (the node reads the rows)."""
+    if isinstance(batch, FileRows):
+        send(batch.ipc_parts(), batch.num_rows)
+        return
     stream = _ipc_parts(batch)
     if stream.size <= max_bytes or batch.num_rows <= 1:
         send(stream.parts, batch.num_rows)  # one row too large: the core's InvalidArgument says so
@@ -150,6 +157,18 @@ def feed_partition(batches: Iterable[pa.RecordBatch], partition: int, epoch: int
         return list(producer.sent), [producer.gone(k) for k in nodes], [producer.cancelled(k) for k in nodes]
     finally:
         producer.close()
+
+
+def file_rows(uris: Sequence[str], columns: Sequence[str], fs_conf: Tuple[str, str]) -> Iterator[FileRows]:
+    """A plain Parquet scan's files as FileRows, one per file (footers read here, in the task):
+    what :func:`feed_partition` splits over the nodes instead of rows.  `fs_conf` is the driver's
+    (fs.defaultFS, WebHDFS address)."""
+    from ember import _hadoop
+    resolve = _hadoop.resolve_options(*fs_conf)
+    for uri in uris:
+        rows = FileRows.of_file(uri, columns, resolve)
+        if rows.num_rows:
+            yield rows
 
 
 # --------------------------------------------------------------------------- inference

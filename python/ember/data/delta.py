@@ -29,8 +29,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ember import _ember, errors
 from ember.data import _fs
-from ember.data.parquet import (DEFAULT_SHUFFLE_BUFFER, Columns, ParquetBatches, PartitionFilter, _batches_of_files,
-                                _local_path, _open)
+from ember._parquet_io import local_path as _local_path
+from ember._parquet_io import open_file as _open
+from ember.data.parquet import DEFAULT_SHUFFLE_BUFFER, Columns, ParquetBatches, PartitionFilter, _batches_of_files
 
 _COMMIT = re.compile(r"^(\d{20})\.json$")
 _CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint\.parquet$")

@@ -43,7 +43,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import heapq
-import io
 import itertools
 import os
 import threading
@@ -53,6 +52,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import numpy as np
 
 from ember import _ember, errors
+from ember._parquet_io import local_path as _local_path
+from ember._parquet_io import parquet_file as _parquet_file
 from ember.data import _fs
 from ember.data._features import RawBytes
 from ember.data.tfrecord import _shard_of, _unsharded, _with_ragged
@@ -66,74 +67,6 @@ _OPEN_FILES = 8  # files a reader thread keeps open (footers read once) within a
 
 
 # ----------------------------------------------------------------------------- files
-class _RandomAccess(io.RawIOBase):
-    """A file of Ember's FileSystem layer (``_ember.RandomAccessFile``) as the seekable Python
-    file Arrow's ``PythonFile`` reads: footers and column chunks at their offsets."""
-
-    def __init__(self, f):
-        super().__init__()
-        self._f = f
-        self._size = int(f.size)
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        if base + offset < 0:
-            raise ValueError(f"{self._f.uri}: seek to {base + offset}")
-        self._pos = base + offset
-        return self._pos
-
-    def read(self, n: int = -1) -> bytes:
-        if n is None or n < 0:
-            n = max(0, self._size - self._pos)
-        data = self._f.read_at(self._pos, n) if n else b""
-        self._pos += len(data)
-        return data
-
-    def readinto(self, buffer) -> int:
-        data = self.read(len(buffer))
-        buffer[:len(data)] = data
-        return len(data)
-
-
-def _local_path(uri: str) -> Optional[str]:
-    if uri.startswith("file://"):
-        return uri[len("file://"):]
-    return uri if uri.startswith("/") else None
-
-
-def _open(uri: str, resolve):
-    """What ``pyarrow.parquet.ParquetFile`` reads ``uri`` from: a local path as it is (Arrow's
-    own local file), any other URI through Ember's FileSystem layer."""
-    import pyarrow as pa
-
-    local = _local_path(uri)
-    if local is not None:
-        return local
-    return pa.PythonFile(_RandomAccess(_ember.fs_open_random_access(uri, resolve)), mode="r")
-
-
-def _parquet_file(uri: str, resolve):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        return pq.ParquetFile(_open(uri, resolve))
-    except errors.EmberError:
-        raise
-    except (pa.ArrowException, OSError) as e:
-        raise errors.Corruption(f"{uri}: not a readable Parquet file: {e}") from e
-
-
 def _partition_of(uri: str) -> Dict[str, str]:
     """The Hive-style ``key=value`` directories of ``uri`` (``.../date=2026-11-27/part-0``)."""
     out = {}
