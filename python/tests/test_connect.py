@@ -70,7 +70,11 @@ def main_fun(args, ctx):
 cluster = ember.Cluster.run(spark, main_fun, {}, num_executors=2, input_mode=ember.InputMode.SPARK,
                             reservation_timeout=120)
 train = spark.range(0, 200, 1, 5).selectExpr("id", "cast(id as double) as x")
-cluster.train(train, num_epochs=2)
+import tempfile
+path = tempfile.mkdtemp(prefix="ember-connect-") + "/train"
+train.write.parquet(path)
+cluster.train(spark.read.parquet(path), num_epochs=1)  # a plain Parquet scan: the nodes read its files
+cluster.train(train, num_epochs=1)  # its rows, fed through Spark
 test = spark.range(0, 37, 1, 1).selectExpr("id as x", "concat('r', cast(id as string)) as name")
 test = test.repartitionByRange(9, "x").filter("x % 5 != 0 or x < 10")
 out = cluster.inference(test, output_schema="double_x long, tag string").collect()
@@ -274,8 +278,10 @@ def test_cluster_run_with_the_nodes_collectives_from_a_connect_client(connect_se
 def test_spark_mode_train_and_ordered_inference_from_a_connect_client(connect_server):
     proc = run_client(SPARK_MODE, connect_server.url)
     r = _result(proc, connect_server)
-    # 200 rows in 5 partitions of 40 per epoch: 100 on each node (the equal-rows rule), both epochs.
+    # 200 rows in 5 partitions (files) of 40 per epoch: 100 on each node (the equal-rows rule), both
+    # epochs; the first read from the files in place (the plan seen through the Connect server).
     assert r["seen"] == [[100, 100], [100, 100]]
+    assert "Cluster.train: the DataFrame is a plain Parquet scan of 5 file(s)" in proc.stdout + proc.stderr
     expected = [i for i in range(37) if i % 5 != 0 or i < 10]
     assert [row[0] for row in r["rows"]] == expected  # order kept
     assert all(row[1] == f"r{row[0]}" and row[2] == 2 * row[0] for row in r["rows"])  # passthrough columns
