@@ -12,8 +12,8 @@ data files and their partition values.
              that Ember does not need; one subprocess per round, timing its calls after a warm-up
 
 The table: --commits appends of one small partitioned file each (deltalake writes them), a
-checkpoint every --checkpoint-every commits, so the snapshot is one checkpoint plus the commits
-after it, as a long-lived table's is.  Both read it through the page cache.
+checkpoint every --checkpoint-every commits (default: 350 and 100, so the snapshot is the checkpoint
+of version 299 plus the 50 JSON commits after it, as a long-lived table's is).  Both read it through the page cache.
 
 Last line: delta_snapshot_ms: ember=<v> deltalake=<v> ember_vs_deltalake=<speed ratio>
 
@@ -90,7 +90,7 @@ def helper(*args) -> dict:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--commits", type=int, default=300)
+    p.add_argument("--commits", type=int, default=350)
     p.add_argument("--checkpoint-every", type=int, default=100)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--calls", type=int, default=5, help="timed calls per round")

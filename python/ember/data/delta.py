@@ -65,7 +65,9 @@ class DeltaSnapshot:
 
 def _file_id(action: Dict[str, Any]) -> Tuple[str, str]:
     """An add's or remove's logical file: its path and its deletion vector's unique id, if any."""
-    dv = action.get("deletionVector") or {}
+    dv = action.get("deletionVector")
+    if not dv:
+        return action["path"], ""
     dv_id = f"{dv.get('storageType', '')}{dv.get('pathOrInlineDv', '')}"
     if dv.get("offset") is not None:
         dv_id += f"@{dv['offset']}"
@@ -95,7 +97,8 @@ def _maps_as_dicts(value: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _checkpoint_actions(uris: List[str], resolve) -> List[Dict[str, Any]]:
-    """The add/remove/metaData/protocol actions of a checkpoint's parts, as the commits' JSON has them."""
+    """The add/remove/metaData/protocol actions of a checkpoint's parts, as the commits' JSON has
+    them; of add and remove only the fields a snapshot needs are read (not their stats)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -103,17 +106,34 @@ def _checkpoint_actions(uris: List[str], resolve) -> List[Dict[str, Any]]:
     for uri in uris:
         try:
             pf = pq.ParquetFile(_open(uri, resolve))
-            names = [n for n in ("add", "remove", "metaData", "protocol") if n in pf.schema_arrow.names]
-            table = pf.read(columns=names)
+            schema = pf.schema_arrow
+            wanted = []
+            for action, fields in (("add", ("path", "partitionValues", "deletionVector")),
+                                   ("remove", ("path", "deletionVector"))):
+                if action in schema.names:
+                    have = {f.name for f in schema.field(action).type}
+                    wanted += [f"{action}.{f}" for f in fields if f in have]
+            wanted += [n for n in ("metaData", "protocol") if n in schema.names]
+            table = pf.read(columns=wanted)
         except errors.EmberError:
             raise
         except (pa.ArrowException, OSError) as e:
             raise errors.Corruption(f"{uri}: not a readable Delta checkpoint: {e}") from e
-        for name in names:
-            for value in table.column(name).to_pylist():
-                if value is None:
-                    continue
-                out.append({name: _maps_as_dicts(value)})
+        for name in ("metaData", "protocol"):
+            if name in table.column_names:
+                out += [{name: _maps_as_dicts(v)} for v in table.column(name).to_pylist() if v is not None]
+        for name in ("add", "remove"):
+            if name not in table.column_names:
+                continue
+            col = table.column(name).combine_chunks()
+            col = col.filter(col.is_valid())
+            fields = {f.name: col.field(f.name).to_pylist() for f in col.type}
+            dvs = fields.get("deletionVector") or [None] * len(fields["path"])
+            for i, path in enumerate(fields["path"]):
+                action = {"path": path, "deletionVector": dvs[i]}
+                if name == "add":
+                    action["partitionValues"] = dict(fields["partitionValues"][i] or [])
+                out.append({name: action})
     return out
 
 
@@ -156,24 +176,24 @@ def _listed(pattern: str, resolve) -> List[str]:
         return []
 
 
-def _table_uri(table: str, resolve) -> str:
-    """``table``'s URI as the core resolves it (its ``_delta_log`` listed to find it)."""
+def _log_files(table: str, resolve) -> Tuple[str, List[str]]:
+    """(the table's URI as the core resolves it, the URIs of its ``_delta_log`` files): one listing."""
     root = str(table).rstrip("/")
-    logs = _listed(root + "/_delta_log/*.json", resolve)
-    if not logs:
+    logs = _listed(root + "/_delta_log/0*", resolve)  # commits and checkpoints: 20-digit versions
+    if not any(u.endswith(".json") for u in logs):
         raise errors.NotFound(f"{table}: not a Delta table (no commit in {root}/_delta_log)")
-    return logs[0][:logs[0].rindex("/_delta_log/")]
+    return logs[0][:logs[0].rindex("/_delta_log/")], logs
 
 
 def delta_snapshot(table: str, version: Optional[int] = None, *, ctx=None, resolve=None) -> DeltaSnapshot:
     """The files of Delta table ``table`` (a local path, ``file://``, ``hdfs://`` or ``webhdfs://``)
     at ``version`` (default: the newest), with each file's partition values."""
     resolve = resolve if resolve is not None else _fs.resolve_options(ctx if ctx is not None else _fs.current_context())
-    root = _table_uri(table, resolve)
+    root, listing = _log_files(table, resolve)
     log = root + "/_delta_log/"
     commits: Dict[int, str] = {}
     checkpoints: Dict[int, Dict[Tuple[int, int], str]] = {}
-    for uri in _listed(log + "*.parquet", resolve) + _listed(log + "*.json", resolve):
+    for uri in listing:
         name = uri[len(log):] if uri.startswith(log) else uri.rsplit("/", 1)[-1]
         m = _COMMIT.match(name)
         if m:
