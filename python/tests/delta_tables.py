@@ -84,6 +84,24 @@ def main(out: str) -> None:
     rows(0, 10, 1).write.format("delta").mode("append").save(t)
     record("mapped", t)
 
+    # Which of these DataFrames cluster.train would read in place (ember._driver.scan), asked in
+    # this JVM, the one with Delta's reader: [columns or None, why not].
+    from ember._driver.scan import parquet_scan
+    from ember._driver.spark_side import spark_side
+    side = spark_side(spark)
+    frames = {
+        "events_label_x": spark.read.format("delta").load(f"{out}/events").select("label", "x"),
+        "events_all": spark.read.format("delta").load(f"{out}/events"),
+        "events_v1": spark.read.format("delta").option("versionAsOf", 1).load(f"{out}/events").select("label"),
+        "with_dv": spark.read.format("delta").load(f"{out}/with_dv"),
+        "with_dv_v1": spark.read.format("delta").option("versionAsOf", 1).load(f"{out}/with_dv"),
+        "mapped": spark.read.format("delta").load(f"{out}/mapped"),
+    }
+    expected["scans"] = {}
+    for name, df in frames.items():
+        scan, why = parquet_scan(df, side)
+        expected["scans"][name] = [scan.columns if scan else None, why]
+
     Path(out, "expected.json").write_text(json.dumps(expected))
     spark.stop()
 

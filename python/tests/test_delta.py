@@ -147,3 +147,18 @@ def test_two_nodes_read_their_shares_of_a_delta_table(spark, tables, tmp_path):
     both = reports[0]["labels"] + reports[1]["labels"]
     assert len(set(both)) == len(both) and set(both) <= set(want)
     assert len(want) - len(both) < 16  # equal full batches: at most a batch short per node
+
+
+def test_cluster_train_reads_a_delta_table_in_place_only_where_its_files_are_its_rows(tables):
+    """A Delta scan prints as a Parquet relation; cluster.train reads its files in place only where
+    Ember's log reader reads the newest snapshot and its files are the DataFrame's (asked in the
+    JVM with Delta's connector, delta_tables.py)."""
+    _, expected = tables
+    scans = expected["scans"]
+    assert scans["events_label_x"] == [["label", "x"], ""]
+    assert scans["events_all"][0] is None and "'part' is not in the files (a partition column)" in scans["events_all"][1]
+    assert scans["events_v1"][0] is None and "other than its newest (3): time travel" in scans["events_v1"][1]
+    # Deletion vectors hide rows the files still hold: the newest version's rows go through Spark.
+    assert scans["with_dv"][0] is None and "carry deletion vectors" in scans["with_dv"][1]
+    assert scans["with_dv_v1"][0] is None  # an older version: Spark's, whatever its files
+    assert scans["mapped"][0] is None and "maps columns by 'name'" in scans["mapped"][1]

@@ -23,7 +23,8 @@ LAYERS = [
     {"_driver.console", "_node.env", "_launcher.ring_owner", "_launcher.gpus", "_driver.gpus",
      "_driver.spark_side", "_launcher.relay",  # ... the one seam to Spark (classic or Connect); a coordinator relay
      "_parquet_io"},  # Parquet files through Ember's FileSystem layer; the file-rows reference of the feed
-    {"_driver.relay", "_driver.scan"},  # where the nodes reach the coordinator; is a DataFrame a plain file scan
+    {"_driver.relay", "_delta_log"},  # where the nodes reach the coordinator; a Delta table's log
+    {"_driver.scan"},         # is a DataFrame a plain Parquet (or Delta) scan
     {"summary"},              # TensorBoard event files, written by the core
     {"checkpoint"},           # checkpoints, written and verified by the core
     {"ps"},                   # the parameter server's client and server (shards checkpoint through the above)
