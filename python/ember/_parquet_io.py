@@ -156,19 +156,25 @@ def file_rows_ref(schema) -> Optional[Dict[str, Any]]:
     return {"uri": uri, "columns": columns, "ranges": ranges}
 
 
+def kept_open(key, opened: Dict[Any, Any], keep: int, open_it):
+    """``opened[key]``, opened with ``open_it()`` if need be; ``opened`` keeps the ``keep`` most
+    recently used (a reader's open files: their footers read once)."""
+    if key in opened:
+        opened[key] = opened.pop(key)  # the most recently used last
+    else:
+        while len(opened) >= keep:
+            del opened[next(iter(opened))]
+        opened[key] = open_it()
+    return opened[key]
+
+
 def read_file_rows(ref: Dict[str, Any], resolve, opened: Dict[str, Any], keep: int = 4):
     """The rows ``ref`` names, read from its file as one RecordBatch; ``opened`` keeps the last
     ``keep`` files open (their footers read once)."""
     import pyarrow as pa
 
     uri = ref["uri"]
-    if uri in opened:
-        opened[uri] = opened.pop(uri)
-    else:
-        while len(opened) >= keep:
-            del opened[next(iter(opened))]
-        opened[uri] = parquet_file(uri, resolve)
-    pf = opened[uri]
+    pf = kept_open(uri, opened, keep, lambda: parquet_file(uri, resolve))
     pieces = []
     for g, a, b in ref["ranges"]:
         try:

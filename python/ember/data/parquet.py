@@ -52,6 +52,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import numpy as np
 
 from ember import _ember, errors
+from ember._parquet_io import kept_open
 from ember._parquet_io import local_path as _local_path
 from ember._parquet_io import parquet_file as _parquet_file
 from ember.data import _fs
@@ -316,13 +317,9 @@ class ParquetBatches:
         names = [c.name for c in self.columns if not c.partition]
         opened = {} if opened is None else opened
         try:
-            if piece.file in opened:
-                opened[piece.file] = opened.pop(piece.file)  # the most recently used last
-            else:
-                while len(opened) >= _OPEN_FILES:  # shuffled order comes back to files: keep a few open
-                    del opened[next(iter(opened))]
-                opened[piece.file] = _parquet_file(uri, self._resolve)
-            table = opened[piece.file].read_row_group(piece.group, columns=names, use_threads=self._use_threads)
+            # a shuffled order comes back to files: keep a few open
+            pf = kept_open(piece.file, opened, _OPEN_FILES, lambda: _parquet_file(uri, self._resolve))
+            table = pf.read_row_group(piece.group, columns=names, use_threads=self._use_threads)
         except errors.EmberError:
             raise
         except (pa.ArrowException, OSError) as e:
