@@ -59,7 +59,7 @@ def build(model_name: str, torch, nn):
     return torchvision.models.resnet50(num_classes=1000), (3, 224, 224)
 
 
-def rank_main(rank, size, device, coord_port, secret, gloo_port, plan, results):
+def rank_main(rank, size, device, coord_port, secret, gloo_port, plan, results, shm_threads=0):
     try:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         import torch
@@ -68,14 +68,16 @@ def rank_main(rank, size, device, coord_port, secret, gloo_port, plan, results):
 
         import ember.torch
         from ember import _ember
-        from ember.collective import Communicator
+        from ember.collective import Communicator, communicator_options
 
         dev = torch.device("cuda:0" if device == "cuda" else "cpu")
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
         store = _ember.CollectiveStore.coordinator("127.0.0.1", coord_port, secret, 60.0)
-        comm = Communicator.create(rank, size, secret, store, prefix="bench-gpu-training", connect_timeout=60,
-                                   timeout=300)
+        options = communicator_options(timeout=300, connect_timeout=60)
+        options.rank, options.size, options.secret, options.prefix = rank, size, secret, "bench-gpu-training"
+        options.shm_threads = shm_threads  # 0: the core's default (usable cores / ranks, at most 8)
+        comm = Communicator(_ember.Communicator.create(options, store))
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{gloo_port}", rank=rank, world_size=size)
 
         def sync():
@@ -149,6 +151,8 @@ def main(argv=None) -> None:
     p.add_argument("--blocks", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="cnn only, small blocks")
     p.add_argument("--timeout", type=float, default=300)
+    p.add_argument("--shm-threads", type=int, default=0,
+                   help="threads per rank for the host half of Ember's reductions (0: the core's default)")
     p.add_argument("--json")
     args = p.parse_args(argv)
     models = args.models.split(",")
@@ -165,7 +169,8 @@ def main(argv=None) -> None:
         plan.append(("resnet50", 64, 5, args.blocks))
 
     from ember import _ember
-    log(f"device {args.device}, {args.ranks} ranks, plan {plan}, load {os.getloadavg()}")
+    log(f"device {args.device}, {args.ranks} ranks, plan {plan}, shm threads {args.shm_threads or 'auto'}, "
+        f"load {os.getloadavg()}")
     secret = os.urandom(32)
     server = _ember.CoordinatorServer.start(secret, _ember.ClusterLayout(num_nodes=args.ranks),
                                             bind_host="127.0.0.1", port=0)
@@ -173,7 +178,7 @@ def main(argv=None) -> None:
     results = ctx.Queue()
     gloo_port = free_port()
     procs = [ctx.Process(target=rank_main, args=(r, args.ranks, args.device, server.port, secret, gloo_port,
-                                                 plan, results), daemon=True) for r in range(args.ranks)]
+                                                 plan, results, args.shm_threads), daemon=True) for r in range(args.ranks)]
     start = time.monotonic()
     for proc in procs:
         proc.start()

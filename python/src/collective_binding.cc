@@ -158,6 +158,7 @@ void BindCollective(nb::module_& m) {
           "timeout", [](const CommunicatorOptions& o) { return DurationToSeconds(o.timeout); },
           [](CommunicatorOptions& o, double s) { o.timeout = SecondsToDuration(s); })
       .def_rw("shm_buffer_bytes", &CommunicatorOptions::shm_buffer_bytes)
+      .def_rw("shm_threads", &CommunicatorOptions::shm_threads)
       .def_rw("tcp_chunk_bytes", &CommunicatorOptions::tcp_chunk_bytes)
       .def_rw("device_chunk_bytes", &CommunicatorOptions::device_chunk_bytes)
       .def_rw("use_nccl", &CommunicatorOptions::use_nccl)
