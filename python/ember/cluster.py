@@ -412,6 +412,7 @@ class Cluster:
         """
         with self._lock:
             if self._gang.closed or self._shutting_down:
+                self._feed.remove_caches()  # a job that failed while training ended without them
                 return
             self._shutting_down = True
         gang = self._gang
@@ -443,7 +444,10 @@ class Cluster:
     def _teardown(self, abort_reason: Optional[str] = None) -> None:
         """Ends the job and releases everything (the gang's close); idempotent.  Aborts it if
         `abort_reason`."""
-        self._gang.close(abort_reason)
+        try:
+            self._gang.close(abort_reason)
+        finally:
+            self._feed.remove_caches()  # after the nodes, which read them, are gone
 
 
 def _tolerated_worker_losses(layout: Any, num_nodes: int, input_mode: Any, min_workers: Optional[int]) -> int:

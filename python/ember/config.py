@@ -42,6 +42,12 @@ feed_source                spark.ember.feed.source            auto              
                                                                                 scan's files, which the nodes read in place;
                                                                                 any other DataFrame's rows) or "spark"
                                                                                 (always its rows, through Spark)
+feed_cache_dir             spark.ember.feed.cacheDir          None              InputMode.SPARK: a directory every node can
+                           EMBER_FEED_CACHE_DIR                                 read (HDFS, shared storage) where
+                                                                                cluster.train writes a DataFrame that is
+                                                                                not a plain Parquet scan once as Parquet
+                                                                                when it trains >= 2 epochs; the nodes
+                                                                                read it in place; removed at the job's end
 kill_grace_secs            spark.ember.killGraceSecs          3                 seconds a stopped node gets between SIGTERM
                            EMBER_KILL_GRACE_SECS                                and SIGKILL
 feed_ring_bytes            spark.ember.feed.ringBytes         67108864          InputMode.SPARK: size of each training node's
@@ -110,6 +116,10 @@ SETTINGS = {
         Setting("feed_source", "spark.ember.feed.source", "EMBER_FEED_SOURCE", "auto", _choice("auto", "spark"),
                 "what cluster.train feeds from a DataFrame: auto (a plain Parquet scan's files, read by the "
                 "nodes in place; else its rows) or spark (its rows)"),
+        Setting("feed_cache_dir", "spark.ember.feed.cacheDir", "EMBER_FEED_CACHE_DIR", None, str,
+                "a directory every node can read (HDFS or shared storage) where cluster.train writes a "
+                "DataFrame that is not a plain Parquet scan once as Parquet, when it trains >= 2 epochs, for "
+                "the nodes to read in place; removed when the job ends (unset: its rows are fed)"),
         Setting("kill_grace_secs", "spark.ember.killGraceSecs", "EMBER_KILL_GRACE_SECS", 3.0,
                 float, "seconds between SIGTERM and SIGKILL when a node is stopped"),
         Setting("spark_progress", "spark.ember.console.sparkProgress", "EMBER_CONSOLE_SPARK_PROGRESS", "hide",

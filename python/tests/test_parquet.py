@@ -378,13 +378,27 @@ def test_train_reads_a_plain_parquet_scan_in_place(spark, tmp_path, capfd, monke
         cluster.train(df.where("id >= 100"), num_epochs=1)
         assert "feeding the DataFrame's rows through Spark: its plan is more than a scan (Filter)" in \
             capfd.readouterr().err
+        # spark.ember.feed.cacheDir: a DataFrame that is not a plain scan, fed 2 epochs, is written once
+        # as Parquet there and read in place; one epoch is not worth a copy
+        cache = tmp_path / "cache"
+        monkeypatch.setenv("EMBER_FEED_CACHE_DIR", str(cache))
+        cluster.train(df.where("id >= 100"), num_epochs=1)
+        assert f"its plan is more than a scan (Filter) (one epoch: not worth a Parquet copy under {cache})" in \
+            capfd.readouterr().err
+        cluster.train(df.where("id >= 100"), num_epochs=2)
+        logged = capfd.readouterr().err
+        assert "Cluster.train: the DataFrame is not a plain Parquet scan (its plan is more than a scan (Filter)): " \
+            f"written once as Parquet to " in logged and f"{cache}/{cluster.job_id}-feed-1 (" in logged, logged
+        assert "the nodes read in place each of the 2 epochs" in logged
+        assert len(list((cache / f"{cluster.job_id}-feed-1").glob("*.parquet"))) >= 1
     finally:
         cluster.shutdown(timeout=240)
+    assert list(cache.iterdir()) == []  # the copy is removed when the job ends
     reports = [json.loads((out / f"{i}.json").read_text()) for i in range(2)]
-    assert [len(r) for r in reports] == [4, 4]
-    for e in range(4):
+    assert [len(r) for r in reports] == [7, 7]
+    for e in range(7):
         a, b = reports[0][e]["train"], reports[1][e]["train"]
-        want = range(100, 600) if e == 3 else range(600)
+        want = range(100, 600) if e >= 3 else range(600)
         assert len(a) == len(b) and not set(a) & set(b) and set(a) | set(b) <= set(want)
         assert len(want) - len(a) - len(b) < 2 * 10  # each node at most a batch short
     for e in range(2):  # validation: every row, equal halves

@@ -14,7 +14,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import pyarrow as pa
 
-from ember import _ember, config, errors
+from ember import _ember, _hadoop, config, errors
 from ember._driver.console import Console
 from ember._driver.scan import FileScan, parquet_scan
 from ember._driver.spark_job import spark_error_summary
@@ -293,6 +293,7 @@ class Feed:
         self._woken: Optional[threading.Event] = None  # set to end the driver's wait for an epoch
         # train_stream queries a Connect server feeds (StreamFeeder); guarded by _lock (cancel() reads it).
         self._server_streams: List[Any] = []
+        self._caches: List[Tuple[str, Tuple[str, str]]] = []  # Parquet copies to remove (_cache); _lock
 
     def endpoints(self, gang) -> List[feeding.NodeEndpoint]:
         """The current gang's feed endpoints (a restart's new gang has new ones)."""
@@ -317,9 +318,9 @@ class Feed:
                 raise TypeError(f"{what} takes a DataFrame or an RDD, got {type(d).__name__}")
         if data is None:
             raise TypeError("Cluster.train takes a DataFrame or an RDD, got None")
-        data = self._source(data, "Cluster.train")
+        data = self._source(data, "Cluster.train", num_epochs)
         if validation_data is not None:
-            validation_data = self._source(validation_data, "validation_data")
+            validation_data = self._source(validation_data, "validation_data", num_epochs)
         with self._train_lock:
             self._refuse_while_the_server_streams("Cluster.train")
             done = 0
@@ -347,6 +348,7 @@ class Feed:
                     except BaseException:
                         # The job is over: stop everything now, so shutdown() has nothing left to do.
                         gang.close(abort_reason=f"node {failure.job_name}:{failure.task_index} failed")
+                        self.remove_caches()
                         raise
                     self._console.info(f"feeding epoch {epoch}, which the failure interrupted, again "
                                        f"from its start (as epoch {self.epochs_fed})")
@@ -362,21 +364,77 @@ class Feed:
                     return
                 done += 1
 
-    def _source(self, data: Any, what: str) -> Any:
-        """What feeds `data`: a plain Parquet scan's files (the nodes read them in place), else
-        `data` itself (its rows through Spark); the choice is logged (spark.ember.feed.source)."""
+    def _source(self, data: Any, what: str, epochs: int) -> Any:
+        """What feeds `data`: a plain Parquet scan's files (the nodes read them in place); for any
+        other DataFrame fed ``epochs`` >= 2 times where spark.ember.feed.cacheDir is set, the files
+        of a Parquet copy written once (:meth:`_cache`); else `data` itself (its rows through
+        Spark).  The choice is logged (spark.ember.feed.source=spark: always the rows)."""
         if not _is_dataframe(data):
             return data
         if config.get("feed_source", self._side) == "spark":
             return data
         scan, why = parquet_scan(data, self._side)
         if scan is None:
-            self._console.info(f"{what}: feeding the DataFrame's rows through Spark: {why}")
+            cached, why_not = self._cache(data, what, epochs, why)
+            if cached is not None:
+                return cached
+            self._console.info(f"{what}: feeding the DataFrame's rows through Spark: {why}{why_not}")
             return data
         self._console.info(f"{what}: the DataFrame is a plain Parquet scan of {len(scan.files)} file(s): the "
                            f"nodes read its columns {scan.columns} in place (spark.ember.feed.source=spark "
                            "feeds its rows instead)")
         return scan
+
+    def _cache(self, data: Any, what: str, epochs: int, why: str) -> Tuple[Optional[FileScan], str]:
+        """Petastorm's converter idea: a DataFrame that is not a plain scan, fed >= 2 epochs, is
+        written once as Parquet under spark.ember.feed.cacheDir (a directory every node can read:
+        HDFS, or storage every host mounts), and its files are read in place each epoch; the copy
+        is removed when the job ends (:meth:`remove_caches`).  (None, why not) where that does not
+        apply: no cacheDir, one epoch (one pass of the rows costs less than writing and reading a
+        copy), or a column the nodes' Parquet reading does not take."""
+        cache_dir = config.get("feed_cache_dir", self._side)
+        if not cache_dir:
+            return None, ""
+        if epochs < 2:
+            return None, f" (one epoch: not worth a Parquet copy under {cache_dir})"
+        bad = [f"{f.name} ({f.dataType.simpleString()})" for f in data.schema.fields
+               if not _cacheable(f.dataType)]
+        if bad:
+            return None, f" (not copied under {cache_dir}: column {bad[0]} is not a number, string, binary or " \
+                         "array of those)"
+        with self._lock:
+            self._cache_count = getattr(self, "_cache_count", 0) + 1
+            path = f"{str(cache_dir).rstrip('/')}/{self._job_id}-feed-{self._cache_count}"
+        started = time.monotonic()
+        data.write.mode("errorifexists").parquet(path)
+        copy = data.sparkSession.read.parquet(path)
+        scan, why_copy = parquet_scan(copy, self._side)
+        if scan is None:  # e.g. the driver cannot open the written files: remove them, feed the rows
+            self._remove(path, None)
+            return None, f" (its Parquet copy under {cache_dir} cannot be read in place: {why_copy})"
+        directory = scan.files[0].rsplit("/", 1)[0]  # as the nodes will name the files
+        with self._lock:
+            self._caches.append((directory, scan.fs_conf))
+        self._console.info(f"{what}: the DataFrame is not a plain Parquet scan ({why}): written once as Parquet "
+                           f"to {directory} ({len(scan.files)} file(s), {time.monotonic() - started:.1f} s), which "
+                           f"the nodes read in place each of the {epochs} epochs; removed when the job ends "
+                           "(spark.ember.feed.cacheDir)")
+        return scan, ""
+
+    def remove_caches(self) -> None:
+        """Removes the Parquet copies :meth:`_cache` wrote (at the job's end, whatever its outcome)."""
+        with self._lock:
+            caches, self._caches = self._caches, []
+        for directory, fs_conf in caches:
+            self._remove(directory, fs_conf)
+
+    def _remove(self, directory: str, fs_conf: Optional[Tuple[str, str]]) -> None:
+        try:
+            fs_conf = fs_conf or self._side.hadoop_fs_conf()
+            _ember.fs_delete_recursively(directory, _hadoop.resolve_options(*fs_conf))
+        except Exception as e:  # noqa: BLE001 - the job's outcome stands; say what is left behind
+            self._console.info(f"could not remove the feed's Parquet copy {directory}: {type(e).__name__}: {e}; "
+                               "remove it by hand")
 
     def _on_thread(self, gang, epoch: int, work: Callable[[], Optional[int]]) -> Optional[int]:
         """Runs `work` (one epoch) on a thread of its own under the feed's job group and returns
@@ -499,6 +557,14 @@ class Feed:
         once any train_stream query a Connect server runs has stopped."""
         self.stop_server_streams()
         end_feed(self.endpoints(gang), gang.secret, timeout=timeout)
+
+
+def _cacheable(t: Any) -> bool:
+    """Whether a Parquet copy keeps a column of type `t` as the rows feed would give it."""
+    from pyspark.sql.types import ArrayType, BinaryType, BooleanType, DecimalType, NumericType, StringType
+    if isinstance(t, ArrayType):
+        return _cacheable(t.elementType) and not isinstance(t.elementType, ArrayType)
+    return isinstance(t, (NumericType, StringType, BinaryType, BooleanType)) and not isinstance(t, DecimalType)
 
 
 def _query_active(query: Any) -> bool:
