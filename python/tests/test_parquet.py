@@ -388,7 +388,7 @@ def test_train_reads_a_plain_parquet_scan_in_place(spark, tmp_path, capfd, monke
         cluster.train(df.where("id >= 100"), num_epochs=2)
         logged = capfd.readouterr().err
         assert "Cluster.train: the DataFrame is not a plain Parquet scan (its plan is more than a scan (Filter)): " \
-            f"written once as Parquet to " in logged and f"{cache}/{cluster.job_id}-feed-1 (" in logged, logged
+            "written once as Parquet to " in logged and f"{cache}/{cluster.job_id}-feed-1 (" in logged, logged
         assert "the nodes read in place each of the 2 epochs" in logged
         assert len(list((cache / f"{cluster.job_id}-feed-1").glob("*.parquet"))) >= 1
     finally:
