@@ -391,6 +391,13 @@ def test_train_reads_a_plain_parquet_scan_in_place(spark, tmp_path, capfd, monke
             "written once as Parquet to " in logged and f"{cache}/{cluster.job_id}-feed-1 (" in logged, logged
         assert "the nodes read in place each of the 2 epochs" in logged
         assert len(list((cache / f"{cluster.job_id}-feed-1").glob("*.parquet"))) >= 1
+        # a copy that cannot be written: the error names it, and nothing is left behind
+        (tmp_path / "a-file").write_text("not a directory")
+        monkeypatch.setenv("EMBER_FEED_CACHE_DIR", str(tmp_path / "a-file" / "cache"))
+        with pytest.raises(ember.errors.ClusterError, match="writing its Parquet copy to .*a-file/cache/"
+                                                            f"{cluster.job_id}-feed-2 .* failed"):
+            cluster.train(df.where("id >= 100"), num_epochs=2)
+        assert (tmp_path / "a-file").read_text() == "not a directory"
     finally:
         cluster.shutdown(timeout=240)
     assert list(cache.iterdir()) == []  # the copy is removed when the job ends

@@ -293,7 +293,9 @@ class Feed:
         self._woken: Optional[threading.Event] = None  # set to end the driver's wait for an epoch
         # train_stream queries a Connect server feeds (StreamFeeder); guarded by _lock (cancel() reads it).
         self._server_streams: List[Any] = []
-        self._caches: List[Tuple[str, Tuple[str, str]]] = []  # Parquet copies to remove (_cache); _lock
+        # Parquet copies to remove when the job ends (_cache): (directory, fs conf or None); _lock
+        self._caches: List[Tuple[str, Optional[Tuple[str, str]]]] = []
+        self._copies_made = 0
 
     def endpoints(self, gang) -> List[feeding.NodeEndpoint]:
         """The current gang's feed endpoints (a restart's new gang has new ones)."""
@@ -403,18 +405,33 @@ class Feed:
             return None, f" (not copied under {cache_dir}: column {bad[0]} is not a number, string, binary or " \
                          "array of those)"
         with self._lock:
-            self._cache_count = getattr(self, "_cache_count", 0) + 1
-            path = f"{str(cache_dir).rstrip('/')}/{self._job_id}-feed-{self._cache_count}"
+            self._copies_made += 1
+            path = f"{str(cache_dir).rstrip('/')}/{self._job_id}-feed-{self._copies_made}"
+            entry = (path, None)
+            self._caches.append(entry)  # from now on: a failed write leaves nothing behind either
         started = time.monotonic()
-        data.write.mode("errorifexists").parquet(path)
-        copy = data.sparkSession.read.parquet(path)
-        scan, why_copy = parquet_scan(copy, self._side)
+        try:
+            data.write.mode("errorifexists").parquet(path)
+            scan, why_copy = parquet_scan(data.sparkSession.read.parquet(path), self._side)
+        except BaseException as e:
+            self._forget(entry)
+            self._remove(path, None)
+            if isinstance(e, Exception):
+                raise errors.ClusterError(f"{what}: writing its Parquet copy to {path} (spark.ember.feed.cacheDir) "
+                                          f"failed: {spark_error_summary(e, self._side)}") from e
+            raise
         if scan is None:  # e.g. the driver cannot open the written files: remove them, feed the rows
+            self._forget(entry)
             self._remove(path, None)
             return None, f" (its Parquet copy under {cache_dir} cannot be read in place: {why_copy})"
         directory = scan.files[0].rsplit("/", 1)[0]  # as the nodes will name the files
         with self._lock:
-            self._caches.append((directory, scan.fs_conf))
+            kept = entry in self._caches  # not if the job ended meanwhile (remove_caches)
+            if kept:
+                self._caches[self._caches.index(entry)] = (directory, scan.fs_conf)
+        if not kept:
+            self._remove(directory, scan.fs_conf)
+            raise errors.ClusterError(f"{what}: the job ended while its Parquet copy was being written")
         self._console.info(f"{what}: the DataFrame is not a plain Parquet scan ({why}): written once as Parquet "
                            f"to {directory} ({len(scan.files)} file(s), {time.monotonic() - started:.1f} s), which "
                            f"the nodes read in place each of the {epochs} epochs; removed when the job ends "
@@ -428,10 +445,17 @@ class Feed:
         for directory, fs_conf in caches:
             self._remove(directory, fs_conf)
 
+    def _forget(self, entry) -> None:
+        with self._lock:
+            if entry in self._caches:
+                self._caches.remove(entry)
+
     def _remove(self, directory: str, fs_conf: Optional[Tuple[str, str]]) -> None:
         try:
             fs_conf = fs_conf or self._side.hadoop_fs_conf()
             _ember.fs_delete_recursively(directory, _hadoop.resolve_options(*fs_conf))
+        except errors.NotFound:  # nothing there (a write that failed before making it)
+            pass
         except Exception as e:  # noqa: BLE001 - the job's outcome stands; say what is left behind
             self._console.info(f"could not remove the feed's Parquet copy {directory}: {type(e).__name__}: {e}; "
                                "remove it by hand")
