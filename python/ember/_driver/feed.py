@@ -37,6 +37,10 @@ def check_feed_slots(side, num_nodes: int) -> None:
     does not say how many there are: Spark Connect on a cluster master)."""
     have = side.task_slots()
     if have is not None and have <= num_nodes:
+        # A count kept from before every executor registered (Connect counts with a job and keeps
+        # the answer a while) must not fail the job: ask again before refusing.
+        have = side.task_slots(fresh=True)
+    if have is not None and have <= num_nodes:
         raise errors.ClusterError(
             f"InputMode.SPARK feeds the {num_nodes} nodes from Spark tasks that run beside them, but "
             f"the application's {have} task slots are all held by the nodes (master {side.master}). "
