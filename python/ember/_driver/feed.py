@@ -418,15 +418,13 @@ class Feed:
             data.write.mode("errorifexists").parquet(path)
             scan, why_copy = parquet_scan(data.sparkSession.read.parquet(path), self._side)
         except BaseException as e:
-            self._forget(entry)
-            self._remove(path, None)
+            self._discard(entry)
             if isinstance(e, Exception):
                 raise errors.ClusterError(f"{what}: writing its Parquet copy to {path} (spark.ember.feed.cacheDir) "
                                           f"failed: {spark_error_summary(e, self._side)}") from e
             raise
         if scan is None:  # e.g. the driver cannot open the written files: remove them, feed the rows
-            self._forget(entry)
-            self._remove(path, None)
+            self._discard(entry)
             return None, f" (its Parquet copy under {cache_dir} cannot be read in place: {why_copy})"
         directory = scan.files[0].rsplit("/", 1)[0]  # as the nodes will name the files
         with self._lock:
@@ -449,10 +447,12 @@ class Feed:
         for directory, fs_conf in caches:
             self._remove(directory, fs_conf)
 
-    def _forget(self, entry) -> None:
+    def _discard(self, entry: Tuple[str, None]) -> None:
+        """A copy that will not be used: off the list, and removed now."""
         with self._lock:
             if entry in self._caches:
                 self._caches.remove(entry)
+        self._remove(*entry)
 
     def _remove(self, directory: str, fs_conf: Optional[Tuple[str, str]]) -> None:
         try:
