@@ -15,7 +15,7 @@ FUZZ_SECS ?= 10
 
 .PHONY: setup setup-torch setup-hdfs setup-delta run test test-cpp build-asan test-asan test-tsan test-py test-torch fuzz clean cpp-trainer
 
-setup: $(STAMPS)/ember
+setup: $(STAMPS)/ember $(STAMPS)/jar
 
 $(STAMPS)/system: scripts/setup_system.sh
 	bash scripts/setup_system.sh
@@ -31,6 +31,12 @@ $(STAMPS)/venv: requirements.txt requirements-nodeps.txt $(STAMPS)/system
 # nanobind); Python sources are live (editable install).
 $(STAMPS)/ember: $(STAMPS)/venv pyproject.toml $(CORE_SOURCES)
 	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
+	@touch $@
+
+# Ember's Spark extension jar (ember_pack_floats), compiled from python/ember/_scala by the Scala
+# compiler pyspark ships, into ~/.cache/ember (EMBER_JAR_DIR): built here so no test waits for it.
+$(STAMPS)/jar: $(STAMPS)/ember $(wildcard python/ember/_scala/*.scala)
+	$(PY) -c "import ember; print('Ember Spark extension:', ember.spark_jar())"
 	@touch $@
 
 # The main job: Fashion-MNIST with Keras model.fit and Ember's synchronous training on 2 nodes,

@@ -6,8 +6,10 @@ Contenders, same model (784 -> Dense 128 relu -> Dense 10, the output's argmax a
 shape, synthetic), same Spark application (local[N] by default):
 
   ember      ember.ml.KerasModel.transform: a scalar-iterator pandas UDF over the input column,
-             each batch one float32 matrix (no copy where pyarrow allows), the model loaded once
-             per Python worker.
+             each batch one float32 matrix, the model loaded once per Python worker.  The session
+             loads Ember's Spark extension (ember.spark_conf()), so the column crosses packed by
+             ember_pack_floats as one binary buffer per row (--no-extension: Spark's array
+             hand-over, as predict_batch_udf gets it).
   ember_ci   ember.Cluster.run(..., InputMode.SPARK) + cluster.inference(df): --nodes nodes
              answer the feed (next_batch_columns -> predict -> batch_results); feeding tasks
              run in the slots the nodes leave free.
@@ -15,6 +17,8 @@ shape, synthetic), same Spark application (local[N] by default):
              once per Python worker), batch_size --batch.
   floor      (--floor) a pandas UDF that returns zeros: Spark's hand-over of the input column to a
              Python worker and back, no model; no evaluator in a Python worker can beat it.
+  floor_packed  (--floor, with the extension) the same over ember_pack_floats(features): the
+             hand-over of the packed column, the most the ember contender can reach.
   tfos       TensorFlowOnSpark 2.2.5's pipeline.TFModel over a SavedModel export of the model,
              when tensorflowonspark is importable (bench/.tfos-site, see _common.ensure_tfos;
              --tfos installs it).
@@ -105,7 +109,11 @@ def main(argv=None) -> None:
     p.add_argument("--floor", action="store_true",
                    help="also time Spark's hand-over alone: the input column to Python and zeros back, no model "
                         "(the most any evaluator in a Python worker can reach)")
+    p.add_argument("--no-extension", action="store_true",
+                   help="leave Ember's Spark extension (ember.spark_conf(): ember_pack_floats) out of the session: "
+                        "Ember's transform then takes Spark's array hand-over as predict_batch_udf does")
     p.add_argument("--tfos", action="store_true", help="install TFoS into bench/.tfos-site if missing and run it")
+    p.add_argument("--no-tfos", action="store_true", help="leave TFoS out even where bench/.tfos-site has it")
     p.add_argument("--connect", action="store_true",
                    help="also run the Ember contenders from a Spark Connect client (a Connect server on --master)")
     p.add_argument("--remote", help=argparse.SUPPRESS)  # internal: be that Connect client, of this server URL
@@ -113,7 +121,7 @@ def main(argv=None) -> None:
 
     C.log(C.machine_info())
     tfos_note = None
-    if a.tfos or (C.TFOS_SITE / "tensorflowonspark").is_dir():
+    if not a.no_tfos and (a.tfos or (C.TFOS_SITE / "tensorflowonspark").is_dir()):
         try:
             tfos_note = C.ensure_tfos()
         except Exception as e:  # noqa: BLE001 - the peer is optional
@@ -131,6 +139,8 @@ def main(argv=None) -> None:
 
     conf = {"spark.ui.showConsoleProgress": "false", "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
             "spark.driver.memory": a.driver_memory}
+    if not a.no_extension:
+        conf.update(ember.spark_conf(conf))
     if a.remote:  # the Connect client: the server was started with `conf`
         spark = SparkSession.builder.remote(a.remote).getOrCreate()
     else:
@@ -146,10 +156,11 @@ def main(argv=None) -> None:
     model_bytes = keras_model_bytes(model)
 
     def data(rows: int):
-        # Deterministic pseudo-pixels in [0, 1): no Python per row.
+        # Deterministic pseudo-pixels in [0, 1): no Python per row.  255.0D: a double division
+        # (255.0 is a decimal literal, divided through BigDecimal: 6.4 minutes for 1M rows).
         df = spark.range(rows, numPartitions=a.partitions).select(
             F.col("id"), F.expr(f"transform(sequence(1, {WIDTH}), i -> cast(((id * 7919 + i * 104729) "
-                                f"% 256) / 255.0 as float))").alias("features"))
+                                f"% 256) / 255.0D as float))").alias("features"))
         if a.input == "vector":
             df = df.withColumn("features", array_to_vector("features"))
         return df.cache()
@@ -186,6 +197,10 @@ def main(argv=None) -> None:
     if a.floor:  # Spark's own floor, in the Connect run too: how much of the gap is Spark's
         contenders["floor"] = lambda d: d.withColumn("prediction", floor_udf(
             vector_to_array("features", "float32") if a.input == "vector" else F.col("features")))
+        if not a.no_extension:  # ... and the floor of the column packed by Ember's extension
+            contenders["floor_packed"] = lambda d: d.withColumn("prediction", floor_udf(F.call_function(
+                "ember_pack_floats", vector_to_array("features", "float32") if a.input == "vector"
+                else F.col("features"))))
     # Every contender warms up (its Python workers load TensorFlow and the model) before any is
     # timed, and the timed runs take turns: the host's drift touches each contender alike.
     for name, fn in contenders.items():
@@ -227,7 +242,9 @@ def main(argv=None) -> None:
     for name, rate in connect.items():
         C.log(f"{name} (Spark Connect client): {rate:,.0f} rows/s = {rate / rates[name]:.3f} of classic")
     if "floor" in rates:
-        print(f"floor_rows_per_sec={rates['floor']:.0f} (Spark to Python and back, no model)")
+        print(f"floor_rows_per_sec={rates['floor']:.0f} (Spark to Python and back, no model)"
+              + (f" floor_packed_rows_per_sec={rates['floor_packed']:.0f} (the same, packed by ember_pack_floats)"
+                 if "floor_packed" in rates else ""))
     print(f"ember_cluster_inference_rows_per_sec={rates['ember_ci']:.0f} tfos_rows_per_sec="
           f"{rates.get('tfos', float('nan')):.0f}")
     tail = ""

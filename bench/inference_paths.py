@@ -129,6 +129,7 @@ def main(argv=None) -> None:
     p.add_argument("--master", default="local[4]")
     p.add_argument("--batch", type=int, default=1024)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--only", default="", help="comma-separated contenders to run (pbu always runs)")
     a = p.parse_args(argv)
 
     import numpy as np
@@ -142,7 +143,9 @@ def main(argv=None) -> None:
     spark = (SparkSession.builder.master(a.master).appName("ember-bench-inference-paths")
              .config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.execution.arrow.maxRecordsPerBatch", "10000")
-             .config("spark.driver.memory", "6g").getOrCreate())
+             .config("spark.driver.memory", "6g")
+             .config("spark.jars", os.environ["EMBER_JAR"]).config("spark.sql.extensions", "org.ember.spark.EmberExtensions")
+             .getOrCreate())
     spark.sparkContext.setLogLevel("WARN")
     C.log(C.versions())
     path = os.path.join(a.dir, f"rows{a.rows}-files{a.files}")
@@ -180,7 +183,22 @@ def main(argv=None) -> None:
     where = (F.col("_metadata.file_path"), F.col("_metadata.row_index"))
     out_schema = StructType(df.schema.fields + [StructField("prediction", DoubleType())])
     per_file = spark.range(len(files), numPartitions=len(files))
+    def packed_fn(with_model):
+        def fn(series):
+            m = _model(mb) if with_model else None
+            for s in series:
+                if m is None:
+                    yield pd.Series(np.zeros(len(s)))
+                    continue
+                x = np.frombuffer(b"".join(s.to_numpy()), "<f4").reshape(len(s), WIDTH)
+                yield pd.Series(_predict(m, x, a.batch))
+        fn.__annotations__ = {"series": Iterator[pd.Series], "return": Iterator[pd.Series]}
+        return F.pandas_udf(fn, DoubleType())
+    packed, packed0 = packed_fn(True), packed_fn(False)
+    pk = F.call_function("ember_pack_floats", F.col("features"))
     contenders = {
+        "packed": lambda: df.withColumn("prediction", packed(pk)),
+        "packed_nomodel": lambda: df.withColumn("prediction", packed0(pk)),
         "pbu": lambda: df.withColumn("prediction", pbu("features")),
         "floor": lambda: df.withColumn("prediction", floor("features")),
         "scan": lambda: df,
@@ -189,12 +207,17 @@ def main(argv=None) -> None:
         "files": lambda: per_file.mapInArrow(files_fn(files, mb, a.batch, True), out_schema),
         "files_nomodel": lambda: per_file.mapInArrow(files_fn(files, mb, a.batch, False), out_schema),
     }
+    if a.only:
+        keep = {"pbu", *a.only.split(",")}
+        contenders = {n: fn for n, fn in contenders.items() if n in keep}
     for name, fn in contenders.items():
         fn().limit(20_000).write.format("noop").mode("overwrite").save()
-    if (df.withColumn("prediction", pbu("features")).select("id", "prediction").orderBy("id").collect()
-            != df.withColumn("prediction", rowidx(*where)).select("id", "prediction").orderBy("id").collect()):
-        raise SystemExit("rowidx's predictions differ from predict_batch_udf's")
-    C.log("rowidx's predictions equal predict_batch_udf's, row by row")
+    expected = contenders["pbu"]().select("id", "prediction").orderBy("id").collect()
+    for name in ("rowidx", "packed"):
+        if name in contenders:
+            if contenders[name]().select("id", "prediction").orderBy("id").collect() != expected:
+                raise SystemExit(f"{name}'s predictions differ from predict_batch_udf's")
+            C.log(f"{name}'s predictions equal predict_batch_udf's, row by row")
     rates = {name: [] for name in contenders}
     for r in range(a.repeats):
         for name, fn in contenders.items():
@@ -209,7 +232,7 @@ def main(argv=None) -> None:
         print(f"{name:15s} {v:>10,.0f} rows/s (median of {a.repeats}; {v / med['pbu']:.2f} of pbu)")
     print(f"load average {os.getloadavg()}")
     print("inference_paths: " + " ".join(f"{n}_vs_pbu={med[n] / med['pbu']:.2f}"
-                                         for n in ("rowidx", "files", "floor", "scan")))
+                                         for n in ("packed", "rowidx", "files", "floor", "scan") if n in med))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from ember.input_mode import InputMode
 from ember.parallel import run_parallel
 
 __all__ = ["Cluster", "Context", "DataFeed", "InputMode", "errors", "EmberError", "ClusterError",
-           "NodeError", "run_parallel", "pack", "PackResult", "PackError"]
+           "NodeError", "run_parallel", "pack", "PackResult", "PackError", "spark_conf", "spark_jar"]
 __version__ = "0.1.0"
 
 
@@ -27,4 +27,8 @@ def __getattr__(name):
         from ember import _pack
 
         return getattr(_pack, name)
+    if name in ("spark_conf", "spark_jar"):  # Ember's Spark extension (SQL functions in Spark's JVM)
+        from ember import _jvm
+
+        return getattr(_jvm, name)
     raise AttributeError(f"module 'ember' has no attribute {name!r}")

@@ -44,6 +44,7 @@ import collections
 import functools
 import hashlib
 import json
+import logging
 import os
 import threading
 import time
@@ -56,7 +57,7 @@ from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasInputCol, HasLabelCol, HasOutputCol
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 
-from ember import parallel
+from ember import _jvm, parallel
 from ember._names import MODEL_INFO_KEY, MODEL_KEY
 
 _MODEL_FILE = "model.keras"
@@ -200,6 +201,13 @@ def _input_kind(field: Any, stage: str) -> str:
         return "scalar"
     raise ValueError(f"{stage}: input column {field.name!r} is {t.simpleString()}; it must be a Vector "
                      f"(e.g. from VectorAssembler), an array of numbers, or a number")
+
+
+def _packable(field: Any, kind: str) -> bool:
+    """Whether ember_pack_floats takes the input column (a Vector becomes array<float> first)."""
+    from pyspark.sql.types import DoubleType, FloatType
+
+    return kind == "vector" or (kind == "array" and isinstance(field.dataType.elementType, (FloatType, DoubleType)))
 
 
 def _declared_width(field: Any) -> Optional[int]:
@@ -383,6 +391,7 @@ class KerasEstimator(Estimator, _EstimatorParams):
 
 
 # --------------------------------------------------------------------------- Model
+_log = logging.getLogger(__name__)
 _loaded: "collections.OrderedDict[str, Any]" = collections.OrderedDict()  # per Python worker
 _loaded_lock = threading.Lock()
 _MAX_LOADED = 4
@@ -412,6 +421,8 @@ def _series_to_matrix(s: Any, kind: str, width: int, column: str) -> np.ndarray:
     list -> pandas conversion); when the rows are whole and consecutive in it, the matrix is
     that buffer itself (no copy), otherwise the rows are stacked."""
     n = len(s)
+    if kind == "packed":  # ember_pack_floats's binary rows: little-endian float32, `width` each
+        return _packed_to_matrix(s.to_numpy(), width, column)
     if kind == "scalar":
         if s.isna().any():
             raise ValueError(f"column {column!r} has {int(s.isna().sum())} null rows; the model needs a value in each")
@@ -438,6 +449,18 @@ def _series_to_matrix(s: Any, kind: str, width: int, column: str) -> np.ndarray:
         # the flattened buffer is the matrix.
         return base.reshape(n, width).astype(np.float32, copy=False)
     return np.stack(rows).astype(np.float32, copy=False)
+
+
+def _packed_to_matrix(rows: np.ndarray, width: int, column: str) -> np.ndarray:
+    """ember_pack_floats's rows (bytes, None for a null row) as a float32 (rows, width) matrix."""
+    lengths = np.fromiter((-1 if r is None else len(r) for r in rows), np.int64, len(rows))
+    if (lengths < 0).any():
+        raise ValueError(f"column {column!r} has {int((lengths < 0).sum())} null rows; the model needs a value in each")
+    bad = np.flatnonzero(lengths != 4 * width)
+    if bad.size:
+        raise ValueError(f"column {column!r}: a row has {int(lengths[bad[0]]) // 4} values but the model's "
+                         f"input takes {width}")
+    return np.frombuffer(b"".join(rows), "<f4").reshape(len(rows), width)
 
 
 def _predict_batches(key: str, source: Any, kind: str, in_shape: List[Optional[int]], mode: str,
@@ -560,8 +583,21 @@ class KerasModel(Model, _KerasParams, MLWritable, MLReadable):
         out_type = "double" if mode == "argmax" or out_width == 1 else "array"
         spark_type = DoubleType() if out_type == "double" else ArrayType(FloatType(), False)
         source = self._model_source(dataset.sparkSession)
-        fn = functools.partial(_predict_batches, self._model_key(), source, "scalar" if kind == "scalar" else
-                               "array", in_shape, mode, out_type, self.getPredictBatchSize(), in_col)
+        column = vector_to_array(F.col(in_col), "float32") if kind == "vector" else F.col(in_col)
+        if kind == "scalar":
+            passed = "scalar"
+        elif _packable(field, kind) and _jvm.has_pack_floats(dataset.sparkSession):
+            # Ember's Spark extension is loaded: the numbers cross as one binary buffer per row
+            # (one copy in the JVM) instead of Spark's element-by-element array hand-over.
+            column, passed = F.call_function(_jvm.PACK_FLOATS, column), "packed"
+        else:
+            passed = "array"
+        _log.info("%s: %r reaches the model %s", stage, in_col,
+                  "packed by ember_pack_floats (Ember's Spark extension)" if passed == "packed" else
+                  "as Spark hands it over" + ("" if passed == "scalar" else " (ember.spark_conf() in the session's "
+                                              "settings makes this faster)"))
+        fn = functools.partial(_predict_batches, self._model_key(), source, passed, in_shape, mode, out_type,
+                               self.getPredictBatchSize(), in_col)
 
         def predict(series):
             return fn(series)
@@ -571,7 +607,6 @@ class KerasModel(Model, _KerasParams, MLWritable, MLReadable):
         # and appends the output in order.  A Vector column becomes a float array in the JVM
         # (vector_to_array: dense and sparse) on its way out.
         udf = pandas_udf(predict, spark_type)  # Iterator[Series] -> Iterator[Series]: scalar iterator
-        column = vector_to_array(F.col(in_col), "float32") if kind == "vector" else F.col(in_col)
         return dataset.withColumn(out_col, udf(column))
 
     def copy(self, extra: Optional[Dict[Any, Any]] = None) -> "KerasModel":

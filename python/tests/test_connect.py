@@ -19,6 +19,8 @@ import time
 
 import pytest
 
+import ember
+
 from conftest import no_leftovers
 from connect_server import ConnectServer, run_client
 
@@ -144,7 +146,8 @@ features = fitted.stages[0].transform(df)
 again = loaded.transform(features).orderBy("id").collect()
 say(kernel=stage.keras_model().layers[0].get_weights()[0].ravel().tolist(),
     errors=[abs(r["prediction"] - r["y"]) for r in out], columns=fitted.transform(df).columns,
-    same=[r["prediction"] for r in out] == [r["prediction"] for r in again], job_id=stage.training_summary["job_id"])
+    same=[r["prediction"] for r in out] == [r["prediction"] for r in again], job_id=stage.training_summary["job_id"],
+    packed="ember_pack_floats" in fitted.transform(df)._explain_string(extended=True))
 '''
 
 TFRECORDS = PRELUDE + r'''
@@ -252,7 +255,9 @@ say(job_id=cluster.job_id, ended=ended, awaited=awaited, seconds=seconds, active
 
 @pytest.fixture(scope="module")
 def connect_server(tmp_path_factory):
-    server = ConnectServer("local[4]", tmp_path_factory.mktemp("connect") / "server.log")
+    # The server loads Ember's Spark extension (as a deployment would): KerasModel.transform's
+    # input then crosses packed by ember_pack_floats (test_spark_ml_pipeline...).
+    server = ConnectServer("local[4]", tmp_path_factory.mktemp("connect") / "server.log", conf=ember.spark_conf())
     yield server
     server.stop()
 
@@ -361,6 +366,7 @@ def test_spark_ml_pipeline_fit_transform_save_load_from_a_connect_client(connect
     assert max(r["errors"]) < 0.03
     assert r["columns"] == ["id", "x1", "x2", "y", "features", "prediction"]
     assert r["same"]
+    assert r["packed"]  # the server has Ember's extension: the Vector column crossed as one buffer per row
     no_leftovers(r["job_id"])
 
 

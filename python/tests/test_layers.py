@@ -22,7 +22,7 @@ LAYERS = [
     # the driver's console (reads config); a node's environment and rank rule; rings that die with their launcher; GPUs on each side
     {"_driver.console", "_node.env", "_launcher.ring_owner", "_launcher.gpus", "_driver.gpus",
      "_driver.spark_side", "_launcher.relay",  # ... the one seam to Spark (classic or Connect); a coordinator relay
-     "_parquet_io"},  # Parquet files through Ember's FileSystem layer; the file-rows reference of the feed
+     "_parquet_io", "_jvm"},  # Parquet files through Ember's FileSystem layer; the file-rows reference of the feed; Ember's Spark extension jar
     {"_driver.relay", "_delta_log"},  # where the nodes reach the coordinator; a Delta table's log
     {"_driver.scan"},         # is a DataFrame a plain Parquet (or Delta) scan
     {"summary"},              # TensorBoard event files, written by the core
