@@ -19,14 +19,19 @@ every column, output to Spark's ``noop`` sink:
   files          a mapInArrow task per file reading all its columns with Arrow, predicting and
                  returning them (the array column then crosses Python -> JVM instead)
   files_nomodel  the same without the model: the output direction's floor
+  packed         a pandas UDF over ember_pack_floats(features) (Ember's Spark extension, loaded
+                 through ember.spark_conf()): the numbers cross as one binary buffer per row, then
+                 one float32 matrix per batch; what KerasModel.transform does in such a session
+  packed_nomodel the same, returning zeros: the packed hand-over's floor
 
 Each contender runs once on a slice to warm up (workers import TensorFlow, load the model); then
 the contenders take turns for --repeats rounds; medians are printed.  rowidx's predictions are
-checked against pbu's, row by row, by id.  The last line:
-  inference_paths: rowidx_vs_pbu=<x> files_vs_pbu=<x> floor_vs_pbu=<x> scan_vs_pbu=<x>
+checked against pbu's, row by row, by id, and so are packed's.  The last line:
+  inference_paths: packed_vs_pbu=<x> rowidx_vs_pbu=<x> files_vs_pbu=<x> floor_vs_pbu=<x> scan_vs_pbu=<x>
 
   .venv/bin/python bench/inference_paths.py                  # 200,000 rows, 3 rounds
   .venv/bin/python bench/inference_paths.py --rows 50000 --repeats 1
+  .venv/bin/python bench/inference_paths.py --only packed,packed_nomodel,floor,scan
 """
 from __future__ import annotations
 
@@ -135,6 +140,8 @@ def main(argv=None) -> None:
     import numpy as np
     import pandas as pd
     from pyspark.ml.functions import predict_batch_udf
+
+    import ember
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
     from pyspark.sql.types import DoubleType, StructField, StructType
@@ -144,7 +151,7 @@ def main(argv=None) -> None:
              .config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.execution.arrow.maxRecordsPerBatch", "10000")
              .config("spark.driver.memory", "6g")
-             .config("spark.jars", os.environ["EMBER_JAR"]).config("spark.sql.extensions", "org.ember.spark.EmberExtensions")
+             .config(map=ember.spark_conf())  # Ember's extension: ember_pack_floats, for "packed"
              .getOrCreate())
     spark.sparkContext.setLogLevel("WARN")
     C.log(C.versions())

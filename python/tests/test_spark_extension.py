@@ -83,9 +83,9 @@ def test_ember_pack_floats_in_sql(spark_ext):
         spark_ext.sql("SELECT ember_pack_floats('x')").collect()
     with pytest.raises(Exception, match="ember_pack_floats takes one argument"):
         spark_ext.sql("SELECT ember_pack_floats(array(1F), array(2F))").collect()
-    with pytest.raises(Exception, match=r"ember_pack_floats: element 1 of a row's array \(of 3\) is null"):
+    with pytest.raises(Exception, match=r"ember_pack_floats\(array\(.*NULL.*\)\): element 1 of a row's array \(of 3\) is null"):
         spark_ext.sql("SELECT ember_pack_floats(array(1F, CAST(NULL AS FLOAT), 3F))").collect()
-    with pytest.raises(Exception, match=r"ember_pack_floats: element 0 of a row's array \(of 2\) is null"):
+    with pytest.raises(Exception, match=r"ember_pack_floats\(d\): element 0 of a row's array \(of 2\) is null"):
         spark_ext.createDataFrame([([None, 1.0],)], "d array<double>").selectExpr("ember_pack_floats(d)").collect()
 
 
@@ -137,5 +137,5 @@ def test_transform_names_bad_rows_on_the_packed_path(spark_ext, model):
     with pytest.raises(Exception, match=f"column 'f': a row has {WIDTH - 1} values but the model's input takes {WIDTH}"):
         km.transform(short).collect()
     holes = spark_ext.createDataFrame([(1, [0.0, None] + [0.0] * (WIDTH - 2))], "id long, f array<float>")
-    with pytest.raises(Exception, match=rf"ember_pack_floats: element 1 of a row's array \(of {WIDTH}\) is null"):
+    with pytest.raises(Exception, match=rf"ember_pack_floats\(f\): element 1 of a row's array \(of {WIDTH}\) is null"):
         km.transform(holes).collect()

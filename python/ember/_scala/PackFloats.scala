@@ -26,7 +26,9 @@ import org.apache.spark.sql.catalyst.util.ArrayData
 import org.apache.spark.sql.types.{ArrayType, BinaryType, DataType, DoubleType, FloatType}
 import org.apache.spark.unsafe.Platform
 
-case class PackFloats(child: Expression) extends UnaryExpression {
+/** `what`: the argument's SQL text when the function was called (the column), for errors; the
+ *  bound child's own text no longer names it. */
+case class PackFloats(child: Expression, what: String) extends UnaryExpression {
   override def dataType: DataType = BinaryType
   override def nullIntolerant: Boolean = true
   override def prettyName: String = PackFloats.Name
@@ -40,10 +42,12 @@ case class PackFloats(child: Expression) extends UnaryExpression {
   private def isDouble: Boolean = child.dataType.asInstanceOf[ArrayType].elementType == DoubleType
 
   override protected def nullSafeEval(input: Any): Any =
-    PackFloats.pack(input.asInstanceOf[ArrayData], isDouble)
+    PackFloats.pack(input.asInstanceOf[ArrayData], isDouble, what)
 
-  override protected def doGenCode(ctx: CodegenContext, ev: ExprCode): ExprCode =
-    defineCodeGen(ctx, ev, c => s"org.ember.spark.PackFloats.pack($c, $isDouble)")
+  override protected def doGenCode(ctx: CodegenContext, ev: ExprCode): ExprCode = {
+    val name = ctx.addReferenceObj("what", what, "java.lang.String")
+    defineCodeGen(ctx, ev, c => s"org.ember.spark.PackFloats.pack($c, $isDouble, $name)")
+  }
 
   override protected def withNewChildInternal(newChild: Expression): PackFloats = copy(child = newChild)
 }
@@ -52,8 +56,9 @@ object PackFloats {
   val Name = "ember_pack_floats"
   private val LittleEndian = ByteOrder.nativeOrder() == ByteOrder.LITTLE_ENDIAN
 
-  /** The values of `a` as little-endian float32 bytes; doubles are narrowed to float. */
-  def pack(a: ArrayData, isDouble: Boolean): Array[Byte] = {
+  /** The values of `a` as little-endian float32 bytes; doubles are narrowed to float.  `what`
+   *  (the argument's SQL text: the column) is named in the error about a null element. */
+  def pack(a: ArrayData, isDouble: Boolean, what: String): Array[Byte] = {
     val n = a.numElements()
     val out = new Array[Byte](n * 4)
     a match {
@@ -62,7 +67,7 @@ object PackFloats {
         // The null bits are the header's words after the element count.
         var w = 8
         while (w < header) {
-          if (Platform.getLong(u.getBaseObject, u.getBaseOffset + w) != 0L) nullElement(a, n)
+          if (Platform.getLong(u.getBaseObject, u.getBaseOffset + w) != 0L) nullElement(a, n, what)
           w += 8
         }
         Platform.copyMemory(u.getBaseObject, u.getBaseOffset + header, out, Platform.BYTE_ARRAY_OFFSET, n * 4L)
@@ -70,7 +75,7 @@ object PackFloats {
         val b = ByteBuffer.wrap(out).order(ByteOrder.LITTLE_ENDIAN)
         var i = 0
         while (i < n) {
-          if (a.isNullAt(i)) nullElement(a, n)
+          if (a.isNullAt(i)) nullElement(a, n, what)
           b.putFloat(if (isDouble) a.getDouble(i).toFloat else a.getFloat(i))
           i += 1
         }
@@ -78,10 +83,10 @@ object PackFloats {
     out
   }
 
-  private def nullElement(a: ArrayData, n: Int): Nothing = {
+  private def nullElement(a: ArrayData, n: Int, what: String): Nothing = {
     val i = (0 until n).find(a.isNullAt).getOrElse(-1)
     throw new IllegalArgumentException(
-      s"$Name: element $i of a row's array (of $n) is null; the model needs a number in each")
+      s"$Name($what): element $i of a row's array (of $n) is null; the model needs a number in each")
   }
 }
 
@@ -91,7 +96,7 @@ class EmberExtensions extends (SparkSessionExtensions => Unit) {
     val info = new ExpressionInfo(classOf[PackFloats].getName, null, PackFloats.Name,
       "_FUNC_(array) - the array's numbers as one little-endian float32 binary value", "")
     e.injectFunction((FunctionIdentifier(PackFloats.Name), info, (args: Seq[Expression]) => args match {
-      case Seq(c) => PackFloats(c)
+      case Seq(c) => PackFloats(c, c.sql)
       case _ => throw new IllegalArgumentException(
         s"${PackFloats.Name} takes one argument (an array of float or double), got ${args.length}")
     }))
