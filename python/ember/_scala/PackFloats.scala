@@ -72,13 +72,22 @@ object PackFloats {
         }
         Platform.copyMemory(u.getBaseObject, u.getBaseOffset + header, out, Platform.BYTE_ARRAY_OFFSET, n * 4L)
       case _ =>
-        val b = ByteBuffer.wrap(out).order(ByteOrder.LITTLE_ENDIAN)
+        // Any other array (a Parquet scan's ColumnarArray, a GenericArrayData): nulls checked,
+        // then the values in bulk where the array allows it (ColumnarArray copies its slice of
+        // the column vector at once), and one bulk put into the little-endian buffer.
         var i = 0
         while (i < n) {
           if (a.isNullAt(i)) nullElement(a, n, what)
-          b.putFloat(if (isDouble) a.getDouble(i).toFloat else a.getFloat(i))
           i += 1
         }
+        val floats = if (isDouble) {
+          val d = a.toDoubleArray()
+          val f = new Array[Float](n)
+          var j = 0
+          while (j < n) { f(j) = d(j).toFloat; j += 1 }
+          f
+        } else a.toFloatArray()
+        ByteBuffer.wrap(out).order(ByteOrder.LITTLE_ENDIAN).asFloatBuffer().put(floats)
     }
     out
   }
