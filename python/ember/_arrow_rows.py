@@ -18,6 +18,49 @@ import pyarrow as pa
 
 FORM_KEY = b"ember.form"      # "tuple", "list", "dict", "scalar" or "columns" (a DataFrame)
 SHAPES_KEY = b"ember.shapes"  # JSON {column: [dims]} for columns that held numpy arrays
+# JSON [column, ...]: array<float> columns the driver fed packed by Ember's Spark extension
+# (ember_pack_floats: one little-endian float32 binary per row); handed out as float32 again.
+PACKED_KEY = b"ember.packed"
+
+
+def mark_packed(batch: pa.RecordBatch, meta: Optional[Dict[bytes, bytes]]) -> pa.RecordBatch:
+    """`batch` with `meta` (:func:`packed_meta`) added to its schema metadata (no data copied)."""
+    if not meta:
+        return batch
+    return batch.replace_schema_metadata({**(batch.schema.metadata or {}), **meta})
+
+
+def packed_meta(columns: Sequence[str]) -> Optional[Dict[bytes, bytes]]:
+    """The schema metadata that says `columns` are packed (None for none)."""
+    return {PACKED_KEY: json.dumps(list(columns)).encode()} if columns else None
+
+
+def _packed(schema: pa.Schema) -> List[str]:
+    meta = schema.metadata or {}
+    return _parse_shapes(meta[PACKED_KEY]) if PACKED_KEY in meta else []
+
+
+def _unpacked(col: pa.Array, shape: Optional[List[int]]) -> np.ndarray:
+    """A packed column (binary rows of little-endian float32) as a float32 (rows, width) matrix
+    viewed in place when every row has one width; else an object array of float32 rows."""
+    n = len(col)
+    if n and col.null_count == 0:
+        off_type = np.int64 if pa.types.is_large_binary(col.type) else np.int32
+        offsets = np.frombuffer(col.buffers()[1], dtype=off_type)[col.offset:col.offset + n + 1]
+        widths = np.diff(offsets)
+        if (widths == widths[0]).all() and widths[0] % 4 == 0 and offsets[0] % 4 == 0:
+            data = np.frombuffer(col.buffers()[2], dtype=np.uint8)[offsets[0]:offsets[-1]].view("<f4")
+            return data.reshape([n] + (list(shape) if shape else [int(widths[0]) // 4]))
+    return np.array([None if v is None else np.frombuffer(v, "<f4") for v in col.to_pylist()], dtype=object)
+
+
+def column_values(batch: pa.RecordBatch, i: int) -> List[Any]:
+    """Column `i` of `batch` as Python values (a packed column's rows as lists of floats, as
+    its array<float> would give)."""
+    col = batch.column(i)
+    if batch.schema.names[i] in _packed(batch.schema):
+        return [None if v is None else np.frombuffer(v, "<f4").tolist() for v in col.to_pylist()]
+    return col.to_pylist()
 
 
 def _column_from_values(values: Sequence[Any], name: str):
@@ -127,9 +170,9 @@ def _shapes(schema: pa.Schema) -> Dict[str, List[int]]:
 
 
 @functools.lru_cache(maxsize=64)
-def _parse_shapes(text: bytes) -> Dict[str, List[int]]:
-    """Parsed once per distinct metadata: every fed batch of a job carries the same.
-    Callers must not modify the result (it is shared)."""
+def _parse_shapes(text: bytes) -> Any:
+    """SHAPES_KEY's (or PACKED_KEY's) JSON, parsed once per distinct metadata: every fed batch
+    of a job carries the same.  Callers must not modify the result (it is shared)."""
     return json.loads(text)
 
 
@@ -172,8 +215,9 @@ def column_to_numpy(col: pa.Array, shape: Optional[List[int]] = None) -> np.ndar
 
 def batch_to_columns(batch: pa.RecordBatch) -> Dict[str, np.ndarray]:
     """A record batch as {column name: numpy array}, zero-copy where possible."""
-    shapes = _shapes(batch.schema)
-    return {name: column_to_numpy(batch.column(i), shapes.get(name))
+    shapes, packed = _shapes(batch.schema), _packed(batch.schema)
+    return {name: _unpacked(batch.column(i), shapes.get(name)) if name in packed
+            else column_to_numpy(batch.column(i), shapes.get(name))
             for i, name in enumerate(batch.schema.names)}
 
 
@@ -193,7 +237,7 @@ def batch_to_rows(batch: pa.RecordBatch) -> List[Any]:
         if name in shapes:
             cols.append(list(column_to_numpy(col, shapes[name])))
         else:
-            cols.append(col.to_pylist())
+            cols.append(column_values(batch, i))
     if form == "scalar":
         return cols[0]
     if form == "dict":

@@ -32,6 +32,7 @@ from ember.errors import DeadlineExceeded, EmberError
 
 EXTENSIONS = "org.ember.spark.EmberExtensions"  # the class spark.sql.extensions names
 PACK_FLOATS = "ember_pack_floats"
+UNPACK_FLOATS = "ember_unpack_floats"  # binary -> array<float>: PACK_FLOATS undone (cluster.inference's output)
 SOURCES = Path(__file__).parent / "_scala"
 BUILD_TIMEOUT = 300.0
 

@@ -93,7 +93,10 @@ class Cluster:
         self._lock = threading.Lock()
         self._shutting_down = False
         self._driver_nodes = driver_nodes  # nodes whose launchers run on the driver (driver_ps_nodes)
-        self._feed = _feed_driver.Feed(side, self.job_id, self._console)  # InputMode.SPARK: the epoch loop
+        # InputMode.SPARK: the epoch loop.  Fed rows' array<float> columns go packed only to Python
+        # nodes: a program node (an argv) reads the Arrow batches itself.
+        self._feed = _feed_driver.Feed(side, self.job_id, self._console,
+                                       pack_rows=not isinstance(launch.main_fun, (list, tuple)))
         self._gang = Gang(side, self.job_id, num_nodes, layout, self.input_mode, self.log_dir, self._console,
                           launch, max_restarts=max_restarts, driver_nodes=driver_nodes, on_abort=self._feed.cancel)
 

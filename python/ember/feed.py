@@ -203,7 +203,7 @@ class DataFeed:
                     continue
                 if col not in names:
                     raise KeyError(f"input_mapping names column {col!r}, but the fed data has columns {names}")
-                cols[tensor] = batch.column(names.index(col)).to_pylist()
+                cols[tensor] = rows_mod.column_values(batch, names.index(col))
             return cols
         return [] if batch is None else rows_mod.batch_to_rows(batch)
 

@@ -139,3 +139,101 @@ def test_transform_names_bad_rows_on_the_packed_path(spark_ext, model):
     holes = spark_ext.createDataFrame([(1, [0.0, None] + [0.0] * (WIDTH - 2))], "id long, f array<float>")
     with pytest.raises(Exception, match=rf"ember_pack_floats\(f\): element 1 of a row's array \(of {WIDTH}\) is null"):
         km.transform(holes).collect()
+
+
+# ----------------------------------------------------------------------------- the feed, packed
+W = 12  # floats per row: id + k/8, exact in float32
+
+
+def _packed_rows_df(spark, n: int):
+    return spark.range(n, numPartitions=4).selectExpr(
+        "id", f"transform(sequence(0, {W - 1}), k -> cast(id + k / 8.0D as float)) AS f", "cast(id AS string) AS s")
+
+
+def _train_node(args, ctx):
+    """Reads each epoch with epoch_batches; writes what it saw: dtypes, shapes, wrong values."""
+    import json
+
+    import numpy as np
+    feed = ctx.get_data_feed()
+    seen = []
+    for _ in range(2):
+        for cols in feed.epoch_batches(7, drop_remainder=False):
+            f, ids = cols["f"], cols["id"]
+            want = ids[:, None].astype(np.float64) + np.arange(f.shape[1]) / 8.0
+            seen.append({"dtype": str(f.dtype), "shape": list(f.shape), "ids": ids.tolist(),
+                         "bad": int((f.astype(np.float64) != want).sum()), "s": [str(v) for v in cols["s"][:1]]})
+    Path(args["out"], f"node{ctx.task_index}.json").write_text(json.dumps(seen))
+
+
+def _infer_node(args, ctx):
+    import numpy as np
+    feed = ctx.get_data_feed(train_mode=False)
+    while not feed.should_stop():
+        cols = feed.next_batch_columns(50)
+        if cols:
+            f = cols["f"]
+            feed.batch_results({"total": f.astype(np.float64).sum(axis=1), "dtype": [str(f.dtype)] * len(f)})
+
+
+def test_train_feeds_array_float_columns_packed_and_the_nodes_see_float32(spark_ext, tmp_path, capsys):
+    import json
+
+    from conftest import no_leftovers
+    df = _packed_rows_df(spark_ext, 300)
+    cluster = ember.Cluster.run(spark_ext, _train_node, {"out": str(tmp_path)}, num_executors=2,
+                                input_mode=ember.InputMode.SPARK)
+    try:
+        cluster.train(df, num_epochs=2)
+    finally:
+        cluster.shutdown(timeout=120)
+    assert "array<float> column(s) ['f'] packed by Ember's Spark extension" in capsys.readouterr().err
+    seen = [b for k in range(2) for b in json.loads((tmp_path / f"node{k}.json").read_text())]
+    assert {b["dtype"] for b in seen} == {"float32"}
+    assert all(len(b["shape"]) == 2 and b["shape"][1] == W for b in seen), seen[:3]
+    assert sum(b["bad"] for b in seen) == 0
+    ids = sorted(i for b in seen for i in b["ids"])
+    assert ids == sorted(list(range(300)) * 2)  # both epochs, every row once each
+    assert all(b["s"] == [str(b["ids"][0])] for b in seen)  # the other columns as they were
+    no_leftovers(cluster.job_id)
+
+
+def test_inference_feeds_packed_and_gives_the_array_column_back(spark_ext):
+    from pyspark.sql.types import ArrayType, FloatType
+
+    from conftest import no_leftovers
+    df = _packed_rows_df(spark_ext, 400)
+    cluster = ember.Cluster.run(spark_ext, _infer_node, None, num_executors=2, input_mode=ember.InputMode.SPARK)
+    try:
+        out = cluster.inference(df, output_schema="total double, dtype string")
+        assert "ember_unpack_floats" in out._jdf.queryExecution().toString()
+        rows = out.collect()
+    finally:
+        cluster.shutdown(timeout=120)
+    assert out.columns == ["id", "f", "s", "total", "dtype"]
+    assert isinstance(out.schema["f"].dataType, ArrayType) and isinstance(out.schema["f"].dataType.elementType, FloatType)
+    assert [r["id"] for r in rows] == list(range(400))  # input order
+    for r in rows:
+        want = [r["id"] + k / 8.0 for k in range(W)]
+        assert r["f"] == want and r["s"] == str(r["id"]) and r["dtype"] == "float32"
+        assert r["total"] == pytest.approx(sum(want))
+    no_leftovers(cluster.job_id)
+
+
+def test_packed_batches_give_float32_columns_and_python_rows():
+    """The node side alone: a batch marked packed (as the feeding tasks mark it)."""
+    import pyarrow as pa
+
+    from ember import _arrow_rows
+    rows = [np.arange(4, dtype="<f4") + i for i in range(3)]
+    batch = pa.RecordBatch.from_arrays([pa.array([0, 1, 2]), pa.array([r.tobytes() for r in rows], pa.binary())],
+                                       names=["id", "f"])
+    marked = _arrow_rows.mark_packed(batch, _arrow_rows.packed_meta(["f"]))
+    cols = _arrow_rows.batch_to_columns(marked)
+    assert cols["f"].dtype == np.float32 and cols["f"].shape == (3, 4)
+    np.testing.assert_array_equal(cols["f"], np.stack(rows))
+    assert _arrow_rows.batch_to_rows(marked) == [(i, rows[i].tolist()) for i in range(3)]
+    ragged = pa.RecordBatch.from_arrays([pa.array([b"\0\0\x80?", b"", None], pa.binary())], names=["f"])
+    out = _arrow_rows.batch_to_columns(_arrow_rows.mark_packed(ragged, _arrow_rows.packed_meta(["f"])))["f"]
+    assert out.dtype == object and out[0].tolist() == [1.0] and out[1].tolist() == [] and out[2] is None
+    assert _arrow_rows.batch_to_columns(batch)["f"].dtype == np.uint8  # unmarked: the bytes, as before

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import pyarrow as pa
 
-from ember import _ember, _hadoop, config, errors
+from ember import _arrow_rows, _ember, _hadoop, _jvm, config, errors
 from ember._driver.console import Console
 from ember._driver.scan import FileScan, parquet_scan
 from ember._driver.spark_job import spark_error_summary
@@ -87,6 +87,33 @@ def _sent_batch(p: int, sent, gone, stopped) -> pa.RecordBatch:
                           ("gone", pa.bool_()), ("stopped", pa.bool_())]))
 
 
+class PackedRows(NamedTuple):
+    """A DataFrame fed as rows whose array<float> `columns` Ember's Spark extension packs (one
+    little-endian float32 binary per row, written into Arrow with one copy instead of element
+    by element); the batches say so (_arrow_rows.PACKED_KEY) and the nodes see float32 again."""
+    df: Any
+    columns: Tuple[str, ...]
+
+
+def _quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def pack_rows(df: Any) -> Tuple[Any, Tuple[str, ...]]:
+    """`df` with its array<float> columns packed by ember_pack_floats, and their names; `df`
+    and () when it has none or the session lacks Ember's extension (ember.spark_conf())."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType, FloatType
+
+    names = df.columns
+    packed = tuple(f.name for f in df.schema.fields
+                   if isinstance(f.dataType, ArrayType) and isinstance(f.dataType.elementType, FloatType))
+    if not packed or len(set(names)) != len(names) or not _jvm.has_pack_floats(df.sparkSession):
+        return df, ()
+    return df.select(*[F.call_function(_jvm.PACK_FLOATS, F.col(_quoted(c))).alias(c) if c in packed
+                       else F.col(_quoted(c)) for c in names]), packed
+
+
 def _feed_epoch(data: Any, epoch: int, eps: List[feeding.NodeEndpoint], opts: feeding.FeedOptions,
                 ended: Callable[[feeding.NodeEndpoint], bool]) -> Tuple[List[int], set, int]:
     """Feeds `data` once as epoch number `epoch` (one Spark job) and ends the epoch at every
@@ -106,14 +133,17 @@ def _feed_epoch(data: Any, epoch: int, eps: List[feeding.NodeEndpoint], opts: fe
             yield _sent_batch(p, sent, gone, stopped)
         tasks = data.spark.range(0, len(files), 1, len(files))
         sent = [tuple(r) for r in tasks.mapInArrow(feed_files, _SENT_SCHEMA).collect()]
-    elif _is_dataframe(data):
+    elif isinstance(data, PackedRows) or _is_dataframe(data):
+        df, meta = (data.df, _arrow_rows.packed_meta(data.columns)) if isinstance(data, PackedRows) else (data, None)
+
         def feed_df(batches, epoch=epoch):
             from pyspark import TaskContext
             task = TaskContext.get()
             p = task.partitionId()
+            batches = (_arrow_rows.mark_packed(b, meta) for b in batches)
             sent, gone, stopped = feeding.feed_partition(batches, p, epoch, eps, opts, task.attemptNumber())
             yield _sent_batch(p, sent, gone, stopped)
-        sent = [tuple(r) for r in data.mapInArrow(feed_df, _SENT_SCHEMA).collect()]
+        sent = [tuple(r) for r in df.mapInArrow(feed_df, _SENT_SCHEMA).collect()]
     else:
         def feed_rdd(p, rows, epoch=epoch):
             from pyspark import TaskContext
@@ -280,8 +310,9 @@ class Feed:
     watcher, secret, restarts).  One train() runs at a time; cancel() is thread-safe.
     """
 
-    def __init__(self, side, job_id: str, console):
+    def __init__(self, side, job_id: str, console, pack_rows: bool = True):
         self._side = side  # ember._driver.spark_side.SparkSide
+        self.pack_rows = pack_rows  # Python nodes: rows' array<float> columns may be fed packed (_rows)
         self._job_id = job_id
         self._console = console
         self.epochs_fed = 0  # the next epoch's number
@@ -378,18 +409,27 @@ class Feed:
         if not _is_dataframe(data):
             return data
         if config.get("feed_source", self._side) == "spark":
-            return data
+            return self._rows(data, what, "")
         scan, why = parquet_scan(data, self._side)
         if scan is None:
             cached, why_not = self._cache(data, what, epochs, why)
             if cached is not None:
                 return cached
-            self._console.info(f"{what}: feeding the DataFrame's rows through Spark: {why}{why_not}")
-            return data
+            return self._rows(data, what, f": {why}{why_not}")
         self._console.info(f"{what}: the DataFrame is a plain Parquet scan of {len(scan.files)} file(s): the "
                            f"nodes read its columns {scan.columns} in place (spark.ember.feed.source=spark "
                            "feeds its rows instead)")
         return scan
+
+    def _rows(self, data: Any, what: str, why: str) -> Any:
+        """`data` fed as rows through Spark: as :class:`PackedRows` where Ember's Spark extension
+        can pack its array<float> columns and the nodes are Python (a program node reads the
+        Arrow batches itself); logged, with `why` (the rows were chosen over a scan or a copy)."""
+        df, packed = pack_rows(data) if self.pack_rows else (data, ())
+        self._console.info(f"{what}: feeding the DataFrame's rows through Spark{why}"
+                           + (f"; its array<float> column(s) {list(packed)} packed by Ember's Spark extension"
+                              if packed else ""))
+        return PackedRows(df, packed) if packed else data
 
     def _cache(self, data: Any, what: str, epochs: int, why: str) -> Tuple[Optional[FileScan], str]:
         """Petastorm's converter idea: a DataFrame that is not a plain scan, fed >= 2 epochs, is
@@ -519,7 +559,8 @@ class Feed:
         """``Cluster.inference``: see :func:`inference`."""
         host, port = gang.coordinator_address.rsplit(":", 1)
         return inference(data, self.endpoints(gang), self.options(gang, feed_timeout),
-                         output_schema=output_schema, coordinator=(host, int(port), gang.secret))
+                         output_schema=output_schema, coordinator=(host, int(port), gang.secret),
+                         pack=self.pack_rows)
 
     def stream_from_server(self, gang, stream_df: Any, feed_timeout: Optional[float], writer_options: dict,
                            trigger: Optional[dict]) -> Any:
@@ -625,14 +666,17 @@ def _cast_column(col: pa.Array, target: pa.DataType, name: str, where: str) -> p
 
 
 def inference(data: Any, endpoints: Sequence[feeding.NodeEndpoint], options: feeding.FeedOptions,
-              output_schema=None, coordinator: Optional[Tuple[str, int, bytes]] = None):
+              output_schema=None, coordinator: Optional[Tuple[str, int, bytes]] = None, pack: bool = False):
     """DataFrame in: a DataFrame with every input column plus the output columns, in input
     order.  RDD in: an RDD of the node's results, in input order.  Lazy, like any Spark
     transformation: the feed runs when an action runs.  `coordinator` (host, port, secret)
-    lets a task that finds its node gone say how the node ended."""
+    lets a task that finds its node gone say how the node ended.  With `pack` (Python nodes)
+    and Ember's Spark extension in the session, array<float> columns cross packed both ways
+    (:func:`pack_rows`; ember_unpack_floats restores them in the output)."""
     eps, opts = list(endpoints), options
     num_nodes = len(eps)
     if _is_dataframe(data):
+        from pyspark.sql import functions as F
         from pyspark.sql.pandas.types import to_arrow_schema
         from pyspark.sql.types import StructType
 
@@ -640,14 +684,18 @@ def inference(data: Any, endpoints: Sequence[feeding.NodeEndpoint], options: fee
         clash = set(data.columns) & set(out_fields.fieldNames())
         if clash:
             raise ValueError(f"output columns {sorted(clash)} already exist in the input DataFrame")
-        full = StructType(list(data.schema.fields) + list(out_fields.fields))
+        names = data.columns
+        fed, packed = pack_rows(data) if pack else (data, ())
+        meta = _arrow_rows.packed_meta(packed)
+        full = StructType(list(fed.schema.fields) + list(out_fields.fields))
         arrow_out = to_arrow_schema(full)
-        n_in = len(data.schema.fields)
+        n_in = len(fed.schema.fields)
 
         def infer_df(batches):
             from pyspark import TaskContext
             p = TaskContext.get().partitionId()
             ep = eps[p % num_nodes]
+            batches = (_arrow_rows.mark_packed(b, meta) for b in batches)
             for inp, res in feeding.infer_partition(batches, p, ep, opts, coordinator):
                 where = f"node {ep.name}, partition {p}"
                 if res.num_columns < len(out_fields.fields):
@@ -659,7 +707,11 @@ def inference(data: Any, endpoints: Sequence[feeding.NodeEndpoint], options: fee
                     col = res.column(names.index(field.name)) if field.name in names else res.column(i)
                     cols.append(_cast_column(col, field.type, field.name, where))
                 yield pa.RecordBatch.from_arrays(cols, schema=arrow_out)
-        return data.mapInArrow(infer_df, full)
+        out = fed.mapInArrow(infer_df, full)
+        if not packed:
+            return out
+        return out.select(*[F.call_function(_jvm.UNPACK_FLOATS, F.col(_quoted(c))).alias(c) if c in packed
+                            else F.col(_quoted(c)) for c in names + out_fields.fieldNames()])
     if _is_rdd(data):
         from ember import _arrow_rows as rows_mod
 

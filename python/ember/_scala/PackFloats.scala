@@ -1,6 +1,6 @@
 /*
  * ember_pack_floats(array<float|double>) -> binary: a row's numbers as one little-endian float32
- * buffer (issue 23, point 4).
+ * buffer (issue 23, point 4); ember_unpack_floats, its inverse.
  *
  * Why: a Python worker receives an array column from Spark's JVM written element by element
  * into Arrow (ArrayType), which caps every evaluator in a Python worker near 1.25-1.42x
@@ -99,6 +99,41 @@ object PackFloats {
   }
 }
 
+/** ember_unpack_floats(binary) -> array<float>: ember_pack_floats undone (one buffer per row back
+ *  into an array column: cluster.inference restores the packed input columns it hands back). */
+case class UnpackFloats(child: Expression, what: String) extends UnaryExpression {
+  override def dataType: DataType = ArrayType(FloatType, containsNull = false)
+  override def nullIntolerant: Boolean = true
+  override def prettyName: String = UnpackFloats.Name
+
+  override def checkInputDataTypes(): TypeCheckResult = child.dataType match {
+    case BinaryType => TypeCheckResult.TypeCheckSuccess
+    case other => TypeCheckResult.TypeCheckFailure(
+      s"${UnpackFloats.Name} takes a binary value; ${child.sql} is ${other.catalogString}")
+  }
+
+  override protected def nullSafeEval(input: Any): Any = UnpackFloats.unpack(input.asInstanceOf[Array[Byte]], what)
+
+  override protected def doGenCode(ctx: CodegenContext, ev: ExprCode): ExprCode = {
+    val name = ctx.addReferenceObj("what", what, "java.lang.String")
+    defineCodeGen(ctx, ev, c => s"org.ember.spark.UnpackFloats.unpack($c, $name)")
+  }
+
+  override protected def withNewChildInternal(newChild: Expression): UnpackFloats = copy(child = newChild)
+}
+
+object UnpackFloats {
+  val Name = "ember_unpack_floats"
+
+  def unpack(b: Array[Byte], what: String): ArrayData = {
+    if (b.length % 4 != 0) throw new IllegalArgumentException(
+      s"$Name($what): a value of ${b.length} bytes is not a whole number of float32s")
+    val floats = new Array[Float](b.length / 4)
+    ByteBuffer.wrap(b).order(ByteOrder.LITTLE_ENDIAN).asFloatBuffer().get(floats)
+    UnsafeArrayData.fromPrimitiveArray(floats)
+  }
+}
+
 /** spark.sql.extensions=org.ember.spark.EmberExtensions registers Ember's SQL functions. */
 class EmberExtensions extends (SparkSessionExtensions => Unit) {
   override def apply(e: SparkSessionExtensions): Unit = {
@@ -108,6 +143,13 @@ class EmberExtensions extends (SparkSessionExtensions => Unit) {
       case Seq(c) => PackFloats(c, c.sql)
       case _ => throw new IllegalArgumentException(
         s"${PackFloats.Name} takes one argument (an array of float or double), got ${args.length}")
+    }))
+    val unpackInfo = new ExpressionInfo(classOf[UnpackFloats].getName, null, UnpackFloats.Name,
+      "_FUNC_(binary) - little-endian float32 bytes as an array of float", "")
+    e.injectFunction((FunctionIdentifier(UnpackFloats.Name), unpackInfo, (args: Seq[Expression]) => args match {
+      case Seq(c) => UnpackFloats(c, c.sql)
+      case _ => throw new IllegalArgumentException(
+        s"${UnpackFloats.Name} takes one argument (a binary value), got ${args.length}")
     }))
   }
 }
