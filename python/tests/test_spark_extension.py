@@ -86,7 +86,7 @@ def test_ember_pack_floats_in_sql(spark_ext):
     with pytest.raises(Exception, match=r"ember_pack_floats\(array\(.*NULL.*\)\): element 1 of a row's array \(of 3\) is null"):
         spark_ext.sql("SELECT ember_pack_floats(array(1F, CAST(NULL AS FLOAT), 3F))").collect()
     with pytest.raises(Exception, match=r"ember_pack_floats\(d\): element 0 of a row's array \(of 2\) is null"):
-        spark_ext.createDataFrame([([None, 1.0],)], "d array<double>").selectExpr("ember_pack_floats(d)").collect()
+        spark_ext.createDataFrame([([None, 1.0],)], "d array<double>").coalesce(1).selectExpr("ember_pack_floats(d)").collect()
 
 
 @pytest.fixture(scope="module")
@@ -130,13 +130,16 @@ def test_transform_names_bad_rows_on_the_packed_path(spark_ext, model):
     from ember.ml import KerasModel
 
     km = KerasModel.from_keras(model, inputCol="f", outputCol="p")
-    nulls = spark_ext.createDataFrame([(1, [0.0] * WIDTH), (2, None)], "id long, f array<float>")
+    # One task per failing job (coalesce(1)): when a task fails, Spark kills its siblings, and a
+    # Python worker killed mid-stream may be reused by the next job's task, which then fails with
+    # CancelledKeyException instead of the error under test (seen 2 runs in 5 with 4 tasks).
+    nulls = spark_ext.createDataFrame([(1, [0.0] * WIDTH), (2, None)], "id long, f array<float>").coalesce(1)
     with pytest.raises(Exception, match="column 'f' has 1 null rows"):
         km.transform(nulls).collect()
-    short = spark_ext.createDataFrame([(1, [0.0] * WIDTH), (2, [0.0] * (WIDTH - 1))], "id long, f array<float>")
+    short = spark_ext.createDataFrame([(1, [0.0] * WIDTH), (2, [0.0] * (WIDTH - 1))], "id long, f array<float>").coalesce(1)
     with pytest.raises(Exception, match=f"column 'f': a row has {WIDTH - 1} values but the model's input takes {WIDTH}"):
         km.transform(short).collect()
-    holes = spark_ext.createDataFrame([(1, [0.0, None] + [0.0] * (WIDTH - 2))], "id long, f array<float>")
+    holes = spark_ext.createDataFrame([(1, [0.0, None] + [0.0] * (WIDTH - 2))], "id long, f array<float>").coalesce(1)
     with pytest.raises(Exception, match=rf"ember_pack_floats\(f\): element 1 of a row's array \(of {WIDTH}\) is null"):
         km.transform(holes).collect()
 
