@@ -107,8 +107,11 @@ cpp-trainer: setup
 	mkdir -p build/cpp_trainer
 	cmake -E copy_if_different build/py/examples/cpp_trainer/cpp_trainer build/cpp_trainer/cpp_trainer
 
+# python/tests_spark_ext runs in a pytest process (and so a Spark JVM) of its own: its sessions load
+# Ember's Spark extension, which only a session that starts the JVM can.
 test-py: setup setup-hdfs setup-delta
 	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest python/tests_spark_ext
 
 # The gtests run under both sanitizers (ASan+UBSan: a Debug build; TSan: clang, optimized); the plain
 # optimized build of them (`make test-cpp`) is left out of `make test`, which must stay under CI's

@@ -684,7 +684,7 @@ def inference(data: Any, endpoints: Sequence[feeding.NodeEndpoint], options: fee
         clash = set(data.columns) & set(out_fields.fieldNames())
         if clash:
             raise ValueError(f"output columns {sorted(clash)} already exist in the input DataFrame")
-        names = data.columns
+        in_names = data.columns
         fed, packed = pack_rows(data) if pack else (data, ())
         meta = _arrow_rows.packed_meta(packed)
         full = StructType(list(fed.schema.fields) + list(out_fields.fields))
@@ -711,7 +711,7 @@ def inference(data: Any, endpoints: Sequence[feeding.NodeEndpoint], options: fee
         if not packed:
             return out
         return out.select(*[F.call_function(_jvm.UNPACK_FLOATS, F.col(_quoted(c))).alias(c) if c in packed
-                            else F.col(_quoted(c)) for c in names + out_fields.fieldNames()])
+                            else F.col(_quoted(c)) for c in in_names + out_fields.fieldNames()])
     if _is_rdd(data):
         from ember import _arrow_rows as rows_mod
 

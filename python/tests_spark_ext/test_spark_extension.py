@@ -2,7 +2,7 @@
 pyspark's own compiler, ember_pack_floats in Spark SQL, and KerasModel.transform over it on a
 real local Spark session that loads it through ember.spark_conf().  The transform's predictions
 are checked against the Keras model run in this process, row by row; the plain path's
-(no extension) are in test_ml.py."""
+(no extension) are in python/tests/test_ml.py.  Run in a pytest process of their own (conftest.py)."""
 from __future__ import annotations
 
 import struct
