@@ -26,11 +26,26 @@ import org.apache.spark.sql.catalyst.util.ArrayData
 import org.apache.spark.sql.types.{ArrayType, BinaryType, DataType, DoubleType, FloatType}
 import org.apache.spark.unsafe.Platform
 
-/** `what`: the argument's SQL text when the function was called (the column), for errors; the
- *  bound child's own text no longer names it. */
-case class PackFloats(child: Expression, what: String) extends UnaryExpression {
-  override def dataType: DataType = BinaryType
+/** What Ember's functions share: a null-intolerant call of one argument, evaluated by a static
+ *  method `call(value[, extra], what)` in both interpreted and generated code.  `what`: the
+ *  argument's SQL text when the function was called (the column), for errors; the bound child's
+ *  own text no longer names it. */
+abstract class EmberCall extends UnaryExpression {
+  def what: String
+  protected def call: String   // the static method, fully named
+  protected def extra: String  // ", arg" passed between the value and `what`, or ""
   override def nullIntolerant: Boolean = true
+
+  override protected def doGenCode(ctx: CodegenContext, ev: ExprCode): ExprCode = {
+    val name = ctx.addReferenceObj("what", what, "java.lang.String")
+    defineCodeGen(ctx, ev, c => s"$call($c$extra, $name)")
+  }
+}
+
+case class PackFloats(child: Expression, what: String) extends EmberCall {
+  override def dataType: DataType = BinaryType
+  override protected def call: String = "org.ember.spark.PackFloats.pack"
+  override protected def extra: String = s", $isDouble"
   override def prettyName: String = PackFloats.Name
 
   override def checkInputDataTypes(): TypeCheckResult = child.dataType match {
@@ -43,11 +58,6 @@ case class PackFloats(child: Expression, what: String) extends UnaryExpression {
 
   override protected def nullSafeEval(input: Any): Any =
     PackFloats.pack(input.asInstanceOf[ArrayData], isDouble, what)
-
-  override protected def doGenCode(ctx: CodegenContext, ev: ExprCode): ExprCode = {
-    val name = ctx.addReferenceObj("what", what, "java.lang.String")
-    defineCodeGen(ctx, ev, c => s"org.ember.spark.PackFloats.pack($c, $isDouble, $name)")
-  }
 
   override protected def withNewChildInternal(newChild: Expression): PackFloats = copy(child = newChild)
 }
@@ -101,9 +111,10 @@ object PackFloats {
 
 /** ember_unpack_floats(binary) -> array<float>: ember_pack_floats undone (one buffer per row back
  *  into an array column: cluster.inference restores the packed input columns it hands back). */
-case class UnpackFloats(child: Expression, what: String) extends UnaryExpression {
+case class UnpackFloats(child: Expression, what: String) extends EmberCall {
   override def dataType: DataType = ArrayType(FloatType, containsNull = false)
-  override def nullIntolerant: Boolean = true
+  override protected def call: String = "org.ember.spark.UnpackFloats.unpack"
+  override protected def extra: String = ""
   override def prettyName: String = UnpackFloats.Name
 
   override def checkInputDataTypes(): TypeCheckResult = child.dataType match {
@@ -113,11 +124,6 @@ case class UnpackFloats(child: Expression, what: String) extends UnaryExpression
   }
 
   override protected def nullSafeEval(input: Any): Any = UnpackFloats.unpack(input.asInstanceOf[Array[Byte]], what)
-
-  override protected def doGenCode(ctx: CodegenContext, ev: ExprCode): ExprCode = {
-    val name = ctx.addReferenceObj("what", what, "java.lang.String")
-    defineCodeGen(ctx, ev, c => s"org.ember.spark.UnpackFloats.unpack($c, $name)")
-  }
 
   override protected def withNewChildInternal(newChild: Expression): UnpackFloats = copy(child = newChild)
 }
@@ -137,19 +143,19 @@ object UnpackFloats {
 /** spark.sql.extensions=org.ember.spark.EmberExtensions registers Ember's SQL functions. */
 class EmberExtensions extends (SparkSessionExtensions => Unit) {
   override def apply(e: SparkSessionExtensions): Unit = {
-    val info = new ExpressionInfo(classOf[PackFloats].getName, null, PackFloats.Name,
-      "_FUNC_(array) - the array's numbers as one little-endian float32 binary value", "")
-    e.injectFunction((FunctionIdentifier(PackFloats.Name), info, (args: Seq[Expression]) => args match {
-      case Seq(c) => PackFloats(c, c.sql)
-      case _ => throw new IllegalArgumentException(
-        s"${PackFloats.Name} takes one argument (an array of float or double), got ${args.length}")
-    }))
-    val unpackInfo = new ExpressionInfo(classOf[UnpackFloats].getName, null, UnpackFloats.Name,
-      "_FUNC_(binary) - little-endian float32 bytes as an array of float", "")
-    e.injectFunction((FunctionIdentifier(UnpackFloats.Name), unpackInfo, (args: Seq[Expression]) => args match {
-      case Seq(c) => UnpackFloats(c, c.sql)
-      case _ => throw new IllegalArgumentException(
-        s"${UnpackFloats.Name} takes one argument (a binary value), got ${args.length}")
+    register(e, classOf[PackFloats], PackFloats.Name, "an array of float or double",
+      "_FUNC_(array) - the array's numbers as one little-endian float32 binary value", PackFloats(_, _))
+    register(e, classOf[UnpackFloats], UnpackFloats.Name, "a binary value",
+      "_FUNC_(binary) - little-endian float32 bytes as an array of float", UnpackFloats(_, _))
+  }
+
+  /** One function of one argument, built with the argument's SQL text (its `what`). */
+  private def register(e: SparkSessionExtensions, cls: Class[_], name: String, takes: String, usage: String,
+                       make: (Expression, String) => Expression): Unit = {
+    val info = new ExpressionInfo(cls.getName, null, name, usage, "")
+    e.injectFunction((FunctionIdentifier(name), info, (args: Seq[Expression]) => args match {
+      case Seq(c) => make(c, c.sql)
+      case _ => throw new IllegalArgumentException(s"$name takes one argument ($takes), got ${args.length}")
     }))
   }
 }
