@@ -13,7 +13,7 @@ PYTEST_ARGS ?= --durations=25
 FUZZERS := codec_fuzz feed_codec_fuzz protocol_fuzz node_startup_fuzz collective_wire_fuzz record_reader_fuzz example_fuzz checkpoint_manifest_fuzz ps_codec_fuzz
 FUZZ_SECS ?= 10
 
-.PHONY: setup setup-torch setup-hdfs setup-delta run test test-cpp build-asan test-asan test-tsan test-py test-torch fuzz clean cpp-trainer
+.PHONY: setup setup-torch setup-hdfs setup-delta run test test-cpp build-asan build-tsan build-fuzz test-asan test-tsan test-py test-torch fuzz clean cpp-trainer
 
 setup: $(STAMPS)/ember $(STAMPS)/jar
 
@@ -77,8 +77,10 @@ build/tsan/build.ninja: $(STAMPS)/system
 	  -DEMBER_THREAD_SAFETY_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" \
 	  -DEMBER_TEST_SHARDS=4 -DEMBER_UNITY_BUILD=ON
 
-test-tsan: build/tsan/build.ninja setup-hdfs
+build-tsan: build/tsan/build.ninja
 	cmake --build build/tsan -j $(JOBS)
+
+test-tsan: build-tsan setup-hdfs
 	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
 	  ctest --test-dir build/tsan --output-on-failure -j $(JOBS)
 
@@ -89,8 +91,10 @@ build/fuzz/build.ninja: $(STAMPS)/system
 
 # The targets run $(JOBS) at a time (each is one process on one core); a failing one fails the
 # target, and its lines, prefixed with its name, say which.
-fuzz: build/fuzz/build.ninja
+build-fuzz: build/fuzz/build.ninja
 	cmake --build build/fuzz -j $(JOBS) --target $(FUZZERS)
+
+fuzz: build-fuzz
 	printf '%s\n' $(FUZZERS) | xargs -P $(JOBS) -I{} bash -c '\
 	  mkdir -p build/fuzz/corpus/{} && \
 	  build/fuzz/src/{} -max_total_time=$(FUZZ_SECS) -print_final_stats=1 -artifact_prefix=build/fuzz/{}- \
@@ -119,11 +123,25 @@ test-py: setup setup-hdfs setup-delta
 #
 # Its first step runs the set-up and the ASan build side by side: the package installs (the venv,
 # torch) keep one core busy unzipping wheels, the compiler the other (681 s against 724 s one after
-# the other, on a slower host); each step's output is printed whole when it ends.  The tests then
-# run one step at a time.
+# the other, on a slower host); each step's output is printed whole when it ends.  The C++ node
+# example (cpp-trainer, for test_cpp_trainer.py) is built there too, after the package.
+#
+# The TSan and fuzz builds then compile beside the Python tests, at idle priority (SCHED_IDLE:
+# they get only the CPU the tests leave, so the tests' timing is what it was).  The Python tests
+# leave a fifth of the two cores idle (Spark's and the nodes' waits: ~800 core-seconds measured
+# over python/tests); the two builds need ~400.  Their log is printed after the tests; every test
+# (gtests under TSan, fuzz runs) still runs at normal priority, one step at a time.
 test:
-	$(MAKE) --no-print-directory -j 2 --output-sync=target setup setup-torch setup-hdfs setup-delta build-asan
-	$(MAKE) --no-print-directory test-asan test-tsan fuzz test-py test-torch
+	$(MAKE) --no-print-directory -j 2 --output-sync=target setup setup-torch setup-hdfs setup-delta build-asan cpp-trainer
+	$(MAKE) --no-print-directory test-asan
+	@mkdir -p build; \
+	  chrt --idle 0 $(MAKE) --no-print-directory build-tsan build-fuzz > build/idle-builds.log 2>&1 & builds=$$!; \
+	  $(MAKE) --no-print-directory test-py; tests=$$?; \
+	  wait $$builds; built=$$?; \
+	  echo "--- make build-tsan build-fuzz, beside the Python tests at idle priority (exit $$built):"; \
+	  cat build/idle-builds.log; \
+	  test $$tests -eq 0 && test $$built -eq 0
+	$(MAKE) --no-print-directory test-tsan fuzz test-torch
 
 # Real PyTorch for python/tests_torch (DataFeed.to_torch_dataset, ember.torch's synchronous
 # training, unchanged torch.distributed programs) and the torch contenders of bench/.  PyPI has

@@ -20,6 +20,7 @@ A Spark Connect server takes the same two settings on its command line (``--conf
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -118,6 +119,28 @@ def spark_conf(conf: Optional[Mapping[str, str]] = None, cache_dir: Optional[str
             "spark.sql.extensions": _join(conf.get("spark.sql.extensions"), EXTENSIONS)}
 
 
+_warned: set = set()  # sessions told that their extension did not load (once each)
+
+
 def has_pack_floats(spark: Any) -> bool:
-    """Whether `spark` (classic or Connect) has ember_pack_floats registered."""
-    return bool(spark.catalog.functionExists(PACK_FLOATS))
+    """Whether `spark` (classic or Connect) has ember_pack_floats registered.  When it has not
+    but its ``spark.sql.extensions`` names Ember's (the session was created in a JVM started
+    without Ember's jar, where Spark itself only warns ClassNotFoundException), says so once,
+    on the ``ember`` logger, with what to do."""
+    if spark.catalog.functionExists(PACK_FLOATS):
+        return True
+    try:
+        named = EXTENSIONS in (spark.conf.get("spark.sql.extensions", None) or "")
+    except Exception:  # noqa: BLE001 - a setting that cannot be read: nothing to tell
+        named = False
+    key = id(spark)
+    if named and key not in _warned:
+        _warned.add(key)
+        logging.getLogger("ember").warning(
+            "spark.sql.extensions names %s but this Spark session lacks %s: its JVM was started without Ember's "
+            "jar (spark.jars counts only when the JVM starts: an earlier session in this Python process or "
+            "notebook started it, and spark.stop() keeps it). Ember goes on with Spark's slower element-by-element "
+            "array hand-over. To load the extension, give ember.spark_conf() to the first session of a new Python "
+            "process (restart the notebook's kernel), or to a Spark Connect server at its start",
+            EXTENSIONS, PACK_FLOATS)
+    return False

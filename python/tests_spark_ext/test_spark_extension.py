@@ -6,6 +6,9 @@ are checked against the Keras model run in this process, row by row; the plain p
 from __future__ import annotations
 
 import struct
+import subprocess
+import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -53,6 +56,34 @@ def test_a_compiler_error_is_shown_and_nothing_is_left(tmp_path, monkeypatch):
     with pytest.raises(EmberError, match=r"(?s)compiling Ember's Spark extension failed.*Broken\.scala.*type mismatch"):
         ember.spark_jar(str(tmp_path / "jars"))
     assert list((tmp_path / "jars").iterdir()) == []
+
+
+_LATE_SESSION = """
+import logging, sys
+import ember
+from ember import _jvm
+from pyspark.sql import SparkSession
+logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(name)s %(levelname)s %(message)s")
+first = SparkSession.builder.master("local[1]").getOrCreate()  # starts the JVM without Ember's jar
+first.stop()  # the JVM stays
+late = SparkSession.builder.master("local[1]").config(map=ember.spark_conf()).getOrCreate()
+print("HAS", _jvm.has_pack_floats(late), _jvm.has_pack_floats(late))
+late.stop()
+"""
+
+
+def test_a_session_whose_jvm_started_without_the_jar_is_told_why_and_what_to_do():
+    # A notebook's second session: Spark itself only logs a ClassNotFoundException and goes on.
+    # A real process of its own, since this one's JVM has the jar.
+    proc = subprocess.run([sys.executable, "-c", _LATE_SESSION], capture_output=True, text=True, timeout=240,
+                          cwd=tempfile.gettempdir())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "HAS False False" in proc.stdout, proc.stdout[-3000:]
+    told = [line for line in proc.stdout.splitlines() if line.startswith("ember WARNING")]
+    assert len(told) == 1, proc.stdout[-3000:]  # once per session
+    assert (f"spark.sql.extensions names {_jvm.EXTENSIONS} but this Spark session lacks ember_pack_floats: its "
+            "JVM was started without Ember's jar") in told[0]
+    assert "first session of a new Python process" in told[0]
 
 
 # ----------------------------------------------------------------------------- in Spark
