@@ -19,8 +19,9 @@ namespace ember::shm {
 
 namespace {
 constexpr uint64_t kMagic = 0x31474e4952424d45ull;  // "EMBRING1"
-constexpr uint32_t kVersion = 5;  // 2: 1 KiB abort reason; 3: read position, page-aligned data; 4: consumer mark;
-                                  // 5: the consumer's Close() is an abort code, worded by each reader
+constexpr uint32_t kVersion = 6;  // 2: 1 KiB abort reason; 3: read position, page-aligned data; 4: consumer mark;
+                                  // 5: the consumer's Close() is an abort code, worded by each reader;
+                                  // 6: producers_waiting (a reader with nothing to read frees leased room)
 constexpr uint32_t kWrapMarker = 0xffffffffu;  // rest of the ring up to its end is unused
 constexpr size_t kRecordHeader = 8;           // u32 payload length, u32 kind
 constexpr size_t kMinCapacity = 4096;
@@ -41,7 +42,7 @@ size_t PageRound(size_t n) { return (n + PageSize() - 1) & ~(PageSize() - 1); }
 struct RingHeader {
   uint64_t magic;
   uint32_t version;
-  uint32_t reserved;
+  uint32_t producers_waiting;  // producers blocked for room (guarded by mu); see ReleaseRoomForProducersLocked
   uint64_t capacity;
   pthread_mutex_t mu;         // robust, process-shared
   pthread_cond_t not_empty;   // consumer waits; CLOCK_MONOTONIC
@@ -233,6 +234,7 @@ Result<std::unique_ptr<Ring>> Ring::Create(const std::string& name, size_t capac
   h->consumer_pid = getpid();
   h->aborted = kRunning;
   h->terminated = 0;
+  h->producers_waiting = 0;
   h->mark = 0;
   h->abort_reason[0] = '\0';
 
@@ -300,7 +302,8 @@ Status Ring::WriteParts(uint32_t kind, std::span<const std::span<const uint8_t>>
   }
   const uint64_t record = kRecordHeader + Align8(size);
   RobustLock lock(&h->mu);
-  return WaitShared(
+  bool waiting = false;  // counted in h->producers_waiting
+  Status st = WaitShared(
       deadline, kLivenessCheck,
       [&]() -> std::optional<Status> {
         if (Status stopped = StoppedLocked(); !stopped.ok()) return stopped;
@@ -309,7 +312,18 @@ Status Ring::WriteParts(uint32_t kind, std::span<const std::span<const uint8_t>>
         // A record never straddles the end: if it does not fit, a wrap marker
         // fills the rest and the record starts at offset 0.
         const uint64_t needed = record <= to_end ? record : to_end + record;
-        if (cap - (h->head - h->tail) < needed) return std::nullopt;
+        if (cap - (h->head - h->tail) < needed) {
+          if (!waiting) {  // a reader that has nothing left to read then frees what its leases pin
+            waiting = true;
+            ++h->producers_waiting;
+            pthread_cond_broadcast(&h->not_empty);
+          }
+          return std::nullopt;
+        }
+        if (waiting) {
+          waiting = false;
+          --h->producers_waiting;
+        }
         if (record > to_end) {
           uint32_t marker = kWrapMarker;
           std::memcpy(h->data + pos, &marker, sizeof(marker));
@@ -337,6 +351,8 @@ Status Ring::WriteParts(uint32_t kind, std::span<const std::span<const uint8_t>>
                                         std::to_string(h->consumer_pid) + ") " + words_.stalled);
       },
       [&](int64_t ms) { CondWaitMs(&h->not_full, &h->mu, ms); });
+  if (waiting) --h->producers_waiting;  // gave up (deadline, abort, consumer gone); h->mu is still held
+  return st;
 }
 
 Status Ring::LockSession(Duration idle_timeout) {
@@ -401,7 +417,10 @@ Status Ring::Read(uint32_t* kind, std::vector<uint8_t>* payload, Deadline deadli
         uint32_t len = 0;
         Result<bool> next = NextRecordLocked(&pos, &len);
         if (!next.ok()) return next.status();
-        if (!*next) return std::nullopt;
+        if (!*next) {
+          if (Status freed = ReleaseRoomForProducersLocked(); !freed.ok()) return freed;
+          return std::nullopt;
+        }
         std::memcpy(kind, h->data + pos + 4, 4);
         payload->resize(len);
         if (len > 0) std::memcpy(payload->data(), h->data + pos + kRecordHeader, len);
@@ -437,6 +456,15 @@ Result<bool> Ring::NextRecordLocked(uint64_t* pos, uint32_t* len) {
   return false;
 }
 
+// Everything is read, yet a producer waits for room: the room it needs is pinned by this
+// reader's leases (below the revoke bound the reader keeps, a message that must wrap past the
+// ring's end can need more than what is free).  Neither side would move until a deadline, so
+// the reader revokes its leases (their bytes stay, in private pages) and the producer goes on.
+Status Ring::ReleaseRoomForProducersLocked() {
+  if (header_->producers_waiting == 0 || book_->entries.empty()) return Status::OK();
+  return RevokeLeasesLocked();
+}
+
 void Ring::UpdateTailLocked() {
   const RingLease::Book& b = *book_;
   header_->tail = b.entries.empty() ? header_->read : b.entries.front().start;
@@ -456,7 +484,10 @@ Status Ring::ReadLease(std::shared_ptr<const RingLease>* out, Deadline deadline)
         uint32_t len = 0;
         Result<bool> next = NextRecordLocked(&pos, &len);
         if (!next.ok()) return next.status();
-        if (!*next) return std::nullopt;
+        if (!*next) {
+          if (Status freed = ReleaseRoomForProducersLocked(); !freed.ok()) return freed;
+          return std::nullopt;
+        }
         if (!b.view) {
           // A second mapping of the same pages (mremap(2) with old_size 0), so
           // that RevokeLeases can swap pages under leases without touching the

@@ -26,7 +26,10 @@
 // ring, so the consumer bounds what leases pin (pinned_bytes()) and, past
 // its bound, RevokeLeases(): the leased bytes are copied into private pages
 // mapped over the very addresses the leases point at, and the ring bytes
-// are freed.  Holders never notice; producers never wait on a held lease.
+// are freed.  Holders never notice; producers never wait on a held lease for
+// long: a reader that has read everything while a producer waits for room
+// (a message that must wrap past the ring's end can need more than the bound
+// leaves free) revokes its leases at once.
 #pragma once
 
 #include <atomic>
@@ -236,6 +239,8 @@ class Ring {
   Result<bool> NextRecordLocked(uint64_t* pos, uint32_t* len);
   // With h->mu held: RevokeLeases().
   Status RevokeLeasesLocked();
+  // With h->mu held, nothing left to read: revokes the leases if a producer waits for room.
+  Status ReleaseRoomForProducersLocked();
   void HookViewLocked();  // on_map for the book's current view, if hooks are set
 
   const std::string name_;

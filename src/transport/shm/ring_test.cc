@@ -816,6 +816,39 @@ TEST(RingLease, HeldLeaseBlocksProducersUntilReleasedFromAnotherThread) {
   EXPECT_TRUE(Same(wrapped, 4, kMsg));
 }
 
+// The case a node's feed met (a scratch inference variant, 2026-11-28): the reader keeps one
+// large message leased (below its revoke bound of half the ring) and waits for more, while the
+// producer's next message must wrap past the ring's end and needs more than is free.  Without the
+// reader freeing the room, both would wait for their deadlines.
+TEST(RingLease, AReaderWithNothingToReadFreesTheRoomAWaitingProducerNeeds) {
+  constexpr size_t kCap = 1 << 16;
+  auto ring = Ring::Create(UniqueName(), kCap);
+  ASSERT_TRUE(ring.ok());
+  auto producer = Ring::Open((*ring)->name());
+  ASSERT_TRUE(producer.ok());
+  constexpr size_t kFirst = 20000, kBig = 28000;  // records of 20,008 and 28,008 bytes
+  ASSERT_TRUE((*producer)->Write(1, Bytes(1, kFirst), Soon()).ok());
+  Lease(**ring).reset();  // read and released: the tail moves to 20,008
+  ASSERT_TRUE((*producer)->Write(2, Bytes(2, kBig), Soon()).ok());
+  auto held = Lease(**ring);  // kept, as a node keeps its last batch while it asks for the next
+  ASSERT_LT((*ring)->pinned_bytes(), kCap / 2);  // below any revoke bound a reader keeps
+  // The next record starts at 48,016 with 17,520 bytes to the end: it wraps, and needs
+  // 17,520 + 28,008 = 45,528 bytes, more than the 37,528 free.
+  EXPECT_EQ((*producer)->Write(3, Bytes(3, kBig), Deadline::After(Duration(200))).code(),
+            StatusCode::kDeadlineExceeded);  // with no reader waiting, the leases stand
+  std::thread writer([&] { EXPECT_TRUE((*producer)->Write(3, Bytes(3, kBig), Soon()).ok()); });
+  auto next = Lease(**ring);  // the reader waits for the next message: the room is freed for it
+  writer.join();
+  ASSERT_TRUE(next != nullptr);
+  EXPECT_EQ(next->kind(), 3u);
+  EXPECT_TRUE(Same(next, 3, kBig));
+  EXPECT_TRUE(Same(held, 2, kBig));  // the held lease still reads its bytes (now private pages)
+  next.reset();
+  EXPECT_EQ((*ring)->pinned_bytes(), 0u);  // the revoked lease pins nothing
+  std::shared_ptr<const RingLease> none;
+  EXPECT_EQ((*ring)->ReadLease(&none, Deadline::After(Duration(50))).code(), StatusCode::kDeadlineExceeded);
+}
+
 TEST(RingLease, RevokeKeepsBytesAndFreesTheRing) {
   auto ring = Ring::Create(UniqueName(), 4096);
   ASSERT_TRUE(ring.ok());
