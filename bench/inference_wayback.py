@@ -5,7 +5,9 @@ cluster.inference feeds partitions to the nodes through mapInArrow, which must r
 column with the predictions, so a packed array column crosses Python -> JVM again and is unpacked
 (ember_unpack_floats).  ``ci_noback`` is a measuring variant, not a product path: the same feed,
 returning only the non-packed columns and the predictions (it drops a column, which
-cluster.inference may not).  The same Keras model (784 -> 128 -> 10, argmax) as bench/inference.py,
+cluster.inference may not).  ``ci_udf`` keeps every column the way Spark's own UDFs do: a scalar
+iterator pandas UDF feeds the nodes and Spark joins the predictions to the rows it kept
+(measuring only, see inference_udf; its output is checked equal to cluster.inference's).  The same Keras model (784 -> 128 -> 10, argmax) as bench/inference.py,
 a cached {id, features: array<float> of 784} DataFrame in 8 partitions, local[4], Ember's Spark
 extension loaded, Spark's noop sink; each contender warms up once, then runs REPEATS times;
 medians.  ``pbu`` is Spark's predict_batch_udf over the same column, ``transform`` is
@@ -14,7 +16,7 @@ KerasModel.transform; the ``_nomodel`` twins answer zeros.
   .venv/bin/python bench/inference_wayback.py [ROWS [REPEATS [CONTENDERS]]]
   .venv/bin/python bench/inference_wayback.py 200000 3 pbu,ci,ci_noback
 
-Last line: inference_wayback: ci_noback_vs_ci=<x> ci_vs_pbu=<x> (when both were run).
+Last line: inference_wayback: ci_noback_vs_ci=<x> ci_vs_pbu=<x> ci_udf_vs_pbu=<x> (those run).
 """
 import os
 import statistics
@@ -94,6 +96,37 @@ def inference_noback(data, endpoints, options, output_schema=None, coordinator=N
     return fed.mapInArrow(infer_df, full)
 
 
+def inference_udf(data, endpoints, options, output_schema=None, coordinator=None, pack=False):
+    """The way back left to Spark: a scalar iterator pandas UDF (ArrowEvalPython) over a struct of
+    the fed columns; the passthrough columns stay in the JVM, the feed is the same.  Measuring
+    only: a pandas round trip changes nullable integers and float nulls, so a product path would
+    need a rule per type."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    out_fields = FD._output_fields(output_schema)
+    in_names = data.columns
+    fed, packed = FD.pack_rows(data) if pack else (data, ())
+    meta = _arrow_rows.packed_meta(packed)
+    in_schema = to_arrow_schema(fed.schema)
+    eps = list(endpoints)
+    n = len(eps)
+
+    def fn(it):
+        from pyspark import TaskContext
+        p = TaskContext.get().partitionId()
+        ep = eps[p % n]
+
+        def batches():
+            for pdf in it:
+                yield _arrow_rows.mark_packed(pa.RecordBatch.from_pandas(pdf, schema=in_schema, preserve_index=False),
+                                              meta)
+        for _, res in infer_partition(batches(), p, ep, options, coordinator):
+            yield res.to_pandas()
+    udf = F.pandas_udf(fn, out_fields, F.PandasUDFType.SCALAR_ITER)
+    args = [F.call_function("ember_pack_floats", F.col(FD._quoted(c))).alias(c) if c in packed
+            else F.col(FD._quoted(c)) for c in in_names]
+    return data.select("*", udf(F.struct(*args)).alias("__r")).select(*in_names, "__r.*")
+
+
 def timed(fn):
     t0 = time.monotonic(); fn().write.format("noop").mode("overwrite").save(); return time.monotonic() - t0
 
@@ -122,6 +155,16 @@ for model_on in (True, False):
         run("ci" + sfx, lambda d: cl.inference(d, output_schema="prediction double"))
         FD.inference = inference_noback
         run("ci_noback" + sfx, lambda d: cl.inference(d, output_schema="prediction double"))
+        FD.inference = inference_udf
+        run("ci_udf" + sfx, lambda d: cl.inference(d, output_schema="prediction double"))
+        if model_on and (not ONLY or "ci_udf" in ONLY):  # the UDF way gives what the shipped one gives
+            got = cl.inference(warm, output_schema="prediction double").orderBy("id").toPandas()
+            FD.inference = orig
+            want = cl.inference(warm, output_schema="prediction double").orderBy("id").toPandas()
+            assert list(got.columns) == list(want.columns), (got.columns, want.columns)
+            assert (got["prediction"].values == want["prediction"].values).all(), "predictions differ"
+            assert all(np.array_equal(a, b) for a, b in zip(got["features"], want["features"])), "features differ"
+            C.log("ci_udf's output equals cluster.inference's, row by row")
     finally:
         FD.inference = orig
         cl.shutdown(timeout=120)
@@ -132,4 +175,6 @@ if "ci" in med and "ci_noback" in med:
     last.append(f"ci_noback_vs_ci={med['ci_noback'] / med['ci']:.2f}")
 if "ci" in med and "pbu" in med:
     last.append(f"ci_vs_pbu={med['ci'] / med['pbu']:.2f}")
+if "ci_udf" in med and "pbu" in med:
+    last.append(f"ci_udf_vs_pbu={med['ci_udf'] / med['pbu']:.2f}")
 print("inference_wayback: " + " ".join(last), flush=True)
