@@ -21,7 +21,7 @@ namespace {
 constexpr uint64_t kMagic = 0x31474e4952424d45ull;  // "EMBRING1"
 constexpr uint32_t kVersion = 6;  // 2: 1 KiB abort reason; 3: read position, page-aligned data; 4: consumer mark;
                                   // 5: the consumer's Close() is an abort code, worded by each reader;
-                                  // 6: producers_waiting (a reader with nothing to read frees leased room)
+                                  // 6: waiting_need (a reader with nothing to read frees leased room)
 constexpr uint32_t kWrapMarker = 0xffffffffu;  // rest of the ring up to its end is unused
 constexpr size_t kRecordHeader = 8;           // u32 payload length, u32 kind
 constexpr size_t kMinCapacity = 4096;
@@ -42,7 +42,7 @@ size_t PageRound(size_t n) { return (n + PageSize() - 1) & ~(PageSize() - 1); }
 struct RingHeader {
   uint64_t magic;
   uint32_t version;
-  uint32_t producers_waiting;  // producers blocked for room (guarded by mu); see ReleaseRoomForProducersLocked
+  uint32_t reserved;
   uint64_t capacity;
   pthread_mutex_t mu;         // robust, process-shared
   pthread_cond_t not_empty;   // consumer waits; CLOCK_MONOTONIC
@@ -55,6 +55,8 @@ struct RingHeader {
   uint32_t aborted;           // kRunning, kAborted (abort_reason says why), kClosedByConsumer; guarded by mu
   uint32_t terminated;        // guarded by mu
   uint64_t mark;              // the consumer's progress mark, see SetMark (guarded by mu)
+  uint64_t waiting_need;      // room a producer waits for, 0 once one writes (guarded by mu); see
+                              // ReleaseRoomForProducersLocked
   char abort_reason[kReasonBytes];
   alignas(kPage) uint8_t data[];
 };
@@ -234,8 +236,8 @@ Result<std::unique_ptr<Ring>> Ring::Create(const std::string& name, size_t capac
   h->consumer_pid = getpid();
   h->aborted = kRunning;
   h->terminated = 0;
-  h->producers_waiting = 0;
   h->mark = 0;
+  h->waiting_need = 0;
   h->abort_reason[0] = '\0';
 
   pthread_mutexattr_t ma;
@@ -302,8 +304,7 @@ Status Ring::WriteParts(uint32_t kind, std::span<const std::span<const uint8_t>>
   }
   const uint64_t record = kRecordHeader + Align8(size);
   RobustLock lock(&h->mu);
-  bool waiting = false;  // counted in h->producers_waiting
-  Status st = WaitShared(
+  return WaitShared(
       deadline, kLivenessCheck,
       [&]() -> std::optional<Status> {
         if (Status stopped = StoppedLocked(); !stopped.ok()) return stopped;
@@ -313,17 +314,13 @@ Status Ring::WriteParts(uint32_t kind, std::span<const std::span<const uint8_t>>
         // fills the rest and the record starts at offset 0.
         const uint64_t needed = record <= to_end ? record : to_end + record;
         if (cap - (h->head - h->tail) < needed) {
-          if (!waiting) {  // a reader that has nothing left to read then frees what its leases pin
-            waiting = true;
-            ++h->producers_waiting;
+          if (needed > h->waiting_need) {  // a reader with nothing left to read frees what its leases pin
+            h->waiting_need = needed;
             pthread_cond_broadcast(&h->not_empty);
           }
           return std::nullopt;
         }
-        if (waiting) {
-          waiting = false;
-          --h->producers_waiting;
-        }
+        h->waiting_need = 0;  // head moves: any other waiting producer says again what it needs
         if (record > to_end) {
           uint32_t marker = kWrapMarker;
           std::memcpy(h->data + pos, &marker, sizeof(marker));
@@ -351,8 +348,6 @@ Status Ring::WriteParts(uint32_t kind, std::span<const std::span<const uint8_t>>
                                         std::to_string(h->consumer_pid) + ") " + words_.stalled);
       },
       [&](int64_t ms) { CondWaitMs(&h->not_full, &h->mu, ms); });
-  if (waiting) --h->producers_waiting;  // gave up (deadline, abort, consumer gone); h->mu is still held
-  return st;
 }
 
 Status Ring::LockSession(Duration idle_timeout) {
@@ -461,7 +456,9 @@ Result<bool> Ring::NextRecordLocked(uint64_t* pos, uint32_t* len) {
 // ring's end can need more than what is free).  Neither side would move until a deadline, so
 // the reader revokes its leases (their bytes stay, in private pages) and the producer goes on.
 Status Ring::ReleaseRoomForProducersLocked() {
-  if (header_->producers_waiting == 0 || book_->entries.empty()) return Status::OK();
+  const RingHeader* h = header_;
+  if (h->waiting_need == 0 || book_->entries.empty()) return Status::OK();
+  if (capacity_ - (h->head - h->tail) >= h->waiting_need) return Status::OK();  // it fits: the producer wakes
   return RevokeLeasesLocked();
 }
 

@@ -239,7 +239,8 @@ class Ring {
   Result<bool> NextRecordLocked(uint64_t* pos, uint32_t* len);
   // With h->mu held: RevokeLeases().
   Status RevokeLeasesLocked();
-  // With h->mu held, nothing left to read: revokes the leases if a producer waits for room.
+  // With h->mu held, nothing left to read: revokes the leases if a producer waits for more room
+  // than is free.
   Status ReleaseRoomForProducersLocked();
   void HookViewLocked();  // on_map for the book's current view, if hooks are set
 
