@@ -127,7 +127,8 @@ test-py: setup setup-hdfs setup-delta
 # example (cpp-trainer, for test_cpp_trainer.py) is built there too, after the package.
 #
 # The TSan and fuzz builds then compile beside the Python tests, at idle priority (SCHED_IDLE:
-# they get only the CPU the tests leave, so the tests' timing is what it was).  The Python tests
+# they get only the CPU the tests leave, so the tests' timing is what it was; nice 19 where
+# chrt may not set it).  The Python tests
 # leave a fifth of the two cores idle (Spark's and the nodes' waits: ~800 core-seconds measured
 # over python/tests); the two builds need ~400.  Their log is printed after the tests; every test
 # (gtests under TSan, fuzz runs) still runs at normal priority, one step at a time.
@@ -135,7 +136,8 @@ test:
 	$(MAKE) --no-print-directory -j 2 --output-sync=target setup setup-torch setup-hdfs setup-delta build-asan cpp-trainer
 	$(MAKE) --no-print-directory test-asan
 	@mkdir -p build; \
-	  chrt --idle 0 $(MAKE) --no-print-directory build-tsan build-fuzz > build/idle-builds.log 2>&1 & builds=$$!; \
+	  idle="chrt --idle 0"; $$idle true 2>/dev/null || idle="nice -n 19"; \
+	  $$idle $(MAKE) --no-print-directory build-tsan build-fuzz > build/idle-builds.log 2>&1 & builds=$$!; \
 	  $(MAKE) --no-print-directory test-py; tests=$$?; \
 	  wait $$builds; built=$$?; \
 	  echo "--- make build-tsan build-fuzz, beside the Python tests at idle priority (exit $$built):"; \
