@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402  (sets PYTHONPATH/PYSPARK_PYTHON before Spark starts)
+from inference import WIDTH, build_model  # noqa: E402  (the same model and width as bench/inference.py)
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 from pyspark.sql import SparkSession, functions as F  # noqa: E402
@@ -41,7 +42,6 @@ from ember._feeder.task import infer_partition
 ROWS = int(sys.argv[1]) if len(sys.argv) > 1 else 200_000
 REP = int(sys.argv[2]) if len(sys.argv) > 2 else 3
 ONLY = sys.argv[3].split(",") if len(sys.argv) > 3 else None
-WIDTH = 784
 conf = {"spark.ui.showConsoleProgress": "false", "spark.sql.execution.arrow.maxRecordsPerBatch": "10000",
         "spark.driver.memory": "6g"}
 conf.update(ember.spark_conf(conf))
@@ -49,9 +49,7 @@ b = SparkSession.builder.master("local[4]")
 for k, v in conf.items(): b = b.config(k, v)
 spark = b.getOrCreate(); spark.sparkContext.setLogLevel("WARN")
 
-import keras
-keras.utils.set_random_seed(1)
-model = keras.Sequential([keras.Input((WIDTH,), name="x"), keras.layers.Dense(128, activation="relu"), keras.layers.Dense(10)])
+model = build_model()  # bench/inference.py's model, seeded
 mb = keras_model_bytes(model)
 
 def data(rows):
