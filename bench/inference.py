@@ -35,7 +35,7 @@ Every contender's output is written to Spark's ``noop`` sink (the whole DataFram
 nothing stored).  Every contender first runs once at --warmup-rows (its workers load TensorFlow
 and the model); then the contenders take turns, --repeats rounds, so the host's drift touches
 each alike.  The best run counts; the medians are logged.  The last line is:
-  inference_rows_per_sec: ember=<v> predict_batch_udf=<v> ratio=<v>
+  inference_rows_per_sec: ember=<v> predict_batch_udf=<v> ratio=<v> ember_cluster_inference=<v> ci_ratio=<v>
 (with --connect: ... ember_connect=<v> connect_vs_classic=<v>, Ember's transform under Connect
 over Ember's under a classic session; with --floor too, floor_connect_vs_classic=<v>).
 
@@ -201,30 +201,26 @@ def main(argv=None) -> None:
             contenders["floor_packed"] = lambda d: d.withColumn("prediction", floor_udf(F.call_function(
                 "ember_pack_floats", vector_to_array("features", "float32") if a.input == "vector"
                 else F.col("features"))))
-    # Every contender warms up (its Python workers load TensorFlow and the model) before any is
-    # timed, and the timed runs take turns: the host's drift touches each contender alike.
-    for name, fn in contenders.items():
-        timed(f"{name} warm-up", lambda: fn(warm), a.warmup_rows, 1)
-    runs: dict = {name: [] for name in contenders}
-    for i in range(a.repeats):
-        for name, fn in contenders.items():
-            runs[name].append(timed(f"{name} (round {i + 1})", lambda: fn(df), a.rows, 1))
-    rates = {name: max(r) for name, r in runs.items()}
-    C.log("medians: " + ", ".join(f"{name} {statistics.median(r):,.0f} rows/s" for name, r in runs.items()))
-
+    # cluster.inference's nodes start first (they idle, with the model loaded, while the others
+    # run); every contender warms up (its Python workers load TensorFlow and the model) before
+    # any is timed, and the timed runs take turns: the host's drift touches each contender alike.
     cluster = ember.Cluster.run(spark, ember_ci_main, {"model_bytes": model_bytes, "batch": a.batch},
                                 num_executors=a.nodes, input_mode=ember.InputMode.SPARK)
     try:
-        schema = "prediction double"
-
         def fed(d):  # the feed carries arrays: a Vector column is converted in the JVM first
             return d.withColumn("features", vector_to_array("features", "float32")) if a.input == "vector" else d
 
-        timed("ember_ci warm-up", lambda: cluster.inference(fed(warm), output_schema=schema), a.warmup_rows, 1)
-        rates["ember_ci"] = timed("ember_ci", lambda: cluster.inference(fed(df), output_schema=schema), a.rows,
-                                  a.repeats)
+        contenders["ember_ci"] = lambda d: cluster.inference(fed(d), output_schema="prediction double")
+        for name, fn in contenders.items():
+            timed(f"{name} warm-up", lambda: fn(warm), a.warmup_rows, 1)
+        runs: dict = {name: [] for name in contenders}
+        for i in range(a.repeats):
+            for name, fn in contenders.items():
+                runs[name].append(timed(f"{name} (round {i + 1})", lambda: fn(df), a.rows, 1))
     finally:
         cluster.shutdown(timeout=120)
+    rates = {name: max(r) for name, r in runs.items()}
+    C.log("medians: " + ", ".join(f"{name} {statistics.median(r):,.0f} rows/s" for name, r in runs.items()))
 
     if a.remote:
         print("CONNECT_RATES " + json.dumps(rates), flush=True)
@@ -259,7 +255,8 @@ def main(argv=None) -> None:
                   f"Python-UDF path keeps under Connect")
             tail += f" floor_connect_vs_classic={floor_kept:.3f}"
     print(f"inference_rows_per_sec: ember={rates['ember']:.0f} predict_batch_udf={rates['pbu']:.0f} "
-          f"ratio={rates['ember'] / rates['pbu']:.2f}{tail}")
+          f"ratio={rates['ember'] / rates['pbu']:.2f} ember_cluster_inference={rates['ember_ci']:.0f} "
+          f"ci_ratio={rates['ember_ci'] / rates['pbu']:.2f}{tail}")
 
 
 def _connect_rates(a, conf: dict, argv) -> dict:

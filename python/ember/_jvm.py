@@ -27,7 +27,7 @@ import subprocess
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
 
 from ember.errors import DeadlineExceeded, EmberError
 
@@ -144,3 +144,23 @@ def has_pack_floats(spark: Any) -> bool:
             "process (restart the notebook's kernel), or to a Spark Connect server at its start",
             EXTENSIONS, PACK_FLOATS)
     return False
+
+
+def infer_by_position(df: Any, fn: Callable[[Iterator[Any]], Iterator[Any]], packed: Sequence[str],
+                      result_type: Any, name: str = "ember_inference") -> Any:
+    """`df` (classic PySpark, with Ember's extension) with `result_type`'s fields appended, row for
+    row: `fn` receives Arrow record batches of every column of `df` (those in `packed` as
+    ember_pack_floats' binary) and must answer record batches of `result_type` (a StructType),
+    exactly as many rows, in order.  Spark keeps each row in the JVM and joins the answers to it
+    by position (InferByPosition.scala): no column crosses back from Python."""
+    from pyspark.sql import DataFrame
+    from pyspark.sql.udf import _wrap_function
+
+    spark = df.sparkSession
+    sc = spark.sparkContext
+    names = sc._gateway.new_array(sc._jvm.String, len(packed))
+    for i, c in enumerate(packed):
+        names[i] = c
+    jdf = sc._jvm.org.apache.spark.sql.ember.InferByPosition.apply(
+        df._jdf, _wrap_function(sc, fn, result_type), names, result_type.json(), name)
+    return DataFrame(jdf, spark)

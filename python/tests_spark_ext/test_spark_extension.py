@@ -233,6 +233,8 @@ def test_train_feeds_array_float_columns_packed_and_the_nodes_see_float32(spark_
 
 
 def test_inference_feeds_packed_and_gives_the_array_column_back(spark_ext):
+    """The rows stay in Spark's JVM; the nodes' results are joined to them by position
+    (EmberInfer), so the array column is never unpacked."""
     from pyspark.sql.types import ArrayType, FloatType
 
     from conftest import no_leftovers
@@ -240,7 +242,8 @@ def test_inference_feeds_packed_and_gives_the_array_column_back(spark_ext):
     cluster = ember.Cluster.run(spark_ext, _infer_node, None, num_executors=2, input_mode=ember.InputMode.SPARK)
     try:
         out = cluster.inference(df, output_schema="total double, dtype string")
-        assert "ember_unpack_floats" in out._jdf.queryExecution().toString()
+        plan = out._jdf.queryExecution().toString()
+        assert "EmberInfer" in plan and "ember_pack_floats" in plan and "ember_unpack_floats" not in plan, plan
         rows = out.collect()
     finally:
         cluster.shutdown(timeout=120)
@@ -251,6 +254,69 @@ def test_inference_feeds_packed_and_gives_the_array_column_back(spark_ext):
         want = [r["id"] + k / 8.0 for k in range(W)]
         assert r["f"] == want and r["s"] == str(r["id"]) and r["dtype"] == "float32"
         assert r["total"] == pytest.approx(sum(want))
+    no_leftovers(cluster.job_id)
+
+
+def _twice_node(args, ctx):
+    """Answers each row's id doubled and the node's name; with args["extra"], that many rows more
+    (or fewer) per batch than it was given."""
+    feed = ctx.get_data_feed(train_mode=False)
+    extra = (args or {}).get("extra", 0)
+    while not feed.should_stop():
+        cols = feed.next_batch_columns(7)
+        if cols:
+            ids = list(cols["id"]) + [0] * max(extra, 0)
+            ids = ids[:len(ids) + min(extra, 0)]
+            feed.batch_results({"twice": [2 * int(i) for i in ids], "by": [ctx.job_name] * len(ids)})
+
+
+def test_inference_joins_the_results_to_the_rows_spark_kept(spark_ext):
+    """Every input column comes back exactly as it was (nulls, nested types, a null array row,
+    nullable integers), in input order across uneven and empty partitions; the results are
+    appended by position; the plan composes with what follows it."""
+    from conftest import no_leftovers
+    df = spark_ext.range(300, numPartitions=3).selectExpr(
+        "id", "IF(id % 7 = 0, NULL, CAST(id AS INT)) AS n", "IF(id % 11 = 0, NULL, id / 4.0D) AS x",
+        "IF(id % 13 = 0, NULL, concat('r', id)) AS s", "named_struct('a', id, 'b', array(id, NULL)) AS st",
+        f"IF(id % 17 = 0, NULL, transform(sequence(0, {W - 1}), k -> cast(id + k AS float))) AS f",
+        "array(id / 2.0D) AS d", "timestamp_seconds(id) AS ts")
+    df = df.repartitionByRange(9, "id").filter("id % 5 != 0 OR id < 40")  # uneven, some partitions empty
+    want = df.collect()
+    cluster = ember.Cluster.run(spark_ext, _twice_node, None, num_executors=2, input_mode=ember.InputMode.SPARK)
+    try:
+        out = cluster.inference(df, output_schema="twice long, by string")
+        assert "EmberInfer" in out._jdf.queryExecution().toString()
+        rows = out.collect()
+        assert out.columns == df.columns + ["twice", "by"]
+        assert out.schema.fields[:len(df.columns)] == df.schema.fields  # the input columns' types, unchanged
+        assert [tuple(r)[:len(df.columns)] for r in rows] == [tuple(r) for r in want]  # every value, in order
+        assert [r["twice"] for r in rows] == [2 * r["id"] for r in want] and {r["by"] for r in rows} == {"worker"}
+        # What follows composes: a filter on a result, an aggregate over the whole.
+        assert out.filter("twice % 4 = 0").count() == sum(1 for r in want if r["id"] % 2 == 0)
+        assert out.groupBy().sum("twice").collect()[0][0] == 2 * sum(r["id"] for r in want)
+        empty = cluster.inference(df.limit(0), output_schema="twice long, by string")
+        assert empty.collect() == [] and empty.columns == out.columns
+    finally:
+        cluster.shutdown(timeout=120)
+    no_leftovers(cluster.job_id)
+
+
+@pytest.mark.parametrize("extra,match", [(1, "exactly one result per input row"), (-1, "answered")])
+def test_inference_with_a_wrong_result_count_names_node_and_partition(spark_ext, extra, match):
+    """Rows are joined by position, so a node's count must match exactly: an error, never a
+    shifted or dropped row."""
+    from conftest import no_leftovers
+    cluster = ember.Cluster.run(spark_ext, _twice_node, {"extra": extra}, num_executors=2,
+                                input_mode=ember.InputMode.SPARK)
+    try:
+        out = cluster.inference(_packed_rows_df(spark_ext, 60), output_schema="twice long, by string",
+                                feed_timeout=30)
+        with pytest.raises(Exception, match=match) as info:
+            out.collect()
+        assert "partition" in str(info.value) and "node worker:" in str(info.value), str(info.value)[-2000:]
+    finally:
+        with pytest.raises(ember.NodeError):  # the node raised too
+            cluster.shutdown(timeout=60)
     no_leftovers(cluster.job_id)
 
 

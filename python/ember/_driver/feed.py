@@ -99,19 +99,29 @@ def _quoted(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-def pack_rows(df: Any) -> Tuple[Any, Tuple[str, ...]]:
-    """`df` with its array<float> columns packed by ember_pack_floats, and their names; `df`
-    and () when it has none or the session lacks Ember's extension (ember.spark_conf())."""
-    from pyspark.sql import functions as F
+def packable_columns(df: Any) -> Tuple[str, ...]:
+    """The array<float> columns of `df` that ember_pack_floats can pack: () when it has none,
+    its column names repeat, or the session lacks Ember's extension (ember.spark_conf())."""
     from pyspark.sql.types import ArrayType, FloatType
 
     names = df.columns
     packed = tuple(f.name for f in df.schema.fields
                    if isinstance(f.dataType, ArrayType) and isinstance(f.dataType.elementType, FloatType))
     if not packed or len(set(names)) != len(names) or not _jvm.has_pack_floats(df.sparkSession):
+        return ()
+    return packed
+
+
+def pack_rows(df: Any) -> Tuple[Any, Tuple[str, ...]]:
+    """`df` with its array<float> columns packed by ember_pack_floats, and their names; `df`
+    and () when :func:`packable_columns` finds none."""
+    from pyspark.sql import functions as F
+
+    packed = packable_columns(df)
+    if not packed:
         return df, ()
     return df.select(*[F.call_function(_jvm.PACK_FLOATS, F.col(_quoted(c))).alias(c) if c in packed
-                       else F.col(_quoted(c)) for c in names]), packed
+                       else F.col(_quoted(c)) for c in df.columns]), packed
 
 
 def _feed_epoch(data: Any, epoch: int, eps: List[feeding.NodeEndpoint], opts: feeding.FeedOptions,
@@ -665,14 +675,39 @@ def _cast_column(col: pa.Array, target: pa.DataType, name: str, where: str) -> p
                          f"converted to the output schema's {target}: {e}") from None
 
 
+def _result_columns(res: pa.RecordBatch, fields: pa.Schema, where: str) -> List[pa.Array]:
+    """A node's result batch as the output schema's columns: by name where the node named them,
+    else by position; each cast to the schema's type."""
+    if res.num_columns < len(fields):
+        raise ValueError(f"inference: {where} returned {res.num_columns} result columns, the output schema has "
+                         f"{len(fields)}: {', '.join(f'{f.name} {f.type}' for f in fields)}")
+    names = res.schema.names
+    return [_cast_column(res.column(names.index(f.name)) if f.name in names else res.column(i), f.type, f.name, where)
+            for i, f in enumerate(fields)]
+
+
+def _joins_by_position(df: Any) -> bool:
+    """Whether Spark can keep `df`'s rows and join the nodes' results to them by position
+    (InferByPosition.scala): a classic session with Ember's extension, column names unique."""
+    from ember._driver.spark_side import is_connect_session
+
+    return (not is_connect_session(df.sparkSession) and len(set(df.columns)) == len(df.columns)
+            and _jvm.has_pack_floats(df.sparkSession))
+
+
 def inference(data: Any, endpoints: Sequence[feeding.NodeEndpoint], options: feeding.FeedOptions,
               output_schema=None, coordinator: Optional[Tuple[str, int, bytes]] = None, pack: bool = False):
     """DataFrame in: a DataFrame with every input column plus the output columns, in input
     order.  RDD in: an RDD of the node's results, in input order.  Lazy, like any Spark
     transformation: the feed runs when an action runs.  `coordinator` (host, port, secret)
-    lets a task that finds its node gone say how the node ended.  With `pack` (Python nodes)
-    and Ember's Spark extension in the session, array<float> columns cross packed both ways
-    (:func:`pack_rows`; ember_unpack_floats restores them in the output)."""
+    lets a task that finds its node gone say how the node ended.
+
+    With Ember's Spark extension in a classic session, Spark keeps each row and appends the
+    nodes' results by position (:func:`ember._jvm.infer_by_position`): only the fed columns
+    go to Python and only the results come back.  Otherwise (Spark Connect, no extension) the
+    feeding tasks are a ``mapInArrow`` that hands every column back.  With `pack` (Python
+    nodes) and the extension, array<float> columns reach the nodes packed (:func:`pack_rows`;
+    on the ``mapInArrow`` way, ember_unpack_floats restores them in the output)."""
     eps, opts = list(endpoints), options
     num_nodes = len(eps)
     if _is_dataframe(data):
@@ -684,29 +719,36 @@ def inference(data: Any, endpoints: Sequence[feeding.NodeEndpoint], options: fee
         clash = set(data.columns) & set(out_fields.fieldNames())
         if clash:
             raise ValueError(f"output columns {sorted(clash)} already exist in the input DataFrame")
+        arrow_result = to_arrow_schema(out_fields)
+        if _joins_by_position(data):
+            packed = packable_columns(data) if pack else ()
+            meta = _arrow_rows.packed_meta(packed)
+
+            def infer_joined(batches):
+                from pyspark import TaskContext
+                p = TaskContext.get().partitionId()
+                ep = eps[p % num_nodes]
+                where = f"node {ep.name}, partition {p}"
+                batches = (_arrow_rows.mark_packed(b, meta) for b in batches)
+                for _, res in feeding.infer_partition(batches, p, ep, opts, coordinator):
+                    yield pa.RecordBatch.from_arrays(_result_columns(res, arrow_result, where), schema=arrow_result)
+            return _jvm.infer_by_position(data, infer_joined, packed, out_fields)
+
         in_names = data.columns
         fed, packed = pack_rows(data) if pack else (data, ())
         meta = _arrow_rows.packed_meta(packed)
         full = StructType(list(fed.schema.fields) + list(out_fields.fields))
         arrow_out = to_arrow_schema(full)
-        n_in = len(fed.schema.fields)
 
         def infer_df(batches):
             from pyspark import TaskContext
             p = TaskContext.get().partitionId()
             ep = eps[p % num_nodes]
+            where = f"node {ep.name}, partition {p}"
             batches = (_arrow_rows.mark_packed(b, meta) for b in batches)
             for inp, res in feeding.infer_partition(batches, p, ep, opts, coordinator):
-                where = f"node {ep.name}, partition {p}"
-                if res.num_columns < len(out_fields.fields):
-                    raise ValueError(f"inference: {where} returned {res.num_columns} result columns, the "
-                                     f"output schema has {len(out_fields.fields)}: {out_fields.simpleString()}")
-                cols = list(inp.columns)
-                names = res.schema.names
-                for i, field in enumerate(arrow_out.field(j) for j in range(n_in, len(arrow_out))):
-                    col = res.column(names.index(field.name)) if field.name in names else res.column(i)
-                    cols.append(_cast_column(col, field.type, field.name, where))
-                yield pa.RecordBatch.from_arrays(cols, schema=arrow_out)
+                yield pa.RecordBatch.from_arrays(list(inp.columns) + _result_columns(res, arrow_result, where),
+                                                 schema=arrow_out)
         out = fed.mapInArrow(infer_df, full)
         if not packed:
             return out

@@ -147,6 +147,8 @@ class EmberExtensions extends (SparkSessionExtensions => Unit) {
       "_FUNC_(array) - the array's numbers as one little-endian float32 binary value", PackFloats(_, _))
     register(e, classOf[UnpackFloats], UnpackFloats.Name, "a binary value",
       "_FUNC_(binary) - little-endian float32 bytes as an array of float", UnpackFloats(_, _))
+    // cluster.inference's join by position (InferByPosition.scala).
+    e.injectPlannerStrategy(_ => org.apache.spark.sql.ember.EmberInferStrategy)
   }
 
   /** One function of one argument, built with the argument's SQL text (its `what`). */

@@ -1,0 +1,125 @@
+/*
+ * cluster.inference's join by position (issue 23, point 4): the nodes' results appended to the
+ * rows Spark kept, without the rows crossing back from Python.
+ *
+ * Why: `mapInArrow` hands Spark only what its Python function returns, so a feeding task must
+ * send every input column back (a 784-float row: 3 KB through the worker's socket, into Arrow,
+ * into an UnsafeRow, then unpacked).  Spark's own scalar Python UDFs avoid that: ArrowEvalPython
+ * keeps each input row in a queue in the JVM, sends Python only the UDF's arguments, and joins
+ * the results to the queued rows by position.  Its Python side for pandas UDFs converts to pandas
+ * and back; EmberInferExec runs the same queue and join (Spark's EvalPythonExec) with mapInArrow's
+ * Python side instead (Arrow record batches in and out, no pandas), over one argument: a struct of
+ * the row's columns, array<float> ones packed by ember_pack_floats.  The Python function must answer exactly as many rows as it
+ * was given, in order (Ember's inference feed checks that per batch, naming node and partition).
+ *
+ * Called from classic PySpark through py4j (a Connect client goes on with mapInArrow); planned by
+ * EmberInferStrategy, which EmberExtensions injects.  It lives in a package under
+ * org.apache.spark.sql, as Delta's classes do: PythonFunction, Dataset.ofRows and Spark's Python
+ * runners are visible there only.
+ */
+package org.apache.spark.sql.ember
+
+import scala.jdk.CollectionConverters._
+
+import org.apache.spark.{JobArtifactSet, TaskContext}
+import org.apache.spark.api.python.{ChainedPythonFunctions, PythonFunction}
+import org.apache.spark.sql.Row
+import org.apache.spark.sql.catalyst.InternalRow
+import org.apache.spark.sql.catalyst.expressions.{Alias, Attribute, AttributeReference, AttributeSet, CreateStruct,
+  GetStructField, NamedExpression, PythonUDF}
+import org.apache.spark.sql.catalyst.plans.logical.{LogicalPlan, Project, UnaryNode}
+import org.apache.spark.sql.classic.Dataset
+import org.apache.spark.sql.execution.{SparkPlan, SparkStrategy}
+import org.apache.spark.sql.execution.python.{ArrowPythonRunner, BatchIterator, EvalPythonEvaluatorFactory,
+  EvalPythonExec, PythonSQLMetrics}
+import org.apache.spark.sql.execution.python.EvalPythonExec.ArgumentMetadata
+import org.apache.spark.sql.types.{DataType, StructType}
+import org.ember.spark.PackFloats
+
+object InferByPosition {
+  /** pyspark.util.PythonEvalType.SQL_MAP_ARROW_ITER_UDF: record batches in, record batches out. */
+  val MapArrowIter = 207
+
+  /** `df`'s rows with `resultJson`'s fields (a StructType as JSON) appended: `func` (a pickled
+   *  mapInArrow function, pyspark's _wrap_function) receives record batches of every column of
+   *  `df`, those named in `packed` as ember_pack_floats' binary, and answers record batches of
+   *  the result fields, row for row. */
+  def apply(df: Dataset[Row], func: PythonFunction, packed: Array[String], resultJson: String,
+            name: String): Dataset[Row] = {
+    val result = DataType.fromJson(resultJson) match {
+      case s: StructType => s
+      case other => throw new IllegalArgumentException(s"InferByPosition: the result type must be a struct, got " +
+        other.catalogString)
+    }
+    val child = df.queryExecution.analyzed
+    val names = child.output.map(_.name)
+    val missing = packed.filterNot(names.contains)
+    if (missing.nonEmpty) throw new IllegalArgumentException(
+      s"InferByPosition: columns to pack ${missing.mkString(", ")} are not in the DataFrame (${names.mkString(", ")})")
+    val fed = child.output.map { a =>
+      if (packed.contains(a.name)) Alias(PackFloats(a, a.sql), a.name)() else a
+    }
+    val udf = PythonUDF(name, func, result, Seq(CreateStruct(fed)), MapArrowIter, udfDeterministic = true,
+      NamedExpression.newExprId)
+    val out = AttributeReference("__ember_result", result, nullable = true)()
+    val appended = result.fields.toSeq.zipWithIndex.map { case (f, i) =>
+      Alias(GetStructField(out, i, Some(f.name)), f.name)()
+    }
+    Dataset.ofRows(df.sparkSession, Project(child.output ++ appended, EmberInfer(udf, out, child)))
+  }
+}
+
+/** `child`'s rows with `udf`'s result (`result`, a struct) appended, row for row. */
+case class EmberInfer(udf: PythonUDF, result: Attribute, child: LogicalPlan) extends UnaryNode {
+  override def output: Seq[Attribute] = child.output :+ result
+  override def producedAttributes: AttributeSet = AttributeSet(result)
+  override protected def withNewChildInternal(newChild: LogicalPlan): EmberInfer = copy(child = newChild)
+}
+
+object EmberInferStrategy extends SparkStrategy {
+  override def apply(plan: LogicalPlan): Seq[SparkPlan] = plan match {
+    case EmberInfer(udf, result, child) => EmberInferExec(Seq(udf), Seq(result), planLater(child)) :: Nil
+    case _ => Nil
+  }
+}
+
+/** Spark's EvalPythonExec (rows queued in the JVM, the UDF's arguments sent to Python in Arrow
+ *  batches of spark.sql.execution.arrow.maxRecordsPerBatch rows, results joined by position) with
+ *  mapInArrow's runner protocol: plain argument offsets, Arrow record batches both ways. */
+case class EmberInferExec(udfs: Seq[PythonUDF], resultAttrs: Seq[Attribute], child: SparkPlan)
+  extends EvalPythonExec with PythonSQLMetrics {
+
+  private[this] val jobArtifactUUID = JobArtifactSet.getCurrentJobArtifactState.map(_.uuid)
+
+  override protected def evaluatorFactory: EvalPythonEvaluatorFactory = new EmberInferEvaluatorFactory(
+    child.output, udfs, output, conf.arrowMaxRecordsPerBatch, conf.sessionLocalTimeZone,
+    conf.arrowUseLargeVarTypes, ArrowPythonRunner.getPythonRunnerConfMap(conf), pythonMetrics, jobArtifactUUID,
+    conf.pythonUDFProfiler)
+
+  override protected def withNewChildInternal(newChild: SparkPlan): EmberInferExec = copy(child = newChild)
+}
+
+class EmberInferEvaluatorFactory(
+    childOutput: Seq[Attribute], udfs: Seq[PythonUDF], output: Seq[Attribute], batchSize: Int, timeZone: String,
+    largeVarTypes: Boolean, runnerConf: Map[String, String],
+    metrics: Map[String, org.apache.spark.sql.execution.metric.SQLMetric], jobArtifactUUID: Option[String],
+    profiler: Option[String])
+  extends EvalPythonEvaluatorFactory(childOutput, udfs, output) {
+
+  private val resultTypes = udfs.map(_.dataType)
+
+  override def evaluate(funcs: Seq[(ChainedPythonFunctions, Long)], argMetas: Array[Array[ArgumentMetadata]],
+                        iter: Iterator[InternalRow], schema: StructType, context: TaskContext): Iterator[InternalRow] = {
+    val batches = if (batchSize > 0) new BatchIterator(iter, batchSize) else Iterator(iter)
+    val offsets = argMetas.map(_.map(_.offset))
+    val results = new ArrowPythonRunner(funcs, InferByPosition.MapArrowIter, offsets, schema, timeZone, largeVarTypes,
+      runnerConf, metrics, jobArtifactUUID, profiler).compute(batches, context.partitionId(), context)
+    results.flatMap { batch =>
+      val types = (0 until batch.numCols()).map(i => batch.column(i).dataType())
+      if (types != resultTypes) throw new IllegalStateException(
+        s"cluster.inference: the nodes' results came back as ${types.map(_.catalogString).mkString(", ")}, " +
+          s"expected ${resultTypes.map(_.catalogString).mkString(", ")}")
+      batch.rowIterator.asScala
+    }
+  }
+}
