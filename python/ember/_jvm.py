@@ -147,12 +147,14 @@ def has_pack_floats(spark: Any) -> bool:
 
 
 def infer_by_position(df: Any, fn: Callable[[Iterator[Any]], Iterator[Any]], packed: Sequence[str],
-                      result_type: Any, name: str = "ember_inference") -> Any:
+                      result_type: Any, batch_bytes: int, name: str = "ember_inference") -> Any:
     """`df` (classic PySpark, with Ember's extension) with `result_type`'s fields appended, row for
     row: `fn` receives Arrow record batches of every column of `df` (those in `packed` as
     ember_pack_floats' binary) and must answer record batches of `result_type` (a StructType),
     exactly as many rows, in order.  Spark keeps each row in the JVM and joins the answers to it
-    by position (InferByPosition.scala): no column crosses back from Python."""
+    by position (InferByPosition.scala): no column crosses back from Python.  The rows go to `fn`
+    in batches of about `batch_bytes` (and at most spark.sql.execution.arrow.maxRecordsPerBatch
+    rows)."""
     from pyspark.sql import DataFrame
     from pyspark.sql.udf import _wrap_function
 
@@ -162,5 +164,5 @@ def infer_by_position(df: Any, fn: Callable[[Iterator[Any]], Iterator[Any]], pac
     for i, c in enumerate(packed):
         names[i] = c
     jdf = sc._jvm.org.apache.spark.sql.ember.InferByPosition.apply(
-        df._jdf, _wrap_function(sc, fn, result_type), names, result_type.json(), name)
+        df._jdf, _wrap_function(sc, fn, result_type), names, result_type.json(), name, int(batch_bytes))
     return DataFrame(jdf, spark)

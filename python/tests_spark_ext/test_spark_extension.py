@@ -287,6 +287,11 @@ def test_inference_joins_the_results_to_the_rows_spark_kept(spark_ext):
         out = cluster.inference(df, output_schema="twice long, by string")
         assert "EmberInfer" in out._jdf.queryExecution().toString()
         rows = out.collect()
+        spark_ext.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "7")  # many batches per partition
+        try:
+            assert out.collect() == rows
+        finally:
+            spark_ext.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
         assert out.columns == df.columns + ["twice", "by"]
         assert out.schema.fields[:len(df.columns)] == df.schema.fields  # the input columns' types, unchanged
         assert [tuple(r)[:len(df.columns)] for r in rows] == [tuple(r) for r in want]  # every value, in order

@@ -570,7 +570,7 @@ class Feed:
         host, port = gang.coordinator_address.rsplit(":", 1)
         return inference(data, self.endpoints(gang), self.options(gang, feed_timeout),
                          output_schema=output_schema, coordinator=(host, int(port), gang.secret),
-                         pack=self.pack_rows)
+                         pack=self.pack_rows, ring_bytes=int(config.get("feed_ring_bytes", self._side)))
 
     def stream_from_server(self, gang, stream_df: Any, feed_timeout: Optional[float], writer_options: dict,
                            trigger: Optional[dict]) -> Any:
@@ -696,7 +696,8 @@ def _joins_by_position(df: Any) -> bool:
 
 
 def inference(data: Any, endpoints: Sequence[feeding.NodeEndpoint], options: feeding.FeedOptions,
-              output_schema=None, coordinator: Optional[Tuple[str, int, bytes]] = None, pack: bool = False):
+              output_schema=None, coordinator: Optional[Tuple[str, int, bytes]] = None, pack: bool = False,
+              ring_bytes: int = 64 << 20):
     """DataFrame in: a DataFrame with every input column plus the output columns, in input
     order.  RDD in: an RDD of the node's results, in input order.  Lazy, like any Spark
     transformation: the feed runs when an action runs.  `coordinator` (host, port, secret)
@@ -707,7 +708,10 @@ def inference(data: Any, endpoints: Sequence[feeding.NodeEndpoint], options: fee
     go to Python and only the results come back.  Otherwise (Spark Connect, no extension) the
     feeding tasks are a ``mapInArrow`` that hands every column back.  With `pack` (Python
     nodes) and the extension, array<float> columns reach the nodes packed (:func:`pack_rows`;
-    on the ``mapInArrow`` way, ember_unpack_floats restores them in the output)."""
+    on the ``mapInArrow`` way, ember_unpack_floats restores them in the output).  `ring_bytes`:
+    the nodes' feed ring; the joined way sends batches of an eighth of it (a node keeps its
+    last batch while it reads the next, and batches that fill much of the ring make it copy
+    the kept one at each wrap)."""
     eps, opts = list(endpoints), options
     num_nodes = len(eps)
     if _is_dataframe(data):
@@ -732,7 +736,7 @@ def inference(data: Any, endpoints: Sequence[feeding.NodeEndpoint], options: fee
                 batches = (_arrow_rows.mark_packed(b, meta) for b in batches)
                 for _, res in feeding.infer_partition(batches, p, ep, opts, coordinator):
                     yield pa.RecordBatch.from_arrays(_result_columns(res, arrow_result, where), schema=arrow_result)
-            return _jvm.infer_by_position(data, infer_joined, packed, out_fields)
+            return _jvm.infer_by_position(data, infer_joined, packed, out_fields, max(1, ring_bytes // 8))
 
         in_names = data.columns
         fed, packed = pack_rows(data) if pack else (data, ())

@@ -30,10 +30,10 @@ import org.apache.spark.sql.catalyst.expressions.{Alias, Attribute, AttributeRef
 import org.apache.spark.sql.catalyst.plans.logical.{LogicalPlan, Project, UnaryNode}
 import org.apache.spark.sql.classic.Dataset
 import org.apache.spark.sql.execution.{SparkPlan, SparkStrategy}
-import org.apache.spark.sql.execution.python.{ArrowPythonRunner, BatchIterator, EvalPythonEvaluatorFactory,
+import org.apache.spark.sql.execution.python.{ArrowPythonRunner, EvalPythonEvaluatorFactory,
   EvalPythonExec, PythonSQLMetrics}
 import org.apache.spark.sql.execution.python.EvalPythonExec.ArgumentMetadata
-import org.apache.spark.sql.types.{DataType, StructType}
+import org.apache.spark.sql.types.{ArrayType, BinaryType, DataType, StringType, StructType}
 import org.ember.spark.PackFloats
 
 object InferByPosition {
@@ -45,7 +45,7 @@ object InferByPosition {
    *  `df`, those named in `packed` as ember_pack_floats' binary, and answers record batches of
    *  the result fields, row for row. */
   def apply(df: Dataset[Row], func: PythonFunction, packed: Array[String], resultJson: String,
-            name: String): Dataset[Row] = {
+            name: String, batchBytes: Long): Dataset[Row] = {
     val result = DataType.fromJson(resultJson) match {
       case s: StructType => s
       case other => throw new IllegalArgumentException(s"InferByPosition: the result type must be a struct, got " +
@@ -59,18 +59,20 @@ object InferByPosition {
     val fed = child.output.map { a =>
       if (packed.contains(a.name)) Alias(PackFloats(a, a.sql), a.name)() else a
     }
+    if (batchBytes <= 0) throw new IllegalArgumentException(s"InferByPosition: batchBytes must be positive, got $batchBytes")
     val udf = PythonUDF(name, func, result, Seq(CreateStruct(fed)), MapArrowIter, udfDeterministic = true,
       NamedExpression.newExprId)
     val out = AttributeReference("__ember_result", result, nullable = true)()
     val appended = result.fields.toSeq.zipWithIndex.map { case (f, i) =>
       Alias(GetStructField(out, i, Some(f.name)), f.name)()
     }
-    Dataset.ofRows(df.sparkSession, Project(child.output ++ appended, EmberInfer(udf, out, child)))
+    Dataset.ofRows(df.sparkSession, Project(child.output ++ appended, EmberInfer(udf, out, batchBytes, child)))
   }
 }
 
-/** `child`'s rows with `udf`'s result (`result`, a struct) appended, row for row. */
-case class EmberInfer(udf: PythonUDF, result: Attribute, child: LogicalPlan) extends UnaryNode {
+/** `child`'s rows with `udf`'s result (`result`, a struct) appended, row for row; the rows go to
+ *  Python in Arrow batches of about `batchBytes` (and at most maxRecordsPerBatch rows). */
+case class EmberInfer(udf: PythonUDF, result: Attribute, batchBytes: Long, child: LogicalPlan) extends UnaryNode {
   override def output: Seq[Attribute] = child.output :+ result
   override def producedAttributes: AttributeSet = AttributeSet(result)
   override protected def withNewChildInternal(newChild: LogicalPlan): EmberInfer = copy(child = newChild)
@@ -78,21 +80,22 @@ case class EmberInfer(udf: PythonUDF, result: Attribute, child: LogicalPlan) ext
 
 object EmberInferStrategy extends SparkStrategy {
   override def apply(plan: LogicalPlan): Seq[SparkPlan] = plan match {
-    case EmberInfer(udf, result, child) => EmberInferExec(Seq(udf), Seq(result), planLater(child)) :: Nil
+    case EmberInfer(udf, result, batchBytes, child) =>
+      EmberInferExec(Seq(udf), Seq(result), batchBytes, planLater(child)) :: Nil
     case _ => Nil
   }
 }
 
 /** Spark's EvalPythonExec (rows queued in the JVM, the UDF's arguments sent to Python in Arrow
- *  batches of spark.sql.execution.arrow.maxRecordsPerBatch rows, results joined by position) with
- *  mapInArrow's runner protocol: plain argument offsets, Arrow record batches both ways. */
-case class EmberInferExec(udfs: Seq[PythonUDF], resultAttrs: Seq[Attribute], child: SparkPlan)
+ *  batches, results joined by position) with mapInArrow's runner protocol: plain argument
+ *  offsets, Arrow record batches both ways. */
+case class EmberInferExec(udfs: Seq[PythonUDF], resultAttrs: Seq[Attribute], batchBytes: Long, child: SparkPlan)
   extends EvalPythonExec with PythonSQLMetrics {
 
   private[this] val jobArtifactUUID = JobArtifactSet.getCurrentJobArtifactState.map(_.uuid)
 
   override protected def evaluatorFactory: EvalPythonEvaluatorFactory = new EmberInferEvaluatorFactory(
-    child.output, udfs, output, conf.arrowMaxRecordsPerBatch, conf.sessionLocalTimeZone,
+    child.output, udfs, output, conf.arrowMaxRecordsPerBatch, batchBytes, conf.sessionLocalTimeZone,
     conf.arrowUseLargeVarTypes, ArrowPythonRunner.getPythonRunnerConfMap(conf), pythonMetrics, jobArtifactUUID,
     conf.pythonUDFProfiler)
 
@@ -100,7 +103,8 @@ case class EmberInferExec(udfs: Seq[PythonUDF], resultAttrs: Seq[Attribute], chi
 }
 
 class EmberInferEvaluatorFactory(
-    childOutput: Seq[Attribute], udfs: Seq[PythonUDF], output: Seq[Attribute], batchSize: Int, timeZone: String,
+    childOutput: Seq[Attribute], udfs: Seq[PythonUDF], output: Seq[Attribute], batchRows: Int, batchBytes: Long,
+    timeZone: String,
     largeVarTypes: Boolean, runnerConf: Map[String, String],
     metrics: Map[String, org.apache.spark.sql.execution.metric.SQLMetric], jobArtifactUUID: Option[String],
     profiler: Option[String])
@@ -110,7 +114,7 @@ class EmberInferEvaluatorFactory(
 
   override def evaluate(funcs: Seq[(ChainedPythonFunctions, Long)], argMetas: Array[Array[ArgumentMetadata]],
                         iter: Iterator[InternalRow], schema: StructType, context: TaskContext): Iterator[InternalRow] = {
-    val batches = if (batchSize > 0) new BatchIterator(iter, batchSize) else Iterator(iter)
+    val batches = new SizedBatches(iter, if (batchRows > 0) batchRows else Int.MaxValue, batchBytes, schema)
     val offsets = argMetas.map(_.map(_.offset))
     val results = new ArrowPythonRunner(funcs, InferByPosition.MapArrowIter, offsets, schema, timeZone, largeVarTypes,
       runnerConf, metrics, jobArtifactUUID, profiler).compute(batches, context.partitionId(), context)
@@ -121,5 +125,55 @@ class EmberInferEvaluatorFactory(
           s"expected ${resultTypes.map(_.catalogString).mkString(", ")}")
       batch.rowIterator.asScala
     }
+  }
+}
+
+/** `rows` in batches of at most `maxRows` rows and about `maxBytes` (a batch ends after the row
+ *  that reaches it), each batch to be consumed before the next is asked for (the runner's writer
+ *  does).  Why bytes: a node keeps its last batch while it asks for the next, so batches that
+ *  fill a large share of its feed ring make each wrap copy the kept one (ring.cc's revoke); a
+ *  784-float image row is 3 KB, and Spark's 10,000-row default would be 31 MB of a 64 MiB ring. */
+class SizedBatches(rows: Iterator[InternalRow], maxRows: Int, maxBytes: Long, schema: StructType)
+  extends Iterator[Iterator[InternalRow]] {
+
+  private val sizeOf = SizedBatches.estimator(schema)
+
+  override def hasNext: Boolean = rows.hasNext
+
+  override def next(): Iterator[InternalRow] = {
+    if (!rows.hasNext) throw new NoSuchElementException("no more rows")
+    new Iterator[InternalRow] {
+      private var count = 0
+      private var bytes = 0L
+      override def hasNext: Boolean = count < maxRows && bytes < maxBytes && rows.hasNext
+      override def next(): InternalRow = {
+        if (!hasNext) throw new NoSuchElementException("the batch is full")
+        val row = rows.next()
+        count += 1
+        bytes += sizeOf(row)
+        row
+      }
+    }
+  }
+}
+
+object SizedBatches {
+  /** About the Arrow bytes of one row of `schema` (the projected arguments: a struct of the
+   *  fed columns): variable-length values by their length, the rest by their type's size. */
+  def estimator(schema: StructType): InternalRow => Long = {
+    def of(t: DataType): (InternalRow, Int) => Long = t match {
+      case BinaryType => (r, i) => if (r.isNullAt(i)) 0L else r.getBinary(i).length.toLong
+      case StringType => (r, i) => if (r.isNullAt(i)) 0L else r.getUTF8String(i).numBytes().toLong
+      case ArrayType(e, _) => (r, i) => if (r.isNullAt(i)) 0L else r.getArray(i).numElements().toLong * e.defaultSize
+      case s: StructType =>
+        val fields = s.fields.map(f => of(f.dataType)).zipWithIndex
+        (r, i) => if (r.isNullAt(i)) 0L else {
+          val inner = r.getStruct(i, s.length)
+          fields.foldLeft(0L) { case (sum, (f, j)) => sum + f(inner, j) }
+        }
+      case other => (_, _) => other.defaultSize.toLong
+    }
+    val top = schema.fields.map(f => of(f.dataType)).zipWithIndex
+    r => top.foldLeft(8L) { case (sum, (f, j)) => sum + f(r, j) }
   }
 }
