@@ -1,13 +1,16 @@
 #!/usr/bin/env python
 """cluster.inference's way back (issue 23, point 4): what returning every input column costs.
 
-cluster.inference feeds partitions to the nodes through mapInArrow, which must return every input
-column with the predictions, so a packed array column crosses Python -> JVM again and is unpacked
-(ember_unpack_floats).  ``ci_noback`` is a measuring variant, not a product path: the same feed,
-returning only the non-packed columns and the predictions (it drops a column, which
-cluster.inference may not).  ``ci_udf`` keeps every column the way Spark's own UDFs do: a scalar
-iterator pandas UDF feeds the nodes and Spark joins the predictions to the rows it kept
-(measuring only, see inference_udf; its output is checked equal to cluster.inference's).  The same Keras model (784 -> 128 -> 10, argmax) as bench/inference.py,
+Until the thirteenth session cluster.inference fed partitions to the nodes through mapInArrow,
+which must return every input column with the predictions, so a packed array column crossed
+Python -> JVM again and was unpacked (ember_unpack_floats); that is still its way under Spark
+Connect.  In a classic session with Ember's extension it now joins by position in the JVM
+(EmberInfer): ``ci`` measures that.  The measuring variants, not product paths: ``ci_mapinarrow``
+is the mapInArrow way (FD.inference with the position join switched off); ``ci_noback`` the same
+feed returning only the non-packed columns and the predictions (it drops a column, which
+cluster.inference may not); ``ci_udf`` keeps every column the way Spark's pandas UDFs do: a
+scalar iterator pandas UDF feeds the nodes and Spark joins the predictions to the rows it kept
+(see inference_udf; its output is checked equal to cluster.inference's).  The same Keras model (784 -> 128 -> 10, argmax) as bench/inference.py,
 a cached {id, features: array<float> of 784} DataFrame in 8 partitions, local[4], Ember's Spark
 extension loaded, Spark's noop sink; each contender warms up once, then runs REPEATS times;
 medians.  ``pbu`` is Spark's predict_batch_udf over the same column, ``transform`` is
@@ -16,7 +19,8 @@ KerasModel.transform; the ``_nomodel`` twins answer zeros.
   .venv/bin/python bench/inference_wayback.py [ROWS [REPEATS [CONTENDERS]]]
   .venv/bin/python bench/inference_wayback.py 200000 3 pbu,ci,ci_noback
 
-Last line: inference_wayback: ci_noback_vs_ci=<x> ci_vs_pbu=<x> ci_udf_vs_pbu=<x> (those run).
+Last line: inference_wayback: ci_noback_vs_ci=<x> ci_vs_pbu=<x> ci_udf_vs_pbu=<x>
+ci_vs_ci_mapinarrow=<x> (those run).
 """
 import os
 import statistics
@@ -72,7 +76,7 @@ def main_fun(args, ctx):
             else:
                 feed.batch_results({"prediction": np.argmax(model.predict_on_batch(x), axis=1).astype(np.float64)})
 
-def inference_noback(data, endpoints, options, output_schema=None, coordinator=None, pack=False):
+def inference_noback(data, endpoints, options, output_schema=None, coordinator=None, pack=False, **_):
     """mapInArrow as today, but returning only the non-packed columns + outputs: the cost of the way back."""
     from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import StructType
@@ -94,7 +98,7 @@ def inference_noback(data, endpoints, options, output_schema=None, coordinator=N
     return fed.mapInArrow(infer_df, full)
 
 
-def inference_udf(data, endpoints, options, output_schema=None, coordinator=None, pack=False):
+def inference_udf(data, endpoints, options, output_schema=None, coordinator=None, pack=False, **_):
     """The way back left to Spark: a scalar iterator pandas UDF (ArrowEvalPython) over a struct of
     the fed columns; the passthrough columns stay in the JVM, the feed is the same.  Measuring
     only: a pandas round trip changes nullable integers and float nulls, so a product path would
@@ -144,13 +148,16 @@ def run(name, fn):
 
 run("pbu", lambda d: d.withColumn("prediction", pbu(F.col("features"))))
 run("transform", lambda d: km.transform(d))
-orig = FD.inference
+orig, joins = FD.inference, FD._joins_by_position
 for model_on in (True, False):
     cl = ember.Cluster.run(spark, main_fun, {"mb": mb, "model": model_on}, num_executors=2, input_mode=ember.InputMode.SPARK)
     try:
         sfx = "" if model_on else "_nomodel"
         FD.inference = orig
         run("ci" + sfx, lambda d: cl.inference(d, output_schema="prediction double"))
+        FD._joins_by_position = lambda d: False  # the mapInArrow way, as under Spark Connect
+        run("ci_mapinarrow" + sfx, lambda d: cl.inference(d, output_schema="prediction double"))
+        FD._joins_by_position = joins
         FD.inference = inference_noback
         run("ci_noback" + sfx, lambda d: cl.inference(d, output_schema="prediction double"))
         FD.inference = inference_udf
@@ -164,7 +171,7 @@ for model_on in (True, False):
             assert all(np.array_equal(a, b) for a, b in zip(got["features"], want["features"])), "features differ"
             C.log("ci_udf's output equals cluster.inference's, row by row")
     finally:
-        FD.inference = orig
+        FD.inference, FD._joins_by_position = orig, joins
         cl.shutdown(timeout=120)
 med = {k: statistics.median(v) for k, v in results.items()}
 C.log("medians: " + ", ".join(f"{k} {v:,.0f} rows/s" for k, v in med.items()) + f"; load {os.getloadavg()}")
@@ -175,4 +182,6 @@ if "ci" in med and "pbu" in med:
     last.append(f"ci_vs_pbu={med['ci'] / med['pbu']:.2f}")
 if "ci_udf" in med and "pbu" in med:
     last.append(f"ci_udf_vs_pbu={med['ci_udf'] / med['pbu']:.2f}")
+if "ci" in med and "ci_mapinarrow" in med:
+    last.append(f"ci_vs_ci_mapinarrow={med['ci'] / med['ci_mapinarrow']:.2f}")
 print("inference_wayback: " + " ".join(last), flush=True)
