@@ -25,6 +25,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import weakref
 import zipfile
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
@@ -119,7 +120,7 @@ def spark_conf(conf: Optional[Mapping[str, str]] = None, cache_dir: Optional[str
             "spark.sql.extensions": _join(conf.get("spark.sql.extensions"), EXTENSIONS)}
 
 
-_warned: set = set()  # sessions told that their extension did not load (once each)
+_warned: "weakref.WeakSet" = weakref.WeakSet()  # sessions told that their extension did not load (once each)
 
 
 def has_pack_floats(spark: Any) -> bool:
@@ -133,9 +134,8 @@ def has_pack_floats(spark: Any) -> bool:
         named = EXTENSIONS in (spark.conf.get("spark.sql.extensions", None) or "")
     except Exception:  # noqa: BLE001 - a setting that cannot be read: nothing to tell
         named = False
-    key = id(spark)
-    if named and key not in _warned:
-        _warned.add(key)
+    if named and spark not in _warned:
+        _warned.add(spark)
         logging.getLogger("ember").warning(
             "spark.sql.extensions names %s but this Spark session lacks %s: its JVM was started without Ember's "
             "jar (spark.jars counts only when the JVM starts: an earlier session in this Python process or "
