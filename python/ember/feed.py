@@ -133,8 +133,23 @@ class DataFeed:
             r = ranges[0]
             cols = self._message_columns_of(r)
             if cols is not None:
-                return {k: v[r.offset:r.offset + r.rows] for k, v in cols.items()}
-        return self._joined([(r, r.offset, r.rows) for r in ranges])
+                out = {k: v[r.offset:r.offset + r.rows] for k, v in cols.items()}
+                self._forget_finished(ranges)
+                return out
+        out = self._joined([(r, r.offset, r.rows) for r in ranges])
+        self._forget_finished(ranges)
+        return out
+
+    def _forget_finished(self, ranges) -> None:
+        """Drops the decoded batch and columns of each message whose last row `ranges` handed out.
+        A kept message pins its bytes in the ring (only the caller's slices need them now), and
+        pinned bytes past half the ring make the core copy them out (FeedConsumer in
+        include/ember/feed.h): with a few large messages kept, that was every byte once more."""
+        for r in ranges:
+            batch = self._decoded.get(r.message_id)
+            if batch is not None and r.offset + r.rows >= batch.num_rows:
+                del self._decoded[r.message_id]
+                self._message_columns.pop(r.message_id, None)
 
     def _joined(self, pieces) -> Dict[str, np.ndarray]:
         """{column: numpy array} of `pieces`, (range, first row, rows) each, one after another."""
@@ -184,7 +199,10 @@ class DataFeed:
         return pa.Table.from_batches(slices).combine_chunks().to_batches()[0]
 
     def _next(self, batch_size: int) -> Optional[pa.RecordBatch]:
-        return self._concat([(r, r.offset, r.rows) for r in self._consumer.next(batch_size, not self.train_mode)])
+        ranges = self._consumer.next(batch_size, not self.train_mode)
+        batch = self._concat([(r, r.offset, r.rows) for r in ranges])
+        self._forget_finished(ranges)
+        return batch
 
     # -------------------------------------------------------------- TFoS API
     def next_batch(self, batch_size: int) -> Union[List[Any], Dict[str, List[Any]]]:

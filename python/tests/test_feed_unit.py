@@ -355,6 +355,35 @@ def test_inference_too_few_results_is_a_clear_error(ring):
         _run_inference(ring, list(range(8)), lambda rows: [0] * (len(rows) - 1))
 
 
+def test_a_node_keeps_no_message_it_has_handed_out_whole(ring):
+    """A decoded message pins its bytes in the ring; kept past half the ring, the core copies
+    them out.  Once a message's last row is handed out, the DataFeed lets it go."""
+    feed = DataFeed(ring, node="worker:0", train_mode=False, timeout=10)
+    kept, got = [], []
+
+    def node():
+        while not feed.should_stop():
+            cols = feed.next_batch_columns(4)
+            if cols:
+                kept.append(len(feed._decoded) + len(feed._message_columns))
+                got.extend(cols["_0"].tolist())
+                feed.batch_results(cols["_0"] * 2)
+
+    t = threading.Thread(target=node, daemon=True)
+    t.start()
+    try:
+        pairs = list(feeding.infer_partition(feeding.rdd_rows_to_batches(list(range(40)), chunk=5), 0,
+                                             _endpoint(ring), _options()))
+    finally:
+        _tell([ring], "end_feed")
+        t.join(timeout=15)
+        assert not t.is_alive()
+    assert got == list(range(40)) and [x for _, res in pairs for x in res.column(0).to_pylist()] == \
+        [2 * x for x in range(40)]
+    # 5-row messages read 4 rows at a time: at most the message begun and not finished is kept.
+    assert max(kept) <= 2 and kept[-1] == 0, kept
+
+
 def test_feed_timeout_reaches_the_node_side(ring):
     """The node's feed server was started with a 10-minute idle timeout; the producer's
     feed_timeout (0.5 s) travels in its connection's hello and is what the server applies."""

@@ -686,6 +686,26 @@ def _result_columns(res: pa.RecordBatch, fields: pa.Schema, where: str) -> List[
             for i, f in enumerate(fields)]
 
 
+def _feeding_task(eps: List[feeding.NodeEndpoint], opts: feeding.FeedOptions,
+                  coordinator: Optional[Tuple[str, int, bytes]], packed: Sequence[str], result: pa.Schema,
+                  out: pa.Schema, with_inputs: bool) -> Callable[[Any], Any]:
+    """A feeding task of inference: its partition's record batches to the partition's node (those
+    of `packed` marked packed), the node's answers out as `out`: the result columns, after the
+    input columns `with_inputs`."""
+    meta = _arrow_rows.packed_meta(packed)
+
+    def infer(batches):
+        from pyspark import TaskContext
+        p = TaskContext.get().partitionId()
+        ep = eps[p % len(eps)]
+        where = f"node {ep.name}, partition {p}"
+        batches = (_arrow_rows.mark_packed(b, meta) for b in batches)
+        for inp, res in feeding.infer_partition(batches, p, ep, opts, coordinator):
+            cols = _result_columns(res, result, where)
+            yield pa.RecordBatch.from_arrays(list(inp.columns) + cols if with_inputs else cols, schema=out)
+    return infer
+
+
 def _joins_by_position(df: Any) -> bool:
     """Whether Spark can keep `df`'s rows and join the nodes' results to them by position
     (InferByPosition.scala): a classic session with Ember's extension, column names unique."""
@@ -726,33 +746,13 @@ def inference(data: Any, endpoints: Sequence[feeding.NodeEndpoint], options: fee
         arrow_result = to_arrow_schema(out_fields)
         if _joins_by_position(data):
             packed = packable_columns(data) if pack else ()
-            meta = _arrow_rows.packed_meta(packed)
-
-            def infer_joined(batches):
-                from pyspark import TaskContext
-                p = TaskContext.get().partitionId()
-                ep = eps[p % num_nodes]
-                where = f"node {ep.name}, partition {p}"
-                batches = (_arrow_rows.mark_packed(b, meta) for b in batches)
-                for _, res in feeding.infer_partition(batches, p, ep, opts, coordinator):
-                    yield pa.RecordBatch.from_arrays(_result_columns(res, arrow_result, where), schema=arrow_result)
+            infer_joined = _feeding_task(eps, opts, coordinator, packed, arrow_result, arrow_result, False)
             return _jvm.infer_by_position(data, infer_joined, packed, out_fields, max(1, ring_bytes // 8))
 
         in_names = data.columns
         fed, packed = pack_rows(data) if pack else (data, ())
-        meta = _arrow_rows.packed_meta(packed)
         full = StructType(list(fed.schema.fields) + list(out_fields.fields))
-        arrow_out = to_arrow_schema(full)
-
-        def infer_df(batches):
-            from pyspark import TaskContext
-            p = TaskContext.get().partitionId()
-            ep = eps[p % num_nodes]
-            where = f"node {ep.name}, partition {p}"
-            batches = (_arrow_rows.mark_packed(b, meta) for b in batches)
-            for inp, res in feeding.infer_partition(batches, p, ep, opts, coordinator):
-                yield pa.RecordBatch.from_arrays(list(inp.columns) + _result_columns(res, arrow_result, where),
-                                                 schema=arrow_out)
+        infer_df = _feeding_task(eps, opts, coordinator, packed, arrow_result, to_arrow_schema(full), True)
         out = fed.mapInArrow(infer_df, full)
         if not packed:
             return out
