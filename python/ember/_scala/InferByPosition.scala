@@ -9,8 +9,9 @@
  * the results to the queued rows by position.  Its Python side for pandas UDFs converts to pandas
  * and back; EmberInferExec runs the same queue and join (Spark's EvalPythonExec) with mapInArrow's
  * Python side instead (Arrow record batches in and out, no pandas), over one argument: a struct of
- * the row's columns, array<float> ones packed by ember_pack_floats.  The Python function must answer exactly as many rows as it
- * was given, in order (Ember's inference feed checks that per batch, naming node and partition).
+ * the row's columns, array<float> ones packed by ember_pack_floats.  The Python function must
+ * answer exactly as many rows as it was given, in order (Ember's inference feed checks that per
+ * batch, naming node and partition).
  *
  * Called from classic PySpark through py4j (a Connect client goes on with mapInArrow); planned by
  * EmberInferStrategy, which EmberExtensions injects.  It lives in a package under
