@@ -60,7 +60,9 @@ object InferByPosition {
     val fed = child.output.map { a =>
       if (packed.contains(a.name)) Alias(PackFloats(a, a.sql), a.name)() else a
     }
-    if (batchBytes <= 0) throw new IllegalArgumentException(s"InferByPosition: batchBytes must be positive, got $batchBytes")
+    if (batchBytes <= 0) {
+      throw new IllegalArgumentException(s"InferByPosition: batchBytes must be positive, got $batchBytes")
+    }
     val udf = PythonUDF(name, func, result, Seq(CreateStruct(fed)), MapArrowIter, udfDeterministic = true,
       NamedExpression.newExprId)
     val out = AttributeReference("__ember_result", result, nullable = true)()
@@ -113,8 +115,9 @@ class EmberInferEvaluatorFactory(
 
   private val resultTypes = udfs.map(_.dataType)
 
-  override def evaluate(funcs: Seq[(ChainedPythonFunctions, Long)], argMetas: Array[Array[ArgumentMetadata]],
-                        iter: Iterator[InternalRow], schema: StructType, context: TaskContext): Iterator[InternalRow] = {
+  override def evaluate(
+      funcs: Seq[(ChainedPythonFunctions, Long)], argMetas: Array[Array[ArgumentMetadata]], iter: Iterator[InternalRow],
+      schema: StructType, context: TaskContext): Iterator[InternalRow] = {
     val batches = new SizedBatches(iter, if (batchRows > 0) batchRows else Int.MaxValue, batchBytes, schema)
     val offsets = argMetas.map(_.map(_.offset))
     val results = new ArrowPythonRunner(funcs, InferByPosition.MapArrowIter, offsets, schema, timeZone, largeVarTypes,
