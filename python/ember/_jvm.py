@@ -1,11 +1,12 @@
 """Ember's Spark extension: SQL functions that run in Spark's JVM (issue 23, point 4).
 
 ``ember_pack_floats(array<float|double>) -> binary``: a row's numbers as one little-endian float32
-buffer (and ``ember_unpack_floats``, its inverse); and a join by position for
-``cluster.inference`` (:func:`infer_by_position`, a planner strategy the extension injects).  Spark hands an array column to a Python worker element by element
-(its Arrow writer for ArrayType); a binary column crosses as one copy per row, and a batch of
-equal-length rows arrives in the worker as one buffer numpy views whole.  KerasModel.transform
-uses it when the session has it (:func:`has_pack_floats`).
+buffer (and ``ember_unpack_floats``, its inverse).  Spark hands an array column to a Python worker
+element by element (its Arrow writer for ArrayType); a binary column crosses as one copy per row,
+and a batch of equal-length rows arrives in the worker as one buffer numpy views whole.
+KerasModel.transform uses it when the session has it (:func:`has_pack_floats`).  And a join by
+position for ``cluster.inference`` (:func:`infer_by_position`, planned by a strategy the extension
+injects).
 
 The jar is built from the Scala source shipped in the package (``ember/_scala/*.scala``) by the
 Scala compiler pyspark itself ships (``pyspark/jars/scala-compiler-*.jar``) with the ``java``
