@@ -173,6 +173,7 @@ class DataFeed:
                 if need:
                     continue
                 yield self._joined(pending)
+                self._forget_finished([p[0] for p in pending if p[0] is not r])  # joined: copied
                 pending, need = [], batch_size
             if end - off >= batch_size:
                 cols = self._message_columns_of(r)
@@ -187,8 +188,11 @@ class DataFeed:
             if off < end:
                 pending.append((r, off, end - off))
                 need = batch_size - (end - off)
+            else:
+                self._forget_finished([r])
         if pending:
             yield self._joined(pending)
+            self._forget_finished([p[0] for p in pending])
 
     def _concat(self, pieces) -> Optional[pa.RecordBatch]:
         slices = [self._record_batch(r).slice(offset, rows) for r, offset, rows in pieces]

@@ -50,3 +50,35 @@ def test_a_node_keeping_every_batch_of_an_epoch_bigger_than_its_ring_finishes(sm
     assert images.shape == want.shape and np.array_equal(images, want)
     # The kept batches are views of the received bytes (read-only), not copies.
     assert all(not b["_0"].flags.writeable and not b["_0"].flags.owndata for b in kept)
+
+
+def test_epoch_batches_keep_no_message_handed_out_whole(small_ring):
+    """Training's reads let a message go once its rows are handed out, as inference's do: a kept
+    decoded message pins its ring bytes.  30-row messages cut into batches of 7 span messages."""
+    n = 600
+    errors = []
+
+    def produce():
+        try:
+            feeding.feed_partition(feeding.rdd_rows_to_batches([_row(i) for i in range(n)], chunk=30), partition=0,
+                                   epoch=0, endpoints=[_endpoint(small_ring)], options=_options())
+            _end_epoch([small_ring], 0, 1)
+            _tell([small_ring], "end_feed")
+        except Exception as e:  # reported by the test thread
+            errors.append(e)
+
+    t = threading.Thread(target=produce, daemon=True)
+    t.start()
+    feed = DataFeed(small_ring, node="worker:0", timeout=20)
+    labels, kept = [], []
+    for b in feed.epoch_batches(7, drop_remainder=False):
+        labels.extend(b["_1"].tolist())
+        kept.append(len(feed._decoded) + len(feed._message_columns))
+    t.join(timeout=30)
+    assert not t.is_alive() and not errors, errors
+    assert labels == list(range(n))
+    # At most the message being cut (decoded, and its columns) and, while a batch joined across
+    # two messages is handed out, the one before it; nothing at the end.  (8 before: the last 4
+    # messages, decoded and as columns.)
+    assert max(kept) <= 3, kept
+    assert len(feed._decoded) + len(feed._message_columns) == 0

@@ -99,14 +99,19 @@ def _quoted(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
+def _float_array_columns(df: Any) -> Tuple[str, ...]:
+    """The names of `df`'s array<float> columns."""
+    from pyspark.sql.types import ArrayType, FloatType
+
+    return tuple(f.name for f in df.schema.fields
+                 if isinstance(f.dataType, ArrayType) and isinstance(f.dataType.elementType, FloatType))
+
+
 def packable_columns(df: Any) -> Tuple[str, ...]:
     """The array<float> columns of `df` that ember_pack_floats can pack: () when it has none,
     its column names repeat, or the session lacks Ember's extension (ember.spark_conf())."""
-    from pyspark.sql.types import ArrayType, FloatType
-
     names = df.columns
-    packed = tuple(f.name for f in df.schema.fields
-                   if isinstance(f.dataType, ArrayType) and isinstance(f.dataType.elementType, FloatType))
+    packed = _float_array_columns(df)
     if not packed or len(set(names)) != len(names) or not _jvm.has_pack_floats(df.sparkSession):
         return ()
     return packed
@@ -570,7 +575,7 @@ class Feed:
         host, port = gang.coordinator_address.rsplit(":", 1)
         return inference(data, self.endpoints(gang), self.options(gang, feed_timeout),
                          output_schema=output_schema, coordinator=(host, int(port), gang.secret),
-                         pack=self.pack_rows, ring_bytes=int(config.get("feed_ring_bytes", self._side)))
+                         pack=self.pack_rows, ring_bytes=gang.feed_ring_bytes)
 
     def stream_from_server(self, gang, stream_df: Any, feed_timeout: Optional[float], writer_options: dict,
                            trigger: Optional[dict]) -> Any:
@@ -745,7 +750,7 @@ def inference(data: Any, endpoints: Sequence[feeding.NodeEndpoint], options: fee
             raise ValueError(f"output columns {sorted(clash)} already exist in the input DataFrame")
         arrow_result = to_arrow_schema(out_fields)
         if _joins_by_position(data):
-            packed = packable_columns(data) if pack else ()
+            packed = _float_array_columns(data) if pack else ()  # the checks of packable_columns just passed
             infer_joined = _feeding_task(eps, opts, coordinator, packed, arrow_result, arrow_result, False)
             return _jvm.infer_by_position(data, infer_joined, packed, out_fields, max(1, ring_bytes // 8))
 

@@ -281,6 +281,13 @@ class Gang:
         self.tensorboard_url = value.decode()
         self._console.info(f"TensorBoard: {self.tensorboard_url}")
 
+    @property
+    def feed_ring_bytes(self) -> int:
+        """The size of each node's feed ring, as the nodes were launched with it."""
+        if self._spec is None:
+            raise RuntimeError("the gang has not started: its nodes have no feed ring yet")
+        return self._spec.feed_ring_bytes
+
     # -- watching --------------------------------------------------------------
 
     def nodes(self) -> List[Any]:

@@ -31,6 +31,7 @@ import org.apache.spark.sql.catalyst.expressions.{Alias, Attribute, AttributeRef
 import org.apache.spark.sql.catalyst.plans.logical.{LogicalPlan, Project, UnaryNode}
 import org.apache.spark.sql.classic.Dataset
 import org.apache.spark.sql.execution.{SparkPlan, SparkStrategy}
+import org.apache.spark.sql.execution.metric.SQLMetric
 import org.apache.spark.sql.execution.python.{ArrowPythonRunner, EvalPythonEvaluatorFactory,
   EvalPythonExec, PythonSQLMetrics}
 import org.apache.spark.sql.execution.python.EvalPythonExec.ArgumentMetadata
@@ -107,10 +108,8 @@ case class EmberInferExec(udfs: Seq[PythonUDF], resultAttrs: Seq[Attribute], bat
 
 class EmberInferEvaluatorFactory(
     childOutput: Seq[Attribute], udfs: Seq[PythonUDF], output: Seq[Attribute], batchRows: Int, batchBytes: Long,
-    timeZone: String,
-    largeVarTypes: Boolean, runnerConf: Map[String, String],
-    metrics: Map[String, org.apache.spark.sql.execution.metric.SQLMetric], jobArtifactUUID: Option[String],
-    profiler: Option[String])
+    timeZone: String, largeVarTypes: Boolean, runnerConf: Map[String, String], metrics: Map[String, SQLMetric],
+    jobArtifactUUID: Option[String], profiler: Option[String])
   extends EvalPythonEvaluatorFactory(childOutput, udfs, output) {
 
   private val resultTypes = udfs.map(_.dataType)
