@@ -23,21 +23,28 @@ def _row(i):
     return (bytes([(i * 7 + k) % 251 for k in range(1000)]), i)
 
 
-def test_a_node_keeping_every_batch_of_an_epoch_bigger_than_its_ring_finishes(small_ring):
-    n = 3000  # ~3 MB of rows through a 64 KiB ring
+def _feed_one_epoch(ring, n):
+    """Feeds rows 0..n-1 (30-row messages) as one epoch, then ends the feed, on a thread: the
+    thread and the list its error goes to."""
     errors = []
 
     def produce():
         try:
             feeding.feed_partition(feeding.rdd_rows_to_batches([_row(i) for i in range(n)], chunk=30), partition=0,
-                                   epoch=0, endpoints=[_endpoint(small_ring)], options=_options())
-            _end_epoch([small_ring], 0, 1)
-            _tell([small_ring], "end_feed")
+                                   epoch=0, endpoints=[_endpoint(ring)], options=_options())
+            _end_epoch([ring], 0, 1)
+            _tell([ring], "end_feed")
         except Exception as e:  # reported by the test thread
             errors.append(e)
 
     t = threading.Thread(target=produce, daemon=True)
     t.start()
+    return t, errors
+
+
+def test_a_node_keeping_every_batch_of_an_epoch_bigger_than_its_ring_finishes(small_ring):
+    n = 3000  # ~3 MB of rows through a 64 KiB ring
+    t, errors = _feed_one_epoch(small_ring, n)
     feed = DataFeed(small_ring, node="worker:0", timeout=20)
     kept = list(feed.epoch_batches(10))  # every batch stays alive: slices of the messages read in place
     t.join(timeout=30)
@@ -56,19 +63,7 @@ def test_epoch_batches_keep_no_message_handed_out_whole(small_ring):
     """Training's reads let a message go once its rows are handed out, as inference's do: a kept
     decoded message pins its ring bytes.  30-row messages cut into batches of 7 span messages."""
     n = 600
-    errors = []
-
-    def produce():
-        try:
-            feeding.feed_partition(feeding.rdd_rows_to_batches([_row(i) for i in range(n)], chunk=30), partition=0,
-                                   epoch=0, endpoints=[_endpoint(small_ring)], options=_options())
-            _end_epoch([small_ring], 0, 1)
-            _tell([small_ring], "end_feed")
-        except Exception as e:  # reported by the test thread
-            errors.append(e)
-
-    t = threading.Thread(target=produce, daemon=True)
-    t.start()
+    t, errors = _feed_one_epoch(small_ring, n)
     feed = DataFeed(small_ring, node="worker:0", timeout=20)
     labels, kept = [], []
     for b in feed.epoch_batches(7, drop_remainder=False):
