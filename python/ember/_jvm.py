@@ -148,23 +148,24 @@ def has_pack_floats(spark: Any) -> bool:
     return False
 
 
-def infer_by_position(df: Any, fn: Callable[[Iterator[Any]], Iterator[Any]], packed: Sequence[str],
-                      result_type: Any, batch_bytes: int, name: str = "ember_inference") -> Any:
+def infer_by_position(df: Any, fn: Callable[[Iterator[Any]], Iterator[Any]], args: Sequence[Any],
+                      result_type: Any, batch_bytes: int, name: str) -> Any:
     """`df` (classic PySpark, with Ember's extension) with `result_type`'s fields appended, row for
-    row: `fn` receives Arrow record batches of every column of `df` (those in `packed` as
-    ember_pack_floats' binary) and must answer record batches of `result_type` (a StructType),
-    exactly as many rows, in order.  Spark keeps each row in the JVM and joins the answers to it
-    by position (InferByPosition.scala): no column crosses back from Python.  The rows go to `fn`
-    in batches of about `batch_bytes` (and at most spark.sql.execution.arrow.maxRecordsPerBatch
-    rows)."""
+    row: `fn` receives Arrow record batches of the columns `args` (pyspark Columns over `df`'s
+    columns, each with a name: e.g. ``F.col(c)``, ``F.call_function(PACK_FLOATS, F.col(c)).alias(c)``)
+    and must answer record batches of `result_type` (a StructType), exactly as many rows, in
+    order.  Spark keeps each row in the JVM and joins the answers to it by position
+    (InferByPosition.scala): no column crosses back from Python.  The rows go to `fn` in batches
+    of about `batch_bytes` (and at most spark.sql.execution.arrow.maxRecordsPerBatch rows).
+    `name` names the caller in errors."""
     from pyspark.sql import DataFrame
     from pyspark.sql.udf import _wrap_function
 
     spark = df.sparkSession
     sc = spark.sparkContext
-    names = sc._gateway.new_array(sc._jvm.String, len(packed))
-    for i, c in enumerate(packed):
-        names[i] = c
+    cols = sc._gateway.new_array(sc._jvm.org.apache.spark.sql.Column, len(args))
+    for i, c in enumerate(args):
+        cols[i] = c._jc
     jdf = sc._jvm.org.apache.spark.sql.ember.InferByPosition.apply(
-        df._jdf, _wrap_function(sc, fn, result_type), names, result_type.json(), name, int(batch_bytes))
+        df._jdf, _wrap_function(sc, fn, result_type), cols, result_type.json(), name, int(batch_bytes))
     return DataFrame(jdf, spark)

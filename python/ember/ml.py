@@ -395,6 +395,9 @@ _log = logging.getLogger(__name__)
 _loaded: "collections.OrderedDict[str, Any]" = collections.OrderedDict()  # per Python worker
 _loaded_lock = threading.Lock()
 _MAX_LOADED = 4
+# Rows per batch where Spark joins transform's output by position: about this many bytes of the
+# input column (and at most spark.sql.execution.arrow.maxRecordsPerBatch rows).
+_JOINED_BATCH_BYTES = 8 << 20
 
 
 def _worker_model(key: str, source: Any) -> Any:
@@ -463,6 +466,36 @@ def _packed_to_matrix(rows: np.ndarray, width: int, column: str) -> np.ndarray:
     return np.frombuffer(b"".join(rows), "<f4").reshape(len(rows), width)
 
 
+def _packed_arrow_to_matrix(arr: pa.Array, width: int, column: str) -> np.ndarray:
+    """ember_pack_floats's rows as Arrow hands them to a Python function (a binary array) as a
+    float32 (rows, width) matrix: a view of the array's one values buffer, no copy."""
+    if arr.null_count:
+        raise ValueError(f"column {column!r} has {arr.null_count} null rows; the model needs a value in each")
+    n = len(arr)
+    offsets_type = np.dtype(np.int64 if pa.types.is_large_binary(arr.type) else np.int32)
+    offsets = np.frombuffer(arr.buffers()[1], offsets_type, n + 1, arr.offset * offsets_type.itemsize)
+    bad = np.flatnonzero(np.diff(offsets) != 4 * width)
+    if bad.size:
+        raise ValueError(f"column {column!r}: a row has {int(offsets[bad[0] + 1] - offsets[bad[0]]) // 4} values "
+                         f"but the model's input takes {width}")
+    return np.frombuffer(arr.buffers()[2], "<f4", n * width, int(offsets[0])).reshape(n, width)
+
+
+def _run_model(model: Any, x: np.ndarray, chunk: int) -> np.ndarray:
+    """The model's outputs for the rows of `x`, `chunk` rows per call, as an (n, k) matrix."""
+    n = len(x)
+    return np.concatenate([np.asarray(model.predict_on_batch(x[i:i + chunk])) for i in range(0, n, chunk)]).reshape(n, -1)
+
+
+def _output_values(y: np.ndarray, mode: str, out_type: str) -> np.ndarray:
+    """The output column's values of the model outputs `y`: (n,) doubles, or (n, k) float32 rows."""
+    if mode == "argmax":
+        return np.argmax(y, axis=1).astype(np.float64)
+    if out_type == "double":
+        return y[:, 0].astype(np.float64)
+    return np.ascontiguousarray(y, dtype=np.float32)
+
+
 def _predict_batches(key: str, source: Any, kind: str, in_shape: List[Optional[int]], mode: str,
                      out_type: str, chunk: int, column: str, series: Iterator[Any]) -> Iterator[Any]:
     """The scalar-iterator pandas UDF of KerasModel.transform: the input column's batches in,
@@ -472,21 +505,37 @@ def _predict_batches(key: str, source: Any, kind: str, in_shape: List[Optional[i
     model = None
     width = _flat_width(in_shape)
     for s in series:
-        n = len(s)
-        if n:
+        y = np.zeros((0, 1), np.float32)
+        if len(s):
             if model is None:
                 model = _worker_model(key, source)
-            x = _series_to_matrix(s, kind, width, column).reshape([-1] + list(in_shape[1:]))
-            outs = [np.asarray(model.predict_on_batch(x[i:i + chunk])) for i in range(0, n, chunk)]
-            y = np.concatenate(outs).reshape(n, -1)
+            y = _run_model(model, _series_to_matrix(s, kind, width, column).reshape([-1] + list(in_shape[1:])), chunk)
+        out = _output_values(y, mode, out_type)
+        yield pd.Series(out if out.ndim == 1 else list(out))
+
+
+def _predict_record_batches(key: str, source: Any, in_shape: List[Optional[int]], mode: str, out_type: str,
+                            chunk: int, column: str, schema: pa.Schema, batches: Iterator[pa.RecordBatch]
+                            ) -> Iterator[pa.RecordBatch]:
+    """KerasModel.transform's Python function where Spark joins its answers by position
+    (_jvm.infer_by_position): record batches of the packed input column in, of the output
+    column (`schema`) out, row for row."""
+    model = None
+    width = _flat_width(in_shape)
+    for batch in batches:
+        y = np.zeros((0, 1), np.float32)
+        if batch.num_rows:
+            if model is None:
+                model = _worker_model(key, source)
+            x = _packed_arrow_to_matrix(batch.column(0), width, column).reshape([-1] + list(in_shape[1:]))
+            y = _run_model(model, x, chunk)
+        out = _output_values(y, mode, out_type)
+        if out.ndim == 1:
+            arr = pa.array(out)
         else:
-            y = np.zeros((0, 1), np.float32)
-        if mode == "argmax":
-            yield pd.Series(np.argmax(y, axis=1).astype(np.float64))
-        elif out_type == "double":
-            yield pd.Series(y[:, 0].astype(np.float64))
-        else:
-            yield pd.Series(list(np.ascontiguousarray(y, dtype=np.float32)))
+            offsets = np.arange(0, out.size + 1, out.shape[1], dtype=np.int32)
+            arr = pa.ListArray.from_arrays(pa.array(offsets), pa.array(out.reshape(-1)))
+        yield pa.RecordBatch.from_arrays([arr.cast(schema.field(0).type)], schema=schema)
 
 
 class KerasModel(Model, _KerasParams, MLWritable, MLReadable):
@@ -564,7 +613,10 @@ class KerasModel(Model, _KerasParams, MLWritable, MLReadable):
         from pyspark.ml.functions import vector_to_array
         from pyspark.sql import functions as F
         from pyspark.sql.functions import pandas_udf
-        from pyspark.sql.types import ArrayType, DoubleType, FloatType
+        from pyspark.sql.pandas.types import to_arrow_schema
+        from pyspark.sql.types import ArrayType, DoubleType, FloatType, StructField, StructType
+
+        from ember._driver.spark_side import is_connect_session
 
         stage = "KerasModel"
         self._check_common()
@@ -596,6 +648,13 @@ class KerasModel(Model, _KerasParams, MLWritable, MLReadable):
                   "packed by ember_pack_floats (Ember's Spark extension)" if passed == "packed" else
                   "as Spark hands it over" + ("" if passed == "scalar" else " (ember.spark_conf() in the session's "
                                               "settings makes this faster)"))
+        if passed == "packed" and not is_connect_session(dataset.sparkSession):
+            # Spark keeps each row and appends the output by position (InferByPosition.scala):
+            # the packed column reaches the model as Arrow's one values buffer, no pandas.
+            result = StructType([StructField(out_col, spark_type)])
+            fn = functools.partial(_predict_record_batches, self._model_key(), source, in_shape, mode, out_type,
+                                   self.getPredictBatchSize(), in_col, to_arrow_schema(result))
+            return _jvm.infer_by_position(dataset, fn, [column.alias(in_col)], result, _JOINED_BATCH_BYTES, stage)
         fn = functools.partial(_predict_batches, self._model_key(), source, passed, in_shape, mode, out_type,
                                self.getPredictBatchSize(), in_col)
 

@@ -149,12 +149,44 @@ def test_transform_packs_the_column_and_predicts_what_keras_does(spark_ext, mode
         want = np.asarray(model.predict_on_batch(x))
         km = KerasModel.from_keras(model, inputCol=column, outputCol="p", predictBatchSize=64)
         out = km.transform(df)
-        assert "ember_pack_floats" in out._jdf.queryExecution().toString(), column  # the packed path ran
+        plan = out._jdf.queryExecution().toString()
+        assert "ember_pack_floats" in plan and "EmberInfer" in plan, column  # packed, joined by position
         got = out.collect()
         assert out.columns == ["id", "name", "f", "d", "v", "p"]
         assert [r["id"] for r in got] == order  # input order, every row once
         assert all(r["name"] == f"row{r['id']}" for r in got)
         np.testing.assert_allclose(np.array([r["p"] for r in got]), want[order], rtol=1e-5, atol=1e-6)
+
+
+def test_transform_joins_its_output_to_every_row_in_order(spark_ext, model):
+    """Spark keeps the rows and appends the model's output by position: every input column
+    exactly, in input order, across uneven and empty partitions and many batches per partition;
+    argmax as a double; what follows composes."""
+    from ember.ml import KerasModel
+
+    df = spark_ext.range(500, numPartitions=3).selectExpr(
+        "id", "IF(id % 13 = 0, NULL, concat('r', id)) AS s", "named_struct('a', id, 'b', array(id, NULL)) AS st",
+        f"transform(sequence(0, {WIDTH - 1}), k -> cast((id * 7 + k * 3) % 11 / 10.0D - 0.5 AS float)) AS f")
+    df = df.repartitionByRange(9, "id").filter("id % 5 != 0 OR id < 40")  # uneven, some partitions empty
+    want = df.collect()
+    x = np.array([r["f"] for r in want], np.float32)
+    km = KerasModel.from_keras(model, inputCol="f", outputCol="p", outputMode="argmax", predictBatchSize=16)
+    out = km.transform(df)
+    assert "EmberInfer" in out._jdf.queryExecution().toString()
+    spark_ext.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "7")  # many batches per partition
+    try:
+        rows = out.collect()
+    finally:
+        spark_ext.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    assert out.columns == df.columns + ["p"] and out.schema.fields[:-1] == df.schema.fields
+    assert [tuple(r)[:-1] for r in rows] == [tuple(r) for r in want]  # every value, in order
+    logits = np.asarray(model.predict_on_batch(x))
+    top2 = np.sort(logits, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 1e-4  # rows whose argmax no rounding can change
+    assert clear.mean() > 0.9
+    np.testing.assert_array_equal(np.array([r["p"] for r in rows])[clear], np.argmax(logits, axis=1)[clear])
+    assert out.filter("p = 0").count() == sum(1 for r in rows if r["p"] == 0)
+    assert km.transform(df.limit(0)).collect() == []
 
 
 def test_transform_names_bad_rows_on_the_packed_path(spark_ext, model):

@@ -120,13 +120,18 @@ def packable_columns(df: Any) -> Tuple[str, ...]:
 def pack_rows(df: Any) -> Tuple[Any, Tuple[str, ...]]:
     """`df` with its array<float> columns packed by ember_pack_floats, and their names; `df`
     and () when :func:`packable_columns` finds none."""
-    from pyspark.sql import functions as F
-
     packed = packable_columns(df)
     if not packed:
         return df, ()
-    return df.select(*[F.call_function(_jvm.PACK_FLOATS, F.col(_quoted(c))).alias(c) if c in packed
-                       else F.col(_quoted(c)) for c in df.columns]), packed
+    return df.select(*_packed_columns(df, packed)), packed
+
+
+def _packed_columns(df: Any, packed: Sequence[str]) -> List[Any]:
+    """`df`'s columns as Columns, those named in `packed` through ember_pack_floats."""
+    from pyspark.sql import functions as F
+
+    return [F.call_function(_jvm.PACK_FLOATS, F.col(_quoted(c))).alias(c) if c in packed else F.col(_quoted(c))
+            for c in df.columns]
 
 
 def _feed_epoch(data: Any, epoch: int, eps: List[feeding.NodeEndpoint], opts: feeding.FeedOptions,
@@ -752,7 +757,8 @@ def inference(data: Any, endpoints: Sequence[feeding.NodeEndpoint], options: fee
         if _joins_by_position(data):
             packed = _float_array_columns(data) if pack else ()  # the checks of packable_columns just passed
             infer_joined = _feeding_task(eps, opts, coordinator, packed, arrow_result, arrow_result, False)
-            return _jvm.infer_by_position(data, infer_joined, packed, out_fields, max(1, ring_bytes // 8))
+            return _jvm.infer_by_position(data, infer_joined, _packed_columns(data, packed), out_fields,
+                                          max(1, ring_bytes // 8), "cluster.inference")
 
         in_names = data.columns
         fed, packed = pack_rows(data) if pack else (data, ())

@@ -1,19 +1,22 @@
 /*
- * cluster.inference's join by position (issue 23, point 4): the nodes' results appended to the
- * rows Spark kept, without the rows crossing back from Python.
+ * A Python function's answers appended to the rows Spark kept, by position, without the rows
+ * crossing back from Python: cluster.inference's join (issue 23, point 4) and
+ * KerasModel.transform's.
  *
  * Why: `mapInArrow` hands Spark only what its Python function returns, so a feeding task must
  * send every input column back (a 784-float row: 3 KB through the worker's socket, into Arrow,
  * into an UnsafeRow, then unpacked).  Spark's own scalar Python UDFs avoid that: ArrowEvalPython
  * keeps each input row in a queue in the JVM, sends Python only the UDF's arguments, and joins
  * the results to the queued rows by position.  Its Python side for pandas UDFs converts to pandas
- * and back; EmberInferExec runs the same queue and join (Spark's EvalPythonExec) with mapInArrow's
- * Python side instead (Arrow record batches in and out, no pandas), over one argument: a struct of
- * the row's columns, array<float> ones packed by ember_pack_floats.  The Python function must
- * answer exactly as many rows as it was given, in order (Ember's inference feed checks that per
- * batch, naming node and partition).
+ * and back (a binary column becomes one Python bytes object per row: 4.3 us of a 3 KB row);
+ * EmberInferExec runs the same queue and join (Spark's EvalPythonExec) with mapInArrow's Python
+ * side instead (Arrow record batches in and out, no pandas), over one argument: a struct of the
+ * columns the caller names (cluster.inference: every column, array<float> ones packed by
+ * ember_pack_floats; KerasModel: its input column, packed).  The Python function must answer
+ * exactly as many rows as it was given, in order (Ember's callers check that per batch; an
+ * extra row fails in EvalPythonExec's queue).
  *
- * Called from classic PySpark through py4j (a Connect client goes on with mapInArrow); planned by
+ * Called from classic PySpark through py4j (a Connect client goes on as before); planned by
  * EmberInferStrategy, which EmberExtensions injects.  It lives in a package under
  * org.apache.spark.sql, as Delta's classes do: PythonFunction, Dataset.ofRows and Spark's Python
  * runners are visible there only.
@@ -24,7 +27,7 @@ import scala.jdk.CollectionConverters._
 
 import org.apache.spark.{JobArtifactSet, TaskContext}
 import org.apache.spark.api.python.{ChainedPythonFunctions, PythonFunction}
-import org.apache.spark.sql.Row
+import org.apache.spark.sql.{Column, Row}
 import org.apache.spark.sql.catalyst.InternalRow
 import org.apache.spark.sql.catalyst.expressions.{Alias, Attribute, AttributeReference, AttributeSet, CreateStruct,
   GetStructField, NamedExpression, PythonUDF}
@@ -36,33 +39,35 @@ import org.apache.spark.sql.execution.python.{ArrowPythonRunner, EvalPythonEvalu
   EvalPythonExec, PythonSQLMetrics}
 import org.apache.spark.sql.execution.python.EvalPythonExec.ArgumentMetadata
 import org.apache.spark.sql.types.{ArrayType, BinaryType, DataType, StringType, StructType}
-import org.ember.spark.PackFloats
 
 object InferByPosition {
   /** pyspark.util.PythonEvalType.SQL_MAP_ARROW_ITER_UDF: record batches in, record batches out. */
   val MapArrowIter = 207
 
   /** `df`'s rows with `resultJson`'s fields (a StructType as JSON) appended: `func` (a pickled
-   *  mapInArrow function, pyspark's _wrap_function) receives record batches of every column of
-   *  `df`, those named in `packed` as ember_pack_floats' binary, and answers record batches of
-   *  the result fields, row for row. */
-  def apply(df: Dataset[Row], func: PythonFunction, packed: Array[String], resultJson: String,
+   *  mapInArrow function, pyspark's _wrap_function) receives record batches of the columns
+   *  `args` (expressions over `df`'s columns, each named: a column, or e.g. ember_pack_floats of
+   *  one, aliased) and answers record batches of the result fields, row for row.  `name` names
+   *  the caller in errors (cluster.inference, KerasModel). */
+  def apply(df: Dataset[Row], func: PythonFunction, args: Array[Column], resultJson: String,
             name: String, batchBytes: Long): Dataset[Row] = {
     val result = DataType.fromJson(resultJson) match {
       case s: StructType => s
-      case other => throw new IllegalArgumentException(s"InferByPosition: the result type must be a struct, got " +
+      case other => throw new IllegalArgumentException(s"$name: the result type must be a struct, got " +
         other.catalogString)
     }
-    val child = df.queryExecution.analyzed
-    val names = child.output.map(_.name)
-    val missing = packed.filterNot(names.contains)
-    if (missing.nonEmpty) throw new IllegalArgumentException(
-      s"InferByPosition: columns to pack ${missing.mkString(", ")} are not in the DataFrame (${names.mkString(", ")})")
-    val fed = child.output.map { a =>
-      if (packed.contains(a.name)) Alias(PackFloats(a, a.sql), a.name)() else a
-    }
+    if (args.isEmpty) throw new IllegalArgumentException(s"$name: no columns to send to Python")
     if (batchBytes <= 0) {
-      throw new IllegalArgumentException(s"InferByPosition: batchBytes must be positive, got $batchBytes")
+      throw new IllegalArgumentException(s"$name: batchBytes must be positive, got $batchBytes")
+    }
+    val child = df.queryExecution.analyzed
+    // The arguments resolved against `df` as its select would resolve them: the projection's
+    // expressions refer to `child`'s attributes.
+    val fed = df.select(args.toSeq: _*).queryExecution.analyzed match {
+      case Project(list, c) if c.output.map(_.exprId) == child.output.map(_.exprId) => list
+      case other => throw new IllegalArgumentException(
+        s"$name: the columns sent to Python must be expressions over the DataFrame's columns, got " +
+          other.simpleString(200))
     }
     val udf = PythonUDF(name, func, result, Seq(CreateStruct(fed)), MapArrowIter, udfDeterministic = true,
       NamedExpression.newExprId)
@@ -124,7 +129,7 @@ class EmberInferEvaluatorFactory(
     results.flatMap { batch =>
       val types = (0 until batch.numCols()).map(i => batch.column(i).dataType())
       if (types != resultTypes) throw new IllegalStateException(
-        s"cluster.inference: the nodes' results came back as ${types.map(_.catalogString).mkString(", ")}, " +
+        s"${udfs.head.name}: the results came back as ${types.map(_.catalogString).mkString(", ")}, " +
           s"expected ${resultTypes.map(_.catalogString).mkString(", ")}")
       batch.rowIterator.asScala
     }
