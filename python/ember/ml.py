@@ -58,6 +58,7 @@ from pyspark.ml.param.shared import HasInputCol, HasLabelCol, HasOutputCol
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 
 from ember import _jvm, parallel
+from ember._feeder import worker
 from ember._names import MODEL_INFO_KEY, MODEL_KEY
 
 _MODEL_FILE = "model.keras"
@@ -509,6 +510,7 @@ def _predict_batches(key: str, source: Any, kind: str, in_shape: List[Optional[i
         if len(s):
             if model is None:
                 model = _worker_model(key, source)
+                worker.settle()  # once per Python worker: see ember._feeder.worker
             y = _run_model(model, _series_to_matrix(s, kind, width, column).reshape([-1] + list(in_shape[1:])), chunk)
         out = _output_values(y, mode, out_type)
         yield pd.Series(out if out.ndim == 1 else list(out))
@@ -527,6 +529,7 @@ def _predict_record_batches(key: str, source: Any, in_shape: List[Optional[int]]
         if batch.num_rows:
             if model is None:
                 model = _worker_model(key, source)
+                worker.settle()  # once per Python worker: see ember._feeder.worker
             x = _packed_arrow_to_matrix(batch.column(0), width, column).reshape([-1] + list(in_shape[1:]))
             y = _run_model(model, x, chunk)
         out = _output_values(y, mode, out_type)

@@ -374,3 +374,37 @@ def test_packed_batches_give_float32_columns_and_python_rows():
     out = _arrow_rows.batch_to_columns(_arrow_rows.mark_packed(ragged, _arrow_rows.packed_meta(["f"])))["f"]
     assert out.dtype == object and out[0].tolist() == [1.0] and out[1].tolist() == [] and out[2] is None
     assert _arrow_rows.batch_to_columns(batch)["f"].dtype == np.uint8  # unmarked: the bytes, as before
+
+
+def test_a_spark_worker_that_ran_transform_is_settled(spark_ext, model):
+    """ember._feeder.worker on a real Spark worker: once KerasModel.transform has run in it, the
+    worker's zip importers re-read only changed archives and what it had loaded is frozen out of
+    the collector's walks; the tasks that follow in it (Spark reuses workers) find it so."""
+    import json
+
+    import pyarrow as pa
+
+    from ember.ml import KerasModel
+
+    df = spark_ext.range(40, numPartitions=2).selectExpr(
+        f"transform(sequence(0, {WIDTH - 1}), k -> cast(id + k AS float)) AS f")
+    assert len(KerasModel.from_keras(model, inputCol="f", outputCol="p").transform(df).collect()) == 40
+
+    def probe(batches):
+        import gc
+        import sys
+
+        from ember._feeder import worker
+        for _ in batches:
+            pass
+        zips = {p: type(f).__name__ for p, f in sys.path_importer_cache.items() if p.endswith((".zip", ".jar"))}
+        yield pa.RecordBatch.from_pylist([{"settled": worker._settled, "frozen": gc.get_freeze_count(),
+                                           "zips": json.dumps(zips)}])
+    seen = df.mapInArrow(probe, "settled boolean, frozen long, zips string").collect()
+    settled = [r for r in seen if r["settled"]]
+    assert settled, seen  # reused workers: at least one ran the transform's tasks
+    for r in settled:
+        zips = json.loads(r["zips"])
+        assert any("pyspark" in p for p in zips), zips  # Spark's own zips are on the worker's path...
+        assert set(zips.values()) == {"_ZipImporter"}, zips  # ... and are read again only when changed
+        assert r["frozen"] > 100_000  # TensorFlow and the model, left out of the collector's walks

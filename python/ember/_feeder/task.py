@@ -28,6 +28,7 @@ from ember import _arrow_rows as rows_mod
 from ember import _ember
 from ember import errors
 from ember._names import NODE_END_KEY
+from ember._feeder import worker
 from ember._parquet_io import FileRows
 
 RDD_CHUNK_ROWS = 4096  # RDD rows per Arrow batch
@@ -141,6 +142,7 @@ def feed_partition(batches: Iterable[pa.RecordBatch], partition: int, epoch: int
     Raises the node's error (Aborted naming the node) if a node fails, and
     DeadlineExceeded if a node makes no progress for feed_timeout.
     """
+    worker.settle()
     producer = _ember.FeedProducer.open(list(endpoints), partition, epoch, attempt, options)
     try:
         for batch in batches:
@@ -211,6 +213,7 @@ def infer_partition(batches: Iterable[pa.RecordBatch], partition: int, endpoint:
     the node was already gone when this task started (asked of `coordinator`, which is
     (host, port, secret)).
     """
+    worker.settle()
     try:
         producer = _ember.InferenceProducer.open(endpoint, partition, options)
     except (errors.NotFound, errors.Unavailable) as e:
