@@ -485,7 +485,8 @@ def _packed_arrow_to_matrix(arr: pa.Array, width: int, column: str) -> np.ndarra
 def _run_model(model: Any, x: np.ndarray, chunk: int) -> np.ndarray:
     """The model's outputs for the rows of `x`, `chunk` rows per call, as an (n, k) matrix."""
     n = len(x)
-    return np.concatenate([np.asarray(model.predict_on_batch(x[i:i + chunk])) for i in range(0, n, chunk)]).reshape(n, -1)
+    outs = [np.asarray(model.predict_on_batch(x[i:i + chunk])) for i in range(0, n, chunk)]
+    return np.concatenate(outs).reshape(n, -1)
 
 
 def _output_values(y: np.ndarray, mode: str, out_type: str) -> np.ndarray:
