@@ -18,7 +18,8 @@ PACKAGE = Path(ember.__file__).parent
 # Lowest first.  A module may import only from layers before its own.
 LAYERS = [
     {"_names", "_net", "errors", "input_mode", "config", "_launcher.proc", "_arrow_rows", "collective", "_hadoop",
-     "_driver", "_launcher", "_feeder", "_node"},  # the rooms' __init__: a docstring only
+     "_driver", "_launcher", "_feeder", "_node",  # the rooms' __init__: a docstring only
+     "_feeder.worker"},  # a Spark Python worker settled once (zip importers, frozen heap)
     # the driver's console (reads config); a node's environment and rank rule; rings that die with their launcher; GPUs on each side
     {"_driver.console", "_node.env", "_launcher.ring_owner", "_launcher.gpus", "_driver.gpus",
      "_driver.spark_side", "_launcher.relay",  # ... the one seam to Spark (classic or Connect); a coordinator relay
