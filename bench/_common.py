@@ -106,6 +106,24 @@ def pythonpath_with(*dirs) -> str:
     return os.pathsep.join([str(d) for d in dirs] + [os.environ.get("PYTHONPATH", "")])
 
 
+def own_python_workers(spark, column: str, *udfs) -> None:
+    """Makes Spark's own UDFs `udfs` (called once here, on `column`) run in Python workers of their
+    own, as in an application without Ember.  Spark pools its Python workers by (python,
+    environment), and a UDF takes the context's environment when it is first called (its Java
+    side is made then and kept).  Ember settles each worker it runs in once (ember._feeder.worker:
+    no per-task re-read of Spark's zips, the loaded modules out of the collector's walks), which
+    would speed up a later UDF in that worker too."""
+    from pyspark.sql import functions as F
+
+    env = spark.sparkContext.environment
+    env["EMBER_BENCH_WORKERS"] = "spark-only"
+    try:
+        for udf in udfs:
+            udf(F.col(column))
+    finally:
+        del env["EMBER_BENCH_WORKERS"]
+
+
 def start_standalone(num_workers: int = 2, cores_per_worker: int = 2, memory: str = "3g"):
     from spark_cluster import StandaloneCluster
     cluster = StandaloneCluster(num_workers=num_workers, cores_per_worker=cores_per_worker,

@@ -192,16 +192,7 @@ def main(argv=None) -> None:
     no_model.__annotations__ = {"series": Iterator[pd.Series], "return": Iterator[pd.Series]}
     floor_udf = F.pandas_udf(no_model, DoubleType())
     if not a.remote:
-        # Spark's own UDFs run in Python workers of their own, as in an application without Ember.
-        # Spark pools its Python workers by (python, environment), and a UDF takes the context's
-        # environment when it is first called (its Java side is made then and kept).  Ember settles
-        # each worker it runs in once (ember._feeder.worker: no per-task re-read of Spark's zips, the
-        # loaded modules out of the collector's walks), which would speed up later UDFs there too.
-        sc = spark.sparkContext
-        sc.environment["EMBER_BENCH_WORKERS"] = "spark-only"
-        for udf in (pbu, floor_udf):
-            udf(F.col("features"))  # made now, with the marker in its environment
-        del sc.environment["EMBER_BENCH_WORKERS"]
+        C.own_python_workers(spark, "features", pbu, floor_udf)
     contenders = {
         "ember": lambda d: km.transform(d),
         "pbu": lambda d: d.withColumn("prediction", pbu(vector_to_array("features", "float32")

@@ -209,12 +209,7 @@ def main(argv=None) -> None:
         return F.pandas_udf(fn, DoubleType())
     packed, packed0 = packed_fn(True), packed_fn(False)
     pk = F.call_function("ember_pack_floats", F.col("features"))
-    # Spark's own UDFs in Python workers of their own (as bench/inference.py: Spark pools workers by
-    # environment, and Ember settles the workers KerasModel.transform runs in).
-    sc = spark.sparkContext
-    sc.environment["EMBER_BENCH_WORKERS"] = "spark-only"
-    pbu(F.col("features")), floor(F.col("features"))
-    del sc.environment["EMBER_BENCH_WORKERS"]
+    C.own_python_workers(spark, "features", pbu, floor)
     from ember.ml import KerasModel
     km = KerasModel.from_keras(model, inputCol="features", outputMode="argmax", predictBatchSize=a.batch)
     contenders = {

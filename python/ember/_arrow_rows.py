@@ -40,7 +40,7 @@ def _packed(schema: pa.Schema) -> List[str]:
     return _parse_shapes(meta[PACKED_KEY]) if PACKED_KEY in meta else []
 
 
-def _unpacked(col: pa.Array, shape: Optional[List[int]]) -> np.ndarray:
+def unpack_floats(col: pa.Array, shape: Optional[List[int]]) -> np.ndarray:
     """A packed column (binary rows of little-endian float32) as a float32 (rows, width) matrix
     viewed in place when every row has one width; else an object array of float32 rows."""
     n = len(col)
@@ -216,7 +216,7 @@ def column_to_numpy(col: pa.Array, shape: Optional[List[int]] = None) -> np.ndar
 def batch_to_columns(batch: pa.RecordBatch) -> Dict[str, np.ndarray]:
     """A record batch as {column name: numpy array}, zero-copy where possible."""
     shapes, packed = _shapes(batch.schema), _packed(batch.schema)
-    return {name: _unpacked(batch.column(i), shapes.get(name)) if name in packed
+    return {name: unpack_floats(batch.column(i), shapes.get(name)) if name in packed
             else column_to_numpy(batch.column(i), shapes.get(name))
             for i, name in enumerate(batch.schema.names)}
 

@@ -57,7 +57,7 @@ from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasInputCol, HasLabelCol, HasOutputCol
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 
-from ember import _jvm, parallel
+from ember import _arrow_rows, _jvm, parallel
 from ember._feeder import worker
 from ember._names import MODEL_INFO_KEY, MODEL_KEY
 
@@ -470,16 +470,17 @@ def _packed_to_matrix(rows: np.ndarray, width: int, column: str) -> np.ndarray:
 def _packed_arrow_to_matrix(arr: pa.Array, width: int, column: str) -> np.ndarray:
     """ember_pack_floats's rows as Arrow hands them to a Python function (a binary array) as a
     float32 (rows, width) matrix: a view of the array's one values buffer, no copy."""
+    import pyarrow.compute as pc
+
     if arr.null_count:
         raise ValueError(f"column {column!r} has {arr.null_count} null rows; the model needs a value in each")
-    n = len(arr)
-    offsets_type = np.dtype(np.int64 if pa.types.is_large_binary(arr.type) else np.int32)
-    offsets = np.frombuffer(arr.buffers()[1], offsets_type, n + 1, arr.offset * offsets_type.itemsize)
-    bad = np.flatnonzero(np.diff(offsets) != 4 * width)
+    lengths = pc.binary_length(arr).to_numpy()
+    bad = np.flatnonzero(lengths != 4 * width)
     if bad.size:
-        raise ValueError(f"column {column!r}: a row has {int(offsets[bad[0] + 1] - offsets[bad[0]]) // 4} values "
+        raise ValueError(f"column {column!r}: a row has {int(lengths[bad[0]]) // 4} values "
                          f"but the model's input takes {width}")
-    return np.frombuffer(arr.buffers()[2], "<f4", n * width, int(offsets[0])).reshape(n, width)
+    x = _arrow_rows.unpack_floats(arr, [width])  # the feed's own view of packed rows
+    return x if x.dtype != object else np.stack(x)
 
 
 def _run_model(model: Any, x: np.ndarray, chunk: int) -> np.ndarray:
@@ -534,11 +535,8 @@ def _predict_record_batches(key: str, source: Any, in_shape: List[Optional[int]]
             x = _packed_arrow_to_matrix(batch.column(0), width, column).reshape([-1] + list(in_shape[1:]))
             y = _run_model(model, x, chunk)
         out = _output_values(y, mode, out_type)
-        if out.ndim == 1:
-            arr = pa.array(out)
-        else:
-            offsets = np.arange(0, out.size + 1, out.shape[1], dtype=np.int32)
-            arr = pa.ListArray.from_arrays(pa.array(offsets), pa.array(out.reshape(-1)))
+        arr = pa.array(out) if out.ndim == 1 else pa.FixedSizeListArray.from_arrays(pa.array(out.reshape(-1)),
+                                                                                  out.shape[1])
         yield pa.RecordBatch.from_arrays([arr.cast(schema.field(0).type)], schema=schema)
 
 
