@@ -113,7 +113,7 @@ cpp-trainer: setup
 
 # python/tests_spark_ext runs in a pytest process (and so a Spark JVM) of its own: its sessions load
 # Ember's Spark extension, which only a session that starts the JVM can.
-test-py: setup setup-hdfs setup-delta
+test-py: setup setup-hdfs setup-delta setup-torch
 	$(PY) -m pytest $(PYTEST_ARGS)
 	$(PY) -m pytest python/tests_spark_ext
 

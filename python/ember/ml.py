@@ -61,7 +61,6 @@ from ember import _arrow_rows, _jvm, parallel
 from ember._feeder import worker
 from ember._names import MODEL_INFO_KEY, MODEL_KEY
 
-_MODEL_FILE = "model.keras"
 _OUTPUT_MODES = ("raw", "argmax")
 
 
@@ -401,17 +400,19 @@ _MAX_LOADED = 4
 _JOINED_BATCH_BYTES = 8 << 20
 
 
-def _worker_model(key: str, source: Any) -> Any:
-    """The model `key`, loaded from `source` (a classic session's broadcast of its bytes, or
-    under Spark Connect the bytes themselves, carried in the UDF: Spark ships a stage's closure
-    to the executors once per stage, as a broadcast) the first time this Python worker needs it,
-    and kept for the tasks that follow (Spark reuses its Python workers)."""
+def _worker_model(key: str, source: Any, load: Callable[[bytes], Any]) -> Any:
+    """The model `key`, loaded by `load` (KerasModel: parallel.load_keras_model; TorchModel:
+    _load_torch) from `source` (a classic session's broadcast of its bytes, or under Spark
+    Connect the bytes themselves, carried in the UDF: Spark ships a stage's closure to the
+    executors once per stage, as a broadcast) the first time this Python worker needs it, and
+    kept for the tasks that follow (Spark reuses its Python workers).  What `load` returns has
+    ``predict_on_batch(x)``: a float32 matrix in, the outputs out."""
     with _loaded_lock:
         model = _loaded.get(key)
         if model is not None:
             _loaded.move_to_end(key)
             return model
-    model = parallel.load_keras_model(source if isinstance(source, bytes) else source.value)
+    model = load(source if isinstance(source, bytes) else source.value)
     with _loaded_lock:
         _loaded[key] = model
         while len(_loaded) > _MAX_LOADED:
@@ -499,8 +500,8 @@ def _output_values(y: np.ndarray, mode: str, out_type: str) -> np.ndarray:
     return np.ascontiguousarray(y, dtype=np.float32)
 
 
-def _predict_batches(key: str, source: Any, kind: str, in_shape: List[Optional[int]], mode: str,
-                     out_type: str, chunk: int, column: str, series: Iterator[Any]) -> Iterator[Any]:
+def _predict_batches(key: str, source: Any, load: Callable[[bytes], Any], kind: str, in_shape: List[Optional[int]],
+                     mode: str, out_type: str, chunk: int, column: str, series: Iterator[Any]) -> Iterator[Any]:
     """The scalar-iterator pandas UDF of KerasModel.transform: the input column's batches in,
     the output column's batches out (Spark keeps every other column on the JVM side)."""
     import pandas as pd
@@ -511,17 +512,17 @@ def _predict_batches(key: str, source: Any, kind: str, in_shape: List[Optional[i
         y = np.zeros((0, 1), np.float32)
         if len(s):
             if model is None:
-                model = _worker_model(key, source)
+                model = _worker_model(key, source, load)
                 worker.settle()  # once per Python worker: see ember._feeder.worker
             y = _run_model(model, _series_to_matrix(s, kind, width, column).reshape([-1] + list(in_shape[1:])), chunk)
         out = _output_values(y, mode, out_type)
         yield pd.Series(out if out.ndim == 1 else list(out))
 
 
-def _predict_record_batches(key: str, source: Any, in_shape: List[Optional[int]], mode: str, out_type: str,
-                            chunk: int, column: str, schema: pa.Schema, batches: Iterator[pa.RecordBatch]
-                            ) -> Iterator[pa.RecordBatch]:
-    """KerasModel.transform's Python function where Spark joins its answers by position
+def _predict_record_batches(key: str, source: Any, load: Callable[[bytes], Any], in_shape: List[Optional[int]],
+                            mode: str, out_type: str, chunk: int, column: str, schema: pa.Schema,
+                            batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """KerasModel's and TorchModel's transform's Python function where Spark joins its answers by position
     (_jvm.infer_by_position): record batches of the packed input column in, of the output
     column (`schema`) out, row for row."""
     model = None
@@ -530,7 +531,7 @@ def _predict_record_batches(key: str, source: Any, in_shape: List[Optional[int]]
         y = np.zeros((0, 1), np.float32)
         if batch.num_rows:
             if model is None:
-                model = _worker_model(key, source)
+                model = _worker_model(key, source, load)
                 worker.settle()  # once per Python worker: see ember._feeder.worker
             x = _packed_arrow_to_matrix(batch.column(0), width, column).reshape([-1] + list(in_shape[1:]))
             y = _run_model(model, x, chunk)
@@ -540,17 +541,15 @@ def _predict_record_batches(key: str, source: Any, in_shape: List[Optional[int]]
         yield pa.RecordBatch.from_arrays([arr.cast(schema.field(0).type)], schema=schema)
 
 
-class KerasModel(Model, _KerasParams, MLWritable, MLReadable):
-    """A trained Keras model as a Spark ML Model (made by KerasEstimator.fit, or from a
-    ``.keras`` file's bytes / :meth:`load`).
+class _ServedModel(Model, _KerasParams, MLWritable, MLReadable):
+    """What KerasModel and TorchModel share: a model held as bytes, its transform (one place for
+    the column checks, the packed hand-over and the join by position) and its persistence.  A
+    subclass names its file (`_MODEL_FILE`), how a Python worker loads the bytes (`_load`, a
+    module-level function: it travels in the UDF) and how the driver reads the shapes
+    (`_read_info`)."""
 
-    ``transform(df)`` returns `df` with every column kept, in order, plus `outputCol`.
-
-    Args:
-        model_bytes: the model's ``.keras`` file.
-        model_info: ``{"input_shape": [...], "output_shape": [...]}``; read from the model
-            on the driver (importing Keras) if not given.
-    """
+    _MODEL_FILE = ""
+    _load: Callable[[bytes], Any]
 
     def __init__(self, model_bytes: Optional[bytes] = None, model_info: Optional[Dict[str, Any]] = None, **params: Any):
         super().__init__()
@@ -561,23 +560,12 @@ class KerasModel(Model, _KerasParams, MLWritable, MLReadable):
         self.training_summary: Dict[str, Any] = {}
         self._set(**params)
 
-    @classmethod
-    def from_keras(cls, model: Any, **params: Any) -> "KerasModel":
-        """A KerasModel of an in-memory keras.Model (e.g. one trained elsewhere)."""
-        info = {"input_shape": [None] + list(model.inputs[0].shape[1:]),
-                "output_shape": [None] + list(model.outputs[0].shape[1:])}
-        return cls(model_bytes=parallel.keras_model_bytes(model), model_info=info, **params)
-
     @property
     def model_bytes(self) -> bytes:
-        """The model's ``.keras`` file."""
+        """The model's file (``.keras`` for KerasModel, ``.pt2`` for TorchModel)."""
         if self._model_bytes is None:
-            raise ValueError("this KerasModel holds no model")
+            raise ValueError(f"this {type(self).__name__} holds no model")
         return self._model_bytes
-
-    def keras_model(self) -> Any:
-        """The model as a keras.Model in this process (imports Keras)."""
-        return parallel.load_keras_model(self.model_bytes)
 
     @property
     def input_shape(self) -> List[Optional[int]]:
@@ -589,10 +577,11 @@ class KerasModel(Model, _KerasParams, MLWritable, MLReadable):
 
     def _model_info(self) -> Dict[str, Any]:
         if self._info is None:
-            m = self.keras_model()
-            self._info = {"input_shape": [None] + list(m.inputs[0].shape[1:]),
-                          "output_shape": [None] + list(m.outputs[0].shape[1:])}
+            self._info = self._read_info()
         return self._info
+
+    def _read_info(self) -> Dict[str, Any]:
+        raise NotImplementedError
 
     def _model_key(self) -> str:
         return f"{self.uid}-{hashlib.sha256(self.model_bytes).hexdigest()[:16]}"
@@ -620,7 +609,7 @@ class KerasModel(Model, _KerasParams, MLWritable, MLReadable):
 
         from ember._driver.spark_side import is_connect_session
 
-        stage = "KerasModel"
+        stage = type(self).__name__
         self._check_common()
         in_col, out_col, mode = self.getInputCol(), self.getOutputCol(), self.getOutputMode()
         field = _field(dataset.schema, in_col, "input", stage)
@@ -654,10 +643,12 @@ class KerasModel(Model, _KerasParams, MLWritable, MLReadable):
             # Spark keeps each row and appends the output by position (InferByPosition.scala):
             # the packed column reaches the model as Arrow's one values buffer, no pandas.
             result = StructType([StructField(out_col, spark_type)])
-            fn = functools.partial(_predict_record_batches, self._model_key(), source, in_shape, mode, out_type,
+            fn = functools.partial(_predict_record_batches, self._model_key(), source, type(self)._load, in_shape,
+                                   mode, out_type,
                                    self.getPredictBatchSize(), in_col, to_arrow_schema(result))
             return _jvm.infer_by_position(dataset, fn, [column.alias(in_col)], result, _JOINED_BATCH_BYTES, stage)
-        fn = functools.partial(_predict_batches, self._model_key(), source, passed, in_shape, mode, out_type,
+        fn = functools.partial(_predict_batches, self._model_key(), source, type(self)._load, passed, in_shape,
+                               mode, out_type,
                                self.getPredictBatchSize(), in_col)
 
         def predict(series):
@@ -670,7 +661,7 @@ class KerasModel(Model, _KerasParams, MLWritable, MLReadable):
         udf = pandas_udf(predict, spark_type)  # Iterator[Series] -> Iterator[Series]: scalar iterator
         return dataset.withColumn(out_col, udf(column))
 
-    def copy(self, extra: Optional[Dict[Any, Any]] = None) -> "KerasModel":
+    def copy(self, extra: Optional[Dict[Any, Any]] = None) -> "_ServedModel":
         that = super().copy(extra)
         that._broadcast_lock = threading.Lock()
         that._broadcast = None
@@ -678,13 +669,157 @@ class KerasModel(Model, _KerasParams, MLWritable, MLReadable):
 
     # -- persistence -----------------------------------------------------------
     def write(self) -> MLWriter:
-        """A writer of this model: Spark ML metadata (Params) plus the ``.keras`` file, to a
+        """A writer of this model: Spark ML metadata (Params) plus the model's file, to a
         local or Hadoop path (``save(path)`` = ``write().save(path)``)."""
-        return _KerasModelWriter(self)
+        return _ModelWriter(self)
 
     @classmethod
     def read(cls) -> MLReader:
-        return _KerasModelReader(cls)
+        return _ModelReader(cls)
+
+
+class KerasModel(_ServedModel):
+    """A trained Keras model as a Spark ML Model (made by KerasEstimator.fit, or from a
+    ``.keras`` file's bytes / :meth:`load`).
+
+    ``transform(df)`` returns `df` with every column kept, in order, plus `outputCol`.
+
+    Args:
+        model_bytes: the model's ``.keras`` file.
+        model_info: ``{"input_shape": [...], "output_shape": [...]}``; read from the model
+            on the driver (importing Keras) if not given.
+    """
+
+    _MODEL_FILE = "model.keras"
+    _load = staticmethod(parallel.load_keras_model)
+
+    @classmethod
+    def from_keras(cls, model: Any, **params: Any) -> "KerasModel":
+        """A KerasModel of an in-memory keras.Model (e.g. one trained elsewhere)."""
+        info = {"input_shape": [None] + list(model.inputs[0].shape[1:]),
+                "output_shape": [None] + list(model.outputs[0].shape[1:])}
+        return cls(model_bytes=parallel.keras_model_bytes(model), model_info=info, **params)
+
+    def keras_model(self) -> Any:
+        """The model as a keras.Model in this process (imports Keras)."""
+        return parallel.load_keras_model(self.model_bytes)
+
+    def _read_info(self) -> Dict[str, Any]:
+        m = self.keras_model()
+        return {"input_shape": [None] + list(m.inputs[0].shape[1:]),
+                "output_shape": [None] + list(m.outputs[0].shape[1:])}
+
+
+# --------------------------------------------------------------------------- PyTorch
+def _import_torch() -> Any:
+    """torch, imported so that it cannot abort a process that has loaded TensorFlow.  Loading or
+    exporting a torch.export program imports Triton, whose LLVM registers command-line options
+    TensorFlow's LLVM already registered: "LLVM ERROR: inconsistency in registered CommandLine
+    options" and an abort (Triton first, then TensorFlow, is fine).  A Spark Python worker that
+    ran a KerasModel, or a driver that imported Keras, would die.  So where TensorFlow is loaded
+    and Triton is not, Triton is marked missing (torch then runs without it: it compiles nothing
+    here); importing it there could only abort."""
+    import sys
+
+    if "tensorflow" in sys.modules and "triton" not in sys.modules:
+        sys.modules["triton"] = None  # `import triton` now raises ImportError, which torch handles
+    import torch
+
+    return torch
+
+
+class _TorchPredictor:
+    """A loaded TorchModel in a Python worker: float32 matrices in (as tensors sharing their
+    memory: torch.from_numpy copies nothing), the outputs out as numpy, no autograd."""
+
+    def __init__(self, module: Any):
+        import warnings
+
+        self.module = module
+        # The matrix is a view of Arrow's buffer, which numpy marks read-only; torch warns once per
+        # process that it cannot mark a tensor so.  Nothing writes to it: the batch is never reused.
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
+
+    def predict_on_batch(self, x: np.ndarray) -> np.ndarray:
+        torch = _import_torch()
+        with torch.inference_mode():
+            y = self.module(torch.from_numpy(np.ascontiguousarray(x)))
+        if not isinstance(y, torch.Tensor):
+            raise TypeError(f"TorchModel: the model returned a {type(y).__name__}; it must return one tensor")
+        return y.float().numpy()
+
+
+def _load_torch(data: bytes) -> _TorchPredictor:
+    """A TorchModel's bytes (a torch.export program, ``.pt2``) as a predictor."""
+    import io
+
+    return _TorchPredictor(_import_torch().export.load(io.BytesIO(data)).module())
+
+
+def _static_shape(shape: Any) -> List[Optional[int]]:
+    """A traced shape with every symbolic (dynamic) size as None: the batch dimension."""
+    return [d if isinstance(d, int) else None for d in shape]
+
+
+class TorchModel(_ServedModel):
+    """A PyTorch model as a Spark ML Model: KerasModel's twin for inference (the same Params,
+    the same transform and speed, see docs/ml.md).  The model travels as a ``torch.export``
+    program (``.pt2``: its graph and weights, no Python class needed on the executors) with a
+    dynamic batch dimension.
+
+    Args:
+        model_bytes: a ``.pt2`` file (``torch.export.save``) whose first input is the batch.
+        model_info: ``{"input_shape": [None, ...], "output_shape": [None, ...]}``; read from the
+            program on the driver (importing torch) if not given.
+    """
+
+    _MODEL_FILE = "model.pt2"
+    _load = staticmethod(_load_torch)
+
+    @classmethod
+    def from_torch(cls, module: Any, input_shape: List[int], **params: Any) -> "TorchModel":
+        """A TorchModel of an in-memory ``torch.nn.Module`` taking one float32 tensor of
+        ``(batch, *input_shape)``: exported with ``torch.export`` (batch dimension dynamic) in
+        evaluation mode."""
+        import io
+
+        torch = _import_torch()
+        if isinstance(input_shape, int):
+            input_shape = [input_shape]
+        example = torch.zeros([2] + [int(d) for d in input_shape], dtype=torch.float32)
+        was_training = module.training
+        module.eval()
+        try:
+            program = torch.export.export(module, (example,), dynamic_shapes=({0: torch.export.Dim.DYNAMIC},))
+        finally:
+            module.train(was_training)
+        buf = io.BytesIO()
+        torch.export.save(program, buf)
+        return cls(model_bytes=buf.getvalue(), model_info=_torch_info(program), **params)
+
+    def torch_module(self) -> Any:
+        """The model as a callable ``torch.nn.Module`` in this process (imports torch)."""
+        return _load_torch(self.model_bytes).module
+
+    def _read_info(self) -> Dict[str, Any]:
+        import io
+
+        return _torch_info(_import_torch().export.load(io.BytesIO(self.model_bytes)))
+
+
+def _torch_info(program: Any) -> Dict[str, Any]:
+    """The input and output shapes of a torch.export program of one tensor in, one out."""
+    user_inputs = list(program.graph_signature.user_inputs)
+    user_outputs = list(program.graph_signature.user_outputs)
+    if len(user_inputs) != 1 or len(user_outputs) != 1:
+        raise ValueError(f"TorchModel: the model takes {len(user_inputs)} inputs and gives {len(user_outputs)} "
+                         f"outputs; it must take one tensor and return one")
+    nodes = {n.name: n for n in program.graph.nodes}
+    out_node = next(n for n in program.graph.nodes if n.op == "output")
+    out_arg = out_node.args[0][0] if isinstance(out_node.args[0], (tuple, list)) else out_node.args[0]
+    in_shape = _static_shape(nodes[user_inputs[0]].meta["val"].shape)
+    out_shape = _static_shape(out_arg.meta["val"].shape)
+    return {"input_shape": [None] + in_shape[1:], "output_shape": [None] + out_shape[1:]}
 
 
 def _resolve(spark: Any, path: str):
@@ -698,8 +833,8 @@ def _resolve(spark: Any, path: str):
     return absolute_path(path, default_fs, os.getcwd()), _hadoop.resolve_options(default_fs, http)
 
 
-class _KerasModelWriter(MLWriter):
-    def __init__(self, instance: KerasModel):
+class _ModelWriter(MLWriter):
+    def __init__(self, instance: _ServedModel):
         super().__init__()
         self.instance = instance
 
@@ -709,20 +844,20 @@ class _KerasModelWriter(MLWriter):
         uri, resolve = _resolve(spark, path)
         DefaultParamsWriter.saveMetadata(self.instance, uri, spark,
                                          extraMetadata={"modelInfo": self.instance._model_info()})
-        _ember.fs_write_file(f"{uri.rstrip('/')}/{_MODEL_FILE}", self.instance.model_bytes, resolve)
+        _ember.fs_write_file(f"{uri.rstrip('/')}/{self.instance._MODEL_FILE}", self.instance.model_bytes, resolve)
 
 
-class _KerasModelReader(MLReader):
+class _ModelReader(MLReader):
     def __init__(self, cls: type):
         super().__init__()
         self.cls = cls
 
-    def load(self, path: str) -> KerasModel:
+    def load(self, path: str) -> _ServedModel:
         from ember import _ember
         spark = self.sparkSession
         uri, resolve = _resolve(spark, path)
         metadata = DefaultParamsReader.loadMetadata(uri, spark)
-        model = self.cls(model_bytes=bytes(_ember.fs_read_file(f"{uri.rstrip('/')}/{_MODEL_FILE}", resolve)),
+        model = self.cls(model_bytes=bytes(_ember.fs_read_file(f"{uri.rstrip('/')}/{self.cls._MODEL_FILE}", resolve)),
                          model_info=metadata.get("modelInfo"))
         model._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(model, metadata)

@@ -12,12 +12,17 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[1] / "tests"
 HERE = Path(__file__).resolve().parent
+TORCH_SITE = Path(__file__).resolve().parents[2] / ".torch-site"  # `make setup-torch`: TorchModel's test
 
 if str(TESTS) not in sys.path:
     sys.path.append(str(TESTS))  # shared helpers of python/tests
+if str(TORCH_SITE) not in sys.path:
+    sys.path.append(str(TORCH_SITE))  # after the venv, as python/tests_torch has it
 _paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
 if str(HERE) not in _paths:  # executors import this directory's node functions by module name
     _paths.insert(0, str(HERE))
+if str(TORCH_SITE) not in _paths:
+    _paths.append(str(TORCH_SITE))
 os.environ["PYTHONPATH"] = os.pathsep.join(_paths)
 
 # python/tests/conftest.py under another name (this file is "conftest" too).

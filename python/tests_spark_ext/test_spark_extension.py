@@ -207,6 +207,42 @@ def test_transform_names_bad_rows_on_the_packed_path(spark_ext, model):
         km.transform(holes).collect()
 
 
+def test_torch_model_is_packed_joined_by_position_and_predicts_what_torch_does(spark_ext, tmp_path):
+    """TorchModel, KerasModel's twin: the same packed hand-over and join by position; the
+    column's values reshaped to the model's input (here a convolution's [1, 2, 3])."""
+    import torch
+
+    from ember.ml import TorchModel
+
+    torch.manual_seed(11)
+    module = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 2), torch.nn.Flatten(), torch.nn.Linear(4, 3))
+    df = spark_ext.range(300, numPartitions=3).selectExpr(
+        "id", "IF(id % 11 = 0, NULL, concat('r', id)) AS s",
+        f"transform(sequence(0, {WIDTH - 1}), k -> cast((id * 7 + k * 3) % 11 / 10.0D - 0.5 AS float)) AS f")
+    df = df.repartitionByRange(7, "id").filter("id % 4 != 0 OR id < 30")  # uneven, some partitions empty
+    want = df.collect()
+    x = np.array([r["f"] for r in want], np.float32)
+    with torch.no_grad():
+        logits = module.eval()(torch.from_numpy(x.reshape(-1, 1, 2, 3))).numpy()
+    tm = TorchModel.from_torch(module, input_shape=[1, 2, 3], inputCol="f", outputCol="p", predictBatchSize=16)
+    assert tm.input_shape == [None, 1, 2, 3] and tm.output_shape == [None, 3]
+    tm.save(str(tmp_path / "tm"))
+    for model in (tm, TorchModel.load(str(tmp_path / "tm"))):
+        out = model.transform(df)
+        plan = out._jdf.queryExecution().toString()
+        assert "ember_pack_floats" in plan and "EmberInfer" in plan, plan
+        rows = out.collect()
+        assert out.columns == df.columns + ["p"]
+        assert [tuple(r)[:-1] for r in rows] == [tuple(r) for r in want]  # every value, in order
+        np.testing.assert_allclose(np.array([r["p"] for r in rows]), logits, rtol=1e-5, atol=1e-6)
+    top = tm.copy({tm.outputMode: "argmax"}).transform(df)
+    assert [r["p"] for r in top.collect()] == list(np.argmax(logits, axis=1).astype(float))
+    assert tm.transform(df.limit(0)).collect() == []
+    nulls = spark_ext.createDataFrame([(1, [0.0] * WIDTH), (2, None)], "id long, f array<float>").coalesce(1)
+    with pytest.raises(Exception, match="column 'f' has 1 null rows"):
+        tm.transform(nulls).collect()
+
+
 # ----------------------------------------------------------------------------- the feed, packed
 W = 12  # floats per row: id + k/8, exact in float32
 
