@@ -112,7 +112,8 @@ cpp-trainer: setup
 	cmake -E copy_if_different build/py/examples/cpp_trainer/cpp_trainer build/cpp_trainer/cpp_trainer
 
 # python/tests_spark_ext runs in a pytest process (and so a Spark JVM) of its own: its sessions load
-# Ember's Spark extension, which only a session that starts the JVM can.
+# Ember's Spark extension, which only a session that starts the JVM can (and TorchModel's packed
+# path there needs .torch-site).
 test-py: setup setup-hdfs setup-delta setup-torch
 	$(PY) -m pytest $(PYTEST_ARGS)
 	$(PY) -m pytest python/tests_spark_ext

@@ -1,5 +1,5 @@
 """Spark ML stages for Keras: ``KerasEstimator`` trains on an Ember cluster, ``KerasModel``
-predicts over a DataFrame.
+predicts over a DataFrame; ``TorchModel`` is KerasModel's twin for a PyTorch model.
 
     from pyspark.ml import Pipeline
     from pyspark.ml.feature import VectorAssembler
@@ -30,12 +30,14 @@ Keras ``model.fit``, ``ember.keras.DistributedOptimizer`` (one gradient allreduc
 and ``SyncCallback``; ``batchSize`` is the global batch.  The chief sends the trained model
 (its ``.keras`` file, through the job's coordinator) back to the driver.
 
-**Inference** (``transform``) is a scalar-iterator pandas UDF over the input column alone:
-only that column goes to Python and only the output comes back, while Spark keeps every other
-column in the JVM and appends the output in order (Vector columns from VectorAssembler, dense
-or sparse, become float arrays in the JVM first).  Each batch becomes one float32 matrix
-without a copy where pyarrow's conversion allows it; the model is loaded once per Python
-worker and reused across tasks (what ``predict_batch_udf`` does).
+**Inference** (``transform``): only the input column goes to Python and only the output comes
+back, while Spark keeps every other column in the JVM and appends the output in order (Vector
+columns from VectorAssembler, dense or sparse, become float arrays in the JVM first).  With
+Ember's Spark extension in a classic session the column crosses packed and Spark joins by
+position (``_jvm.infer_by_position``, Arrow batches, no pandas); otherwise it is a
+scalar-iterator pandas UDF.  Each batch becomes one float32 matrix without a copy where the
+hand-over allows it; the model is loaded once per Python worker and reused across tasks (what
+``predict_batch_udf`` does).
 The driver never imports TensorFlow: the fitted model travels as bytes.
 """
 from __future__ import annotations

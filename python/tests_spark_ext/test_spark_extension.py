@@ -243,6 +243,33 @@ def test_torch_model_is_packed_joined_by_position_and_predicts_what_torch_does(s
         tm.transform(nulls).collect()
 
 
+def test_transform_of_a_streaming_dataframe_is_joined_by_position_in_every_micro_batch(spark_ext, model, tmp_path):
+    """Structured Streaming: the same operator plans in each micro-batch (a file source, one file
+    per trigger, so several batches), every row once with its own prediction."""
+    from ember.ml import KerasModel
+
+    src = tmp_path / "in"
+    df = spark_ext.range(150, numPartitions=3).selectExpr(
+        "id", f"transform(sequence(0, {WIDTH - 1}), k -> cast((id * 7 + k * 3) % 11 / 10.0D - 0.5 AS float)) AS f")
+    df.write.parquet(str(src))
+    stream = spark_ext.readStream.schema(df.schema).option("maxFilesPerTrigger", 1).parquet(str(src))
+    out = KerasModel.from_keras(model, inputCol="f", outputCol="p", predictBatchSize=8).transform(stream)
+    assert out.isStreaming
+    query = out.writeStream.format("memory").queryName("ember_streamed").trigger(availableNow=True).start()
+    try:
+        assert query.awaitTermination(300), "the streaming query did not end within 300 s"
+        assert query.exception() is None, query.exception()
+        assert "EmberInfer" in query._jsq.streamingQuery().lastExecution().toString()
+        assert len(query.recentProgress) >= 3  # a micro-batch per file
+        got = spark_ext.sql("SELECT * FROM ember_streamed").orderBy("id").collect()
+    finally:
+        query.stop()
+    assert [r["id"] for r in got] == list(range(150))
+    x = np.array([r["f"] for r in got], np.float32)
+    np.testing.assert_allclose(np.array([r["p"] for r in got]), np.asarray(model.predict_on_batch(x)),
+                               rtol=1e-5, atol=1e-6)
+
+
 # ----------------------------------------------------------------------------- the feed, packed
 W = 12  # floats per row: id + k/8, exact in float32
 
