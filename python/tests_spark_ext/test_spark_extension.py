@@ -365,10 +365,11 @@ def _twice_node(args, ctx):
             feed.batch_results({"twice": [2 * int(i) for i in ids], "by": [ctx.job_name] * len(ids)})
 
 
-def test_inference_joins_the_results_to_the_rows_spark_kept(spark_ext):
+def test_inference_joins_the_results_to_the_rows_spark_kept(spark_ext, tmp_path):
     """Every input column comes back exactly as it was (nulls, nested types, a null array row,
     nullable integers), in input order across uneven and empty partitions; the results are
-    appended by position; the plan composes with what follows it."""
+    appended by position; the plan composes with what follows it; a streaming DataFrame is
+    answered micro-batch by micro-batch."""
     from conftest import no_leftovers
     df = spark_ext.range(300, numPartitions=3).selectExpr(
         "id", "IF(id % 7 = 0, NULL, CAST(id AS INT)) AS n", "IF(id % 11 = 0, NULL, id / 4.0D) AS x",
@@ -396,6 +397,19 @@ def test_inference_joins_the_results_to_the_rows_spark_kept(spark_ext):
         assert out.groupBy().sum("twice").collect()[0][0] == 2 * sum(r["id"] for r in want)
         empty = cluster.inference(df.limit(0), output_schema="twice long, by string")
         assert empty.collect() == [] and empty.columns == out.columns
+        # Structured Streaming: the same rows from Parquet files, one file per micro-batch.
+        df.write.parquet(str(tmp_path / "in"))
+        stream = spark_ext.readStream.schema(df.schema).option("maxFilesPerTrigger", 1).parquet(str(tmp_path / "in"))
+        query = (cluster.inference(stream, output_schema="twice long, by string").writeStream.format("memory")
+                 .queryName("ember_streamed_inference").trigger(availableNow=True).start())
+        try:
+            assert query.awaitTermination(300), "the streaming query did not end within 300 s"
+            assert query.exception() is None, query.exception()
+            assert len(query.recentProgress) >= 3
+            streamed = spark_ext.sql("SELECT * FROM ember_streamed_inference").orderBy("id").collect()
+        finally:
+            query.stop()
+        assert [tuple(r) for r in streamed] == sorted((tuple(r) for r in rows), key=lambda t: t[0])
     finally:
         cluster.shutdown(timeout=120)
     no_leftovers(cluster.job_id)
