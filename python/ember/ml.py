@@ -504,7 +504,7 @@ def _output_values(y: np.ndarray, mode: str, out_type: str) -> np.ndarray:
 
 def _predict_batches(key: str, source: Any, load: Callable[[bytes], Any], kind: str, in_shape: List[Optional[int]],
                      mode: str, out_type: str, chunk: int, column: str, series: Iterator[Any]) -> Iterator[Any]:
-    """The scalar-iterator pandas UDF of KerasModel.transform: the input column's batches in,
+    """The scalar-iterator pandas UDF of KerasModel's and TorchModel's transform: the input column's batches in,
     the output column's batches out (Spark keeps every other column on the JVM side)."""
     import pandas as pd
 
@@ -524,9 +524,9 @@ def _predict_batches(key: str, source: Any, load: Callable[[bytes], Any], kind: 
 def _predict_record_batches(key: str, source: Any, load: Callable[[bytes], Any], in_shape: List[Optional[int]],
                             mode: str, out_type: str, chunk: int, column: str, schema: pa.Schema,
                             batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """KerasModel's and TorchModel's transform's Python function where Spark joins its answers by position
-    (_jvm.infer_by_position): record batches of the packed input column in, of the output
-    column (`schema`) out, row for row."""
+    """The Python function of KerasModel's and TorchModel's transform where Spark joins its
+    answers by position (_jvm.infer_by_position): record batches of the packed input column in,
+    of the output column (`schema`) out, row for row."""
     model = None
     width = _flat_width(in_shape)
     for batch in batches:

@@ -62,7 +62,8 @@ def test_a_saved_torch_model_loads_back_and_reads_its_shapes_from_the_program(sp
     assert back.model_bytes == tm.model_bytes
     bare = TorchModel(model_bytes=tm.model_bytes, inputCol="f")  # no model_info: read from the program
     assert bare.input_shape == [None, WIDTH] and bare.output_shape == [None, 3]
-    df = spark.createDataFrame([(i, [float(i + j) / 10 for j in range(WIDTH)]) for i in range(40)], "id long, f array<float>")
+    df = spark.createDataFrame([(i, [float(i + j) / 10 for j in range(WIDTH)]) for i in range(40)],
+                               "id long, f array<float>")
     x = np.array([r["f"] for r in df.orderBy("id").collect()], np.float32)
     with torch.no_grad():
         want = module(torch.from_numpy(x)).numpy()
@@ -82,7 +83,8 @@ def test_bad_models_and_rows_are_named(spark):
         TorchModel.from_torch(_Pair(), input_shape=[WIDTH])
     tm = TorchModel.from_torch(_module(), input_shape=[WIDTH], inputCol="f")
     short = spark.createDataFrame([(1, [0.0] * WIDTH), (2, [0.0] * (WIDTH - 1))], "id long, f array<float>").coalesce(1)
-    with pytest.raises(Exception, match=f"column 'f': a row has {WIDTH - 1} values but the model's input takes {WIDTH}"):
+    with pytest.raises(Exception, match=f"column 'f': a row has {WIDTH - 1} values but the model's input "
+                                        f"takes {WIDTH}"):
         tm.transform(short).collect()
     with pytest.raises(ValueError, match="TorchModel: input column 'nope'"):
         tm.copy({tm.inputCol: "nope"}).transform(short)
