@@ -59,7 +59,7 @@ from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasInputCol, HasLabelCol, HasOutputCol
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 
-from ember import _arrow_rows, _jvm, parallel
+from ember import _arrow_rows, _jvm, _torch_program, parallel
 from ember._feeder import worker
 from ember._names import MODEL_INFO_KEY, MODEL_KEY
 
@@ -404,7 +404,7 @@ _JOINED_BATCH_BYTES = 8 << 20
 
 def _worker_model(key: str, source: Any, load: Callable[[bytes], Any]) -> Any:
     """The model `key`, loaded by `load` (KerasModel: parallel.load_keras_model; TorchModel:
-    _load_torch) from `source` (a classic session's broadcast of its bytes, or under Spark
+    _torch_program.load) from `source` (a classic session's broadcast of its bytes, or under Spark
     Connect the bytes themselves, carried in the UDF: Spark ships a stage's closure to the
     executors once per stage, as a broadcast) the first time this Python worker needs it, and
     kept for the tasks that follow (Spark reuses its Python workers).  What `load` returns has
@@ -713,61 +713,11 @@ class KerasModel(_ServedModel):
 
 
 # --------------------------------------------------------------------------- PyTorch
-def _import_torch() -> Any:
-    """torch, imported so that it cannot abort a process that has loaded TensorFlow.  Loading or
-    exporting a torch.export program imports Triton, whose LLVM registers command-line options
-    TensorFlow's LLVM already registered: "LLVM ERROR: inconsistency in registered CommandLine
-    options" and an abort (Triton first, then TensorFlow, is fine).  A Spark Python worker that
-    ran a KerasModel, or a driver that imported Keras, would die.  So where TensorFlow is loaded
-    and Triton is not, Triton is marked missing (torch then runs without it: it compiles nothing
-    here); importing it there could only abort."""
-    import sys
-
-    if "tensorflow" in sys.modules and "triton" not in sys.modules:
-        sys.modules["triton"] = None  # `import triton` now raises ImportError, which torch handles
-    import torch
-
-    return torch
-
-
-class _TorchPredictor:
-    """A loaded TorchModel in a Python worker: float32 matrices in (as tensors sharing their
-    memory: torch.from_numpy copies nothing), the outputs out as numpy, no autograd."""
-
-    def __init__(self, module: Any):
-        import warnings
-
-        self.module = module
-        # The matrix is a view of Arrow's buffer, which numpy marks read-only; torch warns once per
-        # process that it cannot mark a tensor so.  Nothing writes to it: the batch is never reused.
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
-
-    def predict_on_batch(self, x: np.ndarray) -> np.ndarray:
-        torch = _import_torch()
-        with torch.inference_mode():
-            y = self.module(torch.from_numpy(np.ascontiguousarray(x)))
-        if not isinstance(y, torch.Tensor):
-            raise TypeError(f"TorchModel: the model returned a {type(y).__name__}; it must return one tensor")
-        return y.float().numpy()
-
-
-def _load_torch(data: bytes) -> _TorchPredictor:
-    """A TorchModel's bytes (a torch.export program, ``.pt2``) as a predictor."""
-    import io
-
-    return _TorchPredictor(_import_torch().export.load(io.BytesIO(data)).module())
-
-
-def _static_shape(shape: Any) -> List[Optional[int]]:
-    """A traced shape with every symbolic (dynamic) size as None: the batch dimension."""
-    return [d if isinstance(d, int) else None for d in shape]
-
-
 class TorchModel(_ServedModel):
     """A PyTorch model as a Spark ML Model: KerasModel's twin for inference (the same Params,
     the same transform and speed, see docs/ml.md).  The model travels as a ``torch.export``
     program (``.pt2``: its graph and weights, no Python class needed on the executors) with a
-    dynamic batch dimension.
+    dynamic batch dimension (ember._torch_program).
 
     Args:
         model_bytes: a ``.pt2`` file (``torch.export.save``) whose first input is the batch.
@@ -776,52 +726,22 @@ class TorchModel(_ServedModel):
     """
 
     _MODEL_FILE = "model.pt2"
-    _load = staticmethod(_load_torch)
+    _load = staticmethod(_torch_program.load)
 
     @classmethod
     def from_torch(cls, module: Any, input_shape: List[int], **params: Any) -> "TorchModel":
         """A TorchModel of an in-memory ``torch.nn.Module`` taking one float32 tensor of
         ``(batch, *input_shape)``: exported with ``torch.export`` (batch dimension dynamic) in
         evaluation mode."""
-        import io
-
-        torch = _import_torch()
-        if isinstance(input_shape, int):
-            input_shape = [input_shape]
-        example = torch.zeros([2] + [int(d) for d in input_shape], dtype=torch.float32)
-        was_training = module.training
-        module.eval()
-        try:
-            program = torch.export.export(module, (example,), dynamic_shapes=({0: torch.export.Dim.DYNAMIC},))
-        finally:
-            module.train(was_training)
-        buf = io.BytesIO()
-        torch.export.save(program, buf)
-        return cls(model_bytes=buf.getvalue(), model_info=_torch_info(program), **params)
+        data, info = _torch_program.export(module, input_shape)
+        return cls(model_bytes=data, model_info=info, **params)
 
     def torch_module(self) -> Any:
         """The model as a callable ``torch.nn.Module`` in this process (imports torch)."""
-        return _load_torch(self.model_bytes).module
+        return _torch_program.load(self.model_bytes).module
 
     def _read_info(self) -> Dict[str, Any]:
-        import io
-
-        return _torch_info(_import_torch().export.load(io.BytesIO(self.model_bytes)))
-
-
-def _torch_info(program: Any) -> Dict[str, Any]:
-    """The input and output shapes of a torch.export program of one tensor in, one out."""
-    user_inputs = list(program.graph_signature.user_inputs)
-    user_outputs = list(program.graph_signature.user_outputs)
-    if len(user_inputs) != 1 or len(user_outputs) != 1:
-        raise ValueError(f"TorchModel: the model takes {len(user_inputs)} inputs and gives {len(user_outputs)} "
-                         f"outputs; it must take one tensor and return one")
-    nodes = {n.name: n for n in program.graph.nodes}
-    out_node = next(n for n in program.graph.nodes if n.op == "output")
-    out_arg = out_node.args[0][0] if isinstance(out_node.args[0], (tuple, list)) else out_node.args[0]
-    in_shape = _static_shape(nodes[user_inputs[0]].meta["val"].shape)
-    out_shape = _static_shape(out_arg.meta["val"].shape)
-    return {"input_shape": [None] + in_shape[1:], "output_shape": [None] + out_shape[1:]}
+        return _torch_program.shapes(self.model_bytes)
 
 
 def _resolve(spark: Any, path: str):

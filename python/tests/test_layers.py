@@ -29,7 +29,7 @@ LAYERS = [
     {"summary"},              # TensorBoard event files, written by the core
     {"checkpoint"},           # checkpoints, written and verified by the core
     {"ps"},                   # the parameter server's client and server (shards checkpoint through the above)
-    {"tf", "torch"},          # framework adapters over numpy columns
+    {"tf", "torch", "_torch_program"},  # framework adapters over numpy columns; TorchModel's torch.export program
     {"keras"},                # the Keras callbacks and optimizer (on Keras's torch backend: ember.torch's reducers)
     {"feed"},                 # the node's DataFeed over the core's consumer
     {"context", "_feeder.task"},  # the node's ctx; the feeding tasks' Spark glue

@@ -93,15 +93,15 @@ def test_bad_models_and_rows_are_named(spark):
 def test_a_process_that_loaded_tensorflow_exports_and_runs_a_torch_model():
     """TensorFlow then Triton in one process aborts it (their LLVMs clash); torch.export imports
     Triton.  A Spark Python worker that ran a KerasModel, or a driver with Keras imported, must
-    still run a TorchModel (ember.ml._import_torch)."""
+    still run a TorchModel (ember._torch_program.import_torch)."""
     import os
     import subprocess
     import sys
 
     code = ("import tensorflow, numpy as np, torch\n"
-            "from ember.ml import TorchModel, _load_torch\n"
+            "from ember import _torch_program\nfrom ember.ml import TorchModel\n"
             "tm = TorchModel.from_torch(torch.nn.Linear(4, 2), input_shape=[4])\n"
-            "y = _load_torch(tm.model_bytes).predict_on_batch(np.ones((3, 4), np.float32))\n"
+            "y = _torch_program.load(tm.model_bytes).predict_on_batch(np.ones((3, 4), np.float32))\n"
             "print('shape', y.shape)\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
