@@ -11,11 +11,13 @@ behind.
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +27,7 @@ from conftest import no_leftovers
 from connect_server import ConnectServer, run_client
 
 pytestmark = pytest.mark.timeout(600)
+TORCH_SITE = Path(__file__).resolve().parents[2] / ".torch-site"
 
 PRELUDE = r'''
 import json, sys
@@ -150,6 +153,26 @@ say(kernel=stage.keras_model().layers[0].get_weights()[0].ravel().tolist(),
     packed="ember_pack_floats" in fitted.transform(df)._explain_string(extended=True))
 '''
 
+TORCH_MODEL = PRELUDE + r'''
+import numpy as np
+sys.path.append(sys.argv[3])  # .torch-site, after the venv
+import torch
+from ember.ml import TorchModel
+
+torch.manual_seed(5)
+net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+tm = TorchModel.from_torch(net, input_shape=[3], inputCol="f", outputCol="p", predictBatchSize=7)
+df = spark.range(0, 60, 1, 3).selectExpr("id", "array(cast(id as float) / 10, 1.0f, -0.5f) AS f")
+out = tm.transform(df).orderBy("id").collect()
+with torch.no_grad():
+    want = net.eval()(torch.from_numpy(np.array([r["f"] for r in out], np.float32))).numpy()
+tm.write().save(sys.argv[2])
+again = TorchModel.load(sys.argv[2]).transform(df).orderBy("id").collect()
+say(ids=[r["id"] for r in out], error=float(np.abs(np.array([r["p"] for r in out]) - want).max()),
+    columns=tm.transform(df).columns, same=[r["p"] for r in out] == [r["p"] for r in again],
+    packed="ember_pack_floats" in tm.transform(df)._explain_string(extended=True))
+'''
+
 TFRECORDS = PRELUDE + r'''
 import ember.data
 df = spark.range(0, 50, 1, 3).selectExpr("id", "cast(id as float) * 0.5 as x", "array(id, id + 1) as pair",
@@ -257,7 +280,11 @@ say(job_id=cluster.job_id, ended=ended, awaited=awaited, seconds=seconds, active
 def connect_server(tmp_path_factory):
     # The server loads Ember's Spark extension (as a deployment would): KerasModel.transform's
     # input then crosses packed by ember_pack_floats (test_spark_ml_pipeline...).
-    server = ConnectServer("local[4]", tmp_path_factory.mktemp("connect") / "server.log", conf=ember.spark_conf())
+    # Its Python workers also find torch (.torch-site, after the venv's packages: `make setup-torch`)
+    # for TorchModel's test.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.environ.get("PYTHONPATH", ""), str(TORCH_SITE)]))
+    server = ConnectServer("local[4]", tmp_path_factory.mktemp("connect") / "server.log", conf=ember.spark_conf(),
+                           env=env)
     yield server
     server.stop()
 
@@ -368,6 +395,18 @@ def test_spark_ml_pipeline_fit_transform_save_load_from_a_connect_client(connect
     assert r["same"]
     assert r["packed"]  # the server has Ember's extension: the Vector column crossed as one buffer per row
     no_leftovers(r["job_id"])
+
+
+def test_torch_model_transform_save_load_from_a_connect_client(connect_server, tmp_path):
+    """TorchModel under Connect: the program travels in the UDF, the packed column reaches
+    torch, every row once in order, the predictions torch's; saved and loaded."""
+    assert (TORCH_SITE / "torch").is_dir(), f"no torch in {TORCH_SITE}: run `make setup-torch`"
+    r = _result(run_client(TORCH_MODEL, connect_server.url, str(tmp_path / "torch"), str(TORCH_SITE)), connect_server)
+    assert r["ids"] == list(range(60))
+    assert r["error"] < 1e-5
+    assert r["columns"] == ["id", "f", "p"]
+    assert r["same"]
+    assert r["packed"]
 
 
 def test_dataframe_to_tfrecords_and_back_from_a_connect_client(connect_server, tmp_path):
