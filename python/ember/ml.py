@@ -547,11 +547,12 @@ class _ServedModel(Model, _KerasParams, MLWritable, MLReadable):
     """What KerasModel and TorchModel share: a model held as bytes, its transform (one place for
     the column checks, the packed hand-over and the join by position) and its persistence.  A
     subclass names its file (`_MODEL_FILE`), how a Python worker loads the bytes (`_load`, a
-    module-level function: it travels in the UDF) and how the driver reads the shapes
-    (`_read_info`)."""
+    module-level function: it travels in the UDF) and how the driver reads the shapes from them
+    (`_shapes`)."""
 
-    _MODEL_FILE = ""
+    _MODEL_FILE: str
     _load: Callable[[bytes], Any]
+    _shapes: Callable[[bytes], Dict[str, Any]]
 
     def __init__(self, model_bytes: Optional[bytes] = None, model_info: Optional[Dict[str, Any]] = None, **params: Any):
         super().__init__()
@@ -579,11 +580,8 @@ class _ServedModel(Model, _KerasParams, MLWritable, MLReadable):
 
     def _model_info(self) -> Dict[str, Any]:
         if self._info is None:
-            self._info = self._read_info()
+            self._info = type(self)._shapes(self.model_bytes)
         return self._info
-
-    def _read_info(self) -> Dict[str, Any]:
-        raise NotImplementedError
 
     def _model_key(self) -> str:
         return f"{self.uid}-{hashlib.sha256(self.model_bytes).hexdigest()[:16]}"
@@ -646,12 +644,10 @@ class _ServedModel(Model, _KerasParams, MLWritable, MLReadable):
             # the packed column reaches the model as Arrow's one values buffer, no pandas.
             result = StructType([StructField(out_col, spark_type)])
             fn = functools.partial(_predict_record_batches, self._model_key(), source, type(self)._load, in_shape,
-                                   mode, out_type,
-                                   self.getPredictBatchSize(), in_col, to_arrow_schema(result))
+                                   mode, out_type, self.getPredictBatchSize(), in_col, to_arrow_schema(result))
             return _jvm.infer_by_position(dataset, fn, [column.alias(in_col)], result, _JOINED_BATCH_BYTES, stage)
         fn = functools.partial(_predict_batches, self._model_key(), source, type(self)._load, passed, in_shape,
-                               mode, out_type,
-                               self.getPredictBatchSize(), in_col)
+                               mode, out_type, self.getPredictBatchSize(), in_col)
 
         def predict(series):
             return fn(series)
@@ -680,6 +676,17 @@ class _ServedModel(Model, _KerasParams, MLWritable, MLReadable):
         return _ModelReader(cls)
 
 
+def _keras_shapes(model: Any) -> Dict[str, Any]:
+    """The input and output shapes of a keras.Model, batch dimension None."""
+    return {"input_shape": [None] + list(model.inputs[0].shape[1:]),
+            "output_shape": [None] + list(model.outputs[0].shape[1:])}
+
+
+def _keras_file_shapes(data: bytes) -> Dict[str, Any]:
+    """The shapes of the model in a ``.keras`` file's bytes (loads it: imports Keras)."""
+    return _keras_shapes(parallel.load_keras_model(data))
+
+
 class KerasModel(_ServedModel):
     """A trained Keras model as a Spark ML Model (made by KerasEstimator.fit, or from a
     ``.keras`` file's bytes / :meth:`load`).
@@ -694,22 +701,16 @@ class KerasModel(_ServedModel):
 
     _MODEL_FILE = "model.keras"
     _load = staticmethod(parallel.load_keras_model)
+    _shapes = staticmethod(_keras_file_shapes)
 
     @classmethod
     def from_keras(cls, model: Any, **params: Any) -> "KerasModel":
         """A KerasModel of an in-memory keras.Model (e.g. one trained elsewhere)."""
-        info = {"input_shape": [None] + list(model.inputs[0].shape[1:]),
-                "output_shape": [None] + list(model.outputs[0].shape[1:])}
-        return cls(model_bytes=parallel.keras_model_bytes(model), model_info=info, **params)
+        return cls(model_bytes=parallel.keras_model_bytes(model), model_info=_keras_shapes(model), **params)
 
     def keras_model(self) -> Any:
         """The model as a keras.Model in this process (imports Keras)."""
         return parallel.load_keras_model(self.model_bytes)
-
-    def _read_info(self) -> Dict[str, Any]:
-        m = self.keras_model()
-        return {"input_shape": [None] + list(m.inputs[0].shape[1:]),
-                "output_shape": [None] + list(m.outputs[0].shape[1:])}
 
 
 # --------------------------------------------------------------------------- PyTorch
@@ -727,6 +728,7 @@ class TorchModel(_ServedModel):
 
     _MODEL_FILE = "model.pt2"
     _load = staticmethod(_torch_program.load)
+    _shapes = staticmethod(_torch_program.shapes)
 
     @classmethod
     def from_torch(cls, module: Any, input_shape: List[int], **params: Any) -> "TorchModel":
@@ -739,9 +741,6 @@ class TorchModel(_ServedModel):
     def torch_module(self) -> Any:
         """The model as a callable ``torch.nn.Module`` in this process (imports torch)."""
         return _torch_program.load(self.model_bytes).module
-
-    def _read_info(self) -> Dict[str, Any]:
-        return _torch_program.shapes(self.model_bytes)
 
 
 def _resolve(spark: Any, path: str):
